@@ -1,0 +1,1022 @@
+//! The caching allocator's policy, after PyTorch's `DeviceCachingAllocator`: rounding, the
+//! small and large pools, best fit, split and merge, oversize blocks, garbage collection, the
+//! release-and-retry cascade and the out-of-memory report. It talks to memory only through a
+//! `SegmentSource`. See Note [Caching allocator] in ARCHITECTURE.md.
+
+use super::config::{AllocatorConfig, MIB};
+use super::history::{
+    now_us, Frames, History, HistoryContext, HistoryEnabled, HistoryStacks, TraceAction, TraceEntry,
+};
+use super::oom::OutOfMemory;
+use super::source::{SegmentSource, SourceError};
+use super::stats::{DeviceStats, PoolKind};
+use super::vaspace::VaSpace;
+use crate::{Error, Result};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Every block size is a multiple of this (PyTorch's kMinBlockSize).
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Rounded sizes up to this go to the small pool (kSmallSize).
+pub const SMALL_SIZE: u64 = MIB;
+/// Segment size of the small pool (kSmallBuffer).
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Rounded sizes from this get a segment of their own size (kMinLargeAlloc).
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// Rounding unit of such segments (kRoundLarge).
+pub const ROUND_LARGE: u64 = 2 * MIB;
+/// Requests of this size or more fail at once (PyTorch's 1 EB guard).
+const ONE_EB: u64 = 1 << 60;
+
+pub(crate) type BlockId = usize;
+type SegmentId = usize;
+/// Free-set key: (stream, size, address), PyTorch's BlockComparatorSize order.
+type FreeKey = (u64, u64, u64);
+
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub stream: u64,
+    pub size: u64,
+    /// The caller's size at the last allocation; stale on a freed block, as in PyTorch.
+    pub requested_size: u64,
+    pub pool: PoolKind,
+    pub addr: u64,
+    pub allocated: bool,
+    pub prev: Option<BlockId>,
+    pub next: Option<BlockId>,
+    pub segment: SegmentId,
+    /// Outstanding events (submission indices) that gate reuse after a free.
+    pub event_count: usize,
+    /// Events recorded through `record_use` while allocated.
+    pub uses: Vec<u64>,
+    pub gc_count_base: u64,
+    pub frames: Option<Frames>,
+}
+
+impl Block {
+    fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+    fn free_key(&self) -> FreeKey {
+        (self.stream, self.size, self.addr)
+    }
+}
+
+pub(crate) struct Segment<H> {
+    pub handle: H,
+    pub base: u64,
+    pub size: u64,
+    pub pool: PoolKind,
+    pub stream: u64,
+    /// The block at the lowest address.
+    pub head: BlockId,
+    pub frames: Option<Frames>,
+}
+
+#[derive(Default)]
+struct BlockPool {
+    free: BTreeMap<FreeKey, BlockId>,
+    get_free_blocks_call_count: u64,
+}
+
+/// A block handed out to a caller.
+#[derive(Clone, Debug)]
+pub struct BlockRef<H> {
+    /// The block's address in kiln's virtual address space (stable for the block's life).
+    pub addr: u64,
+    /// Byte offset of the block inside its segment: what a tensor binds.
+    pub offset: u64,
+    /// The block's size (rounded; possibly larger than asked).
+    pub size: u64,
+    /// The caller's size.
+    pub requested_size: u64,
+    pub segment: H,
+}
+
+/// A slab of values addressed by index, with reuse of freed slots.
+pub(crate) struct Slab<T> {
+    items: Vec<Option<T>>,
+    vacant: Vec<usize>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            items: Vec::new(),
+            vacant: Vec::new(),
+        }
+    }
+    fn insert(&mut self, v: T) -> usize {
+        match self.vacant.pop() {
+            Some(i) => {
+                self.items[i] = Some(v);
+                i
+            }
+            None => {
+                self.items.push(Some(v));
+                self.items.len() - 1
+            }
+        }
+    }
+    fn remove(&mut self, i: usize) -> T {
+        self.vacant.push(i);
+        self.items[i].take().expect("slab slot is occupied")
+    }
+    fn iter(&self) -> impl Iterator<Item = (usize, &T)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.as_ref().map(|v| (i, v)))
+    }
+}
+
+impl<T> std::ops::Index<usize> for Slab<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        self.items[i].as_ref().expect("slab slot is occupied")
+    }
+}
+impl<T> std::ops::IndexMut<usize> for Slab<T> {
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        self.items[i].as_mut().expect("slab slot is occupied")
+    }
+}
+
+/// PyTorch's caching allocator for one device, generic over where segments come from.
+/// Not synchronised itself: the device wraps it in one mutex.
+pub struct CachingAllocator<S: SegmentSource> {
+    pub(crate) source: S,
+    pub(crate) config: AllocatorConfig,
+    pub(crate) stats: DeviceStats,
+    pub(crate) blocks: Slab<Block>,
+    pub(crate) segments: Slab<Segment<S::Handle>>,
+    small: BlockPool,
+    large: BlockPool,
+    /// Allocated blocks by address (PyTorch's allocated_blocks).
+    allocated: HashMap<u64, BlockId>,
+    /// Freed blocks waiting for their events, in event order.
+    pending_events: VecDeque<(u64, BlockId)>,
+    va: VaSpace,
+    /// Cap on reserved bytes (PyTorch's allowed_memory_maximum), armed by a fraction or limit.
+    limit: Option<u64>,
+    fraction: f64,
+    pub(crate) history: History,
+}
+
+fn pool_of(size: u64) -> PoolKind {
+    if size <= SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+impl<S: SegmentSource> CachingAllocator<S> {
+    pub fn new(source: S, config: AllocatorConfig) -> Self {
+        let stats = DeviceStats {
+            max_split_size: if config.max_split_size == u64::MAX {
+                -1
+            } else {
+                config.max_split_size as i64
+            },
+            ..Default::default()
+        };
+        CachingAllocator {
+            source,
+            config,
+            stats,
+            blocks: Slab::new(),
+            segments: Slab::new(),
+            small: BlockPool::default(),
+            large: BlockPool::default(),
+            allocated: HashMap::new(),
+            pending_events: VecDeque::new(),
+            va: VaSpace::new(),
+            limit: None,
+            fraction: 1.0,
+            history: History::default(),
+        }
+    }
+
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// Replaces the settings at run time, as `_set_allocator_settings` does. As in PyTorch,
+    /// `max_split_size` in the statistics keeps the value the allocator was created with.
+    pub fn set_config(&mut self, config: AllocatorConfig) {
+        self.config = config;
+    }
+
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    /// `round_size`: 512-byte rounding, or `roundup_power2_divisions` above 512·d bytes.
+    pub fn round_size(&self, size: u64) -> u64 {
+        if size < MIN_BLOCK_SIZE {
+            return MIN_BLOCK_SIZE;
+        }
+        let interval = (63 - size.leading_zeros() as i64 - 20).clamp(0, 15) as usize;
+        let divisions = self.config.roundup_power2_divisions[interval];
+        if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+            if size.is_power_of_two() {
+                return size;
+            }
+            let floor = 1u64 << (63 - size.leading_zeros());
+            let step = floor / divisions;
+            if step == 0 {
+                return floor * 2;
+            }
+            return size.div_ceil(step) * step;
+        }
+        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+    }
+
+    /// The segment size a request of `rounded` bytes creates when nothing cached fits.
+    pub fn allocation_size(&self, rounded: u64) -> u64 {
+        if rounded <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if rounded < MIN_LARGE_ALLOC {
+            self.config.large_segment_size
+        } else {
+            rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
+    }
+
+    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+        match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn gc_armed(&self) -> bool {
+        self.limit.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    /// Allocates `size` bytes on `stream` (0 = the device's queue). `Ok(None)` for 0 bytes,
+    /// as PyTorch hands out a null pointer. The cascade: cached block, else [gc], else a new
+    /// segment, else release oversize cached blocks and retry, else release the whole cache and
+    /// retry, else out of memory.
+    pub fn malloc(&mut self, size: u64, stream: u64) -> Result<Option<BlockRef<S::Handle>>> {
+        if size == 0 {
+            return Ok(None);
+        }
+        if size >= ONE_EB {
+            return Err(Error::OutOfMemory(Box::new(OutOfMemory::more_than_1eb(
+                self.source.describe(),
+            ))));
+        }
+        let frames = self.history.gather();
+        self.process_events();
+        let rounded = self.round_size(size);
+        let pool = pool_of(rounded);
+        let alloc_size = self.allocation_size(rounded);
+        let max_segment = self.source.max_segment_size();
+        if alloc_size > max_segment {
+            return Err(Error::TooLarge {
+                op: "malloc",
+                size_bytes: alloc_size,
+                limit_bytes: max_segment,
+                what: "a segment for this request is larger than the largest buffer the device can create",
+            });
+        }
+
+        let mut found = self.get_free_block(pool, stream, rounded);
+        if found.is_none() {
+            if self.gc_armed() {
+                self.garbage_collect_cached_blocks();
+            }
+            found = self.alloc_block(pool, stream, alloc_size, false, &frames)?;
+            if found.is_none() && self.release_available_cached_blocks(pool, stream, rounded) {
+                found = self.alloc_block(pool, stream, alloc_size, false, &frames)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks();
+                found = self.alloc_block(pool, stream, alloc_size, true, &frames)?;
+            }
+        }
+        let Some(block) = found else {
+            return Err(self.out_of_memory(size, rounded, alloc_size, stream));
+        };
+        let id = self.alloc_found_block(block, rounded, size, frames);
+        let b = &self.blocks[id];
+        let seg = &self.segments[b.segment];
+        Ok(Some(BlockRef {
+            addr: b.addr,
+            offset: b.addr - seg.base,
+            size: b.size,
+            requested_size: size,
+            segment: seg.handle.clone(),
+        }))
+    }
+
+    /// Best fit by (stream, size, address), refusing oversize blocks as PyTorch does.
+    fn get_free_block(&mut self, pool: PoolKind, stream: u64, size: u64) -> Option<BlockId> {
+        let gc = self.gc_armed();
+        let (max_split, rounding) = (
+            self.config.max_split_size,
+            self.config.max_non_split_rounding,
+        );
+        let p = self.pool_mut(pool);
+        if gc {
+            p.get_free_blocks_call_count += 1;
+        }
+        let (&key, &id) = p.free.range((stream, size, 0)..).next()?;
+        let block_size = key.1;
+        if key.0 != stream
+            || (size < max_split && block_size >= max_split)
+            || (size >= max_split && block_size >= size.saturating_add(rounding))
+        {
+            return None;
+        }
+        p.free.remove(&key);
+        Some(id)
+    }
+
+    /// Creates a segment (`cudaMalloc`). `Ok(None)` on out-of-memory or over the limit;
+    /// other backend errors are returned.
+    fn alloc_block(
+        &mut self,
+        pool: PoolKind,
+        stream: u64,
+        size: u64,
+        is_retry: bool,
+        frames: &Option<Frames>,
+    ) -> Result<Option<BlockId>> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let reserved = self.stats.reserved_bytes.all().current as u64;
+        if self.limit.is_some_and(|limit| reserved + size > limit) {
+            return Ok(None);
+        }
+        let handle = match self.source.allocate(size) {
+            Ok(h) => h,
+            Err(SourceError::OutOfMemory) => return Ok(None),
+            Err(SourceError::Other(msg)) => return Err(Error::Wgpu { op: "malloc", msg }),
+        };
+        let base = self.va.reserve(size);
+        let segment = self.segments.insert(Segment {
+            handle,
+            base,
+            size,
+            pool,
+            stream,
+            head: 0,
+            frames: frames.clone(),
+        });
+        let id = self.blocks.insert(Block {
+            stream,
+            size,
+            requested_size: 0,
+            pool,
+            addr: base,
+            allocated: false,
+            prev: None,
+            next: None,
+            segment,
+            event_count: 0,
+            uses: Vec::new(),
+            gc_count_base: 0,
+            frames: None,
+        });
+        self.segments[segment].head = id;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.trace(
+            TraceAction::SegmentAlloc,
+            Some(base),
+            size,
+            stream,
+            frames.clone(),
+        );
+        Ok(Some(id))
+    }
+
+    fn should_split(&self, id: BlockId, size: u64) -> bool {
+        let b = &self.blocks[id];
+        let remaining = b.size - size;
+        match b.pool {
+            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
+            PoolKind::Large => size < self.config.max_split_size && remaining > SMALL_SIZE,
+        }
+    }
+
+    /// Hands out `id` (splitting off the tail when worth it) and counts the allocation.
+    fn alloc_found_block(
+        &mut self,
+        id: BlockId,
+        size: u64,
+        requested: u64,
+        frames: Option<Frames>,
+    ) -> BlockId {
+        let split = self.should_split(id, size);
+        let already_split = self.blocks[id].is_split();
+        let pool = self.blocks[id].pool;
+        let id = if split {
+            // The found block stays as the free remainder; a new block takes the front.
+            let remaining = id;
+            let r = &self.blocks[remaining];
+            let front = self.blocks.insert(Block {
+                stream: r.stream,
+                size,
+                requested_size: 0,
+                pool,
+                addr: r.addr,
+                allocated: false,
+                prev: r.prev,
+                next: Some(remaining),
+                segment: r.segment,
+                event_count: 0,
+                uses: Vec::new(),
+                gc_count_base: 0,
+                frames: None,
+            });
+            match self.blocks[front].prev {
+                Some(p) => self.blocks[p].next = Some(front),
+                None => {
+                    let seg = self.blocks[front].segment;
+                    self.segments[seg].head = front;
+                }
+            }
+            let r = &mut self.blocks[remaining];
+            r.prev = Some(front);
+            r.addr += size;
+            r.size -= size;
+            let remaining_size = r.size;
+            self.insert_free(remaining);
+            if already_split {
+                self.stats.inactive_split_bytes.decrease(pool, size);
+            } else {
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, remaining_size);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+            front
+        } else {
+            if already_split {
+                let bsize = self.blocks[id].size;
+                self.stats.inactive_split_bytes.decrease(pool, bsize);
+                self.stats.inactive_split.decrease(pool, 1);
+            }
+            id
+        };
+        let b = &mut self.blocks[id];
+        b.allocated = true;
+        b.requested_size = requested;
+        b.frames = frames.clone();
+        let (addr, bsize, stream) = (b.addr, b.size, b.stream);
+        self.allocated.insert(addr, id);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, bsize);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, bsize);
+        s.requested_bytes.increase(pool, requested);
+        if bsize >= self.config.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+        self.trace(TraceAction::Alloc, Some(addr), requested, stream, frames);
+        id
+    }
+
+    fn insert_free(&mut self, id: BlockId) {
+        let pool = self.blocks[id].pool;
+        let count = self.pool_mut(pool).get_free_blocks_call_count;
+        let b = &mut self.blocks[id];
+        b.gc_count_base = count;
+        let key = b.free_key();
+        self.pool_mut(pool).free.insert(key, id);
+    }
+
+    /// Marks the block at `addr` as used by `event` (a submission index): after a free it is not
+    /// reused until that event completes (PyTorch's `record_stream`).
+    pub fn record_use(&mut self, addr: u64, event: u64) -> Result<()> {
+        let id = *self.allocated.get(&addr).ok_or(Error::InvalidPointer {
+            op: "record_use",
+            addr,
+        })?;
+        let uses = &mut self.blocks[id].uses;
+        if !uses.contains(&event) {
+            uses.push(event);
+        }
+        Ok(())
+    }
+
+    /// Frees the block at `addr`. Its bytes stop counting as allocated at once; it becomes
+    /// reusable now, or when its recorded uses complete.
+    pub fn free(&mut self, addr: u64) -> Result<()> {
+        let id = self
+            .allocated
+            .remove(&addr)
+            .ok_or(Error::InvalidPointer { op: "free", addr })?;
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        let (pool, size, requested, stream) = (b.pool, b.size, b.requested_size, b.stream);
+        let uses = std::mem::take(&mut b.uses);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        let frames = self.blocks[id].frames.clone();
+        self.trace(
+            TraceAction::FreeRequested,
+            Some(addr),
+            requested,
+            stream,
+            frames,
+        );
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if uses.is_empty() {
+            self.free_block(id);
+        } else {
+            self.blocks[id].event_count = uses.len();
+            let mut queue: Vec<(u64, BlockId)> = self.pending_events.drain(..).collect();
+            queue.extend(uses.into_iter().map(|e| (e, id)));
+            queue.sort_by_key(|&(e, _)| e);
+            self.pending_events = queue.into();
+        }
+        Ok(())
+    }
+
+    /// Returns a block to its pool, merging free neighbours, and counts it inactive.
+    fn free_block(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        let (pool, size, requested, addr, stream) =
+            (b.pool, b.size, b.requested_size, b.addr, b.stream);
+        let frames = b.frames.clone();
+        self.trace(
+            TraceAction::FreeCompleted,
+            Some(addr),
+            requested,
+            stream,
+            frames,
+        );
+        self.blocks[id].frames = None;
+        let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
+        for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
+            let subsumed = self.try_merge_blocks(id, neighbour);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_free(id);
+        if self.blocks[id].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[id].size as i64;
+        }
+        let s = &mut self.stats;
+        match net_blocks.signum() {
+            1 => s.inactive_split.increase(pool, net_blocks as u64),
+            -1 => s.inactive_split.decrease(pool, net_blocks.unsigned_abs()),
+            _ => {}
+        }
+        match net_bytes.signum() {
+            1 => s.inactive_split_bytes.increase(pool, net_bytes as u64),
+            -1 => s
+                .inactive_split_bytes
+                .decrease(pool, net_bytes.unsigned_abs()),
+            _ => {}
+        }
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, size);
+        s.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Merges free neighbour `src` into `dst`; returns the bytes subsumed (0 if not merged).
+    fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
+        let Some(src) = src else { return 0 };
+        let s = &self.blocks[src];
+        if s.allocated || s.event_count > 0 {
+            return 0;
+        }
+        let key = s.free_key();
+        let pool = s.pool;
+        self.pool_mut(pool).free.remove(&key);
+        let s = self.blocks.remove(src);
+        if self.blocks[dst].prev == Some(src) {
+            // [src dst]: dst takes over src's start.
+            self.blocks[dst].addr = s.addr;
+            self.blocks[dst].prev = s.prev;
+            match s.prev {
+                Some(p) => self.blocks[p].next = Some(dst),
+                None => self.segments[s.segment].head = dst,
+            }
+        } else {
+            // [dst src]
+            self.blocks[dst].next = s.next;
+            if let Some(n) = s.next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        self.blocks[dst].size += s.size;
+        s.size
+    }
+
+    /// Frees blocks whose events have completed, oldest first, stopping at the first that has not.
+    fn process_events(&mut self) {
+        while let Some(&(event, id)) = self.pending_events.front() {
+            if !self.source.event_completed(event) {
+                break;
+            }
+            self.pending_events.pop_front();
+            self.complete_event(id);
+        }
+    }
+
+    fn complete_event(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every outstanding event and frees the blocks they held.
+    fn synchronize_and_free_events(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+        if self.pending_events.is_empty() {
+            return;
+        }
+        self.source.synchronize();
+        while let Some((_, id)) = self.pending_events.pop_front() {
+            self.complete_event(id);
+        }
+    }
+
+    /// Returns a wholly free segment to the source (`cudaFree`).
+    fn release_block(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        debug_assert!(!b.is_split() && !b.allocated);
+        let (pool, size, addr, stream, key, seg) =
+            (b.pool, b.size, b.addr, b.stream, b.free_key(), b.segment);
+        self.pool_mut(pool).free.remove(&key);
+        self.blocks.remove(id);
+        let segment = self.segments.remove(seg);
+        self.va.release(segment.base, segment.size);
+        self.source.release(segment.handle);
+        self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentFree, Some(addr), size, stream, None);
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+    }
+
+    /// Releases every wholly free segment of one pool, in free-set order.
+    fn release_blocks(&mut self, pool: PoolKind) {
+        let whole: Vec<BlockId> = self
+            .pool_mut(pool)
+            .free
+            .values()
+            .copied()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|&id| !self.blocks[id].is_split())
+            .collect();
+        for id in whole {
+            self.release_block(id);
+        }
+    }
+
+    /// PyTorch's `release_cached_blocks`: sync all events, then free every free segment.
+    fn release_cached_blocks(&mut self) {
+        self.synchronize_and_free_events();
+        self.release_blocks(PoolKind::Large);
+        self.release_blocks(PoolKind::Small);
+    }
+
+    /// With `max_split_size` set: free the smallest oversize cached block that covers the
+    /// request, or else oversize blocks from the largest down until enough is released.
+    fn release_available_cached_blocks(&mut self, pool: PoolKind, stream: u64, size: u64) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key_size = size.max(max_split);
+        let p = self.pool_mut(pool);
+        let hit = p
+            .free
+            .range((stream, key_size, 0)..)
+            .next()
+            .filter(|(k, _)| k.0 == stream)
+            .map(|(_, &id)| id);
+        if let Some(id) = hit {
+            // Oversize blocks are never split, so a free one is a whole segment.
+            if self.blocks[id].is_split() {
+                return false;
+            }
+            self.release_block(id);
+            return true;
+        }
+        let candidates: Vec<(u64, BlockId)> = p
+            .free
+            .range(..(stream, key_size, 0))
+            .rev()
+            .take_while(|(k, _)| k.0 == stream && k.1 >= max_split)
+            .map(|(k, &id)| (k.1, id))
+            .collect();
+        let mut released = 0;
+        for (bsize, id) in candidates {
+            if released >= key_size {
+                break;
+            }
+            if !self.blocks[id].is_split() {
+                self.release_block(id);
+                released += bsize;
+            }
+        }
+        released >= key_size
+    }
+
+    /// With a limit and `garbage_collection_threshold` set: above threshold·limit reserved,
+    /// free unsplit large cached blocks of at least average age until under the threshold.
+    fn garbage_collect_cached_blocks(&mut self) {
+        let Some(limit) = self.limit else { return };
+        let threshold = (self.config.garbage_collection_threshold * limit as f64) as u64;
+        let reserved = self.stats.reserved_bytes.all().current as u64;
+        if reserved <= threshold {
+            return;
+        }
+        let target = reserved - threshold;
+        let calls = self.large.get_free_blocks_call_count;
+        let age = |b: &Block| calls - b.gc_count_base;
+        let freeable: Vec<BlockId> = self
+            .large
+            .free
+            .values()
+            .copied()
+            .filter(|&id| !self.blocks[id].is_split())
+            .collect();
+        let mut total_age: u64 = freeable.iter().map(|&id| age(&self.blocks[id])).sum();
+        let mut count = freeable.len() as u64;
+        let mut reclaimed = 0;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let mean = total_age as f64 / count as f64;
+            freed_any = false;
+            let old: Vec<BlockId> = self
+                .large
+                .free
+                .values()
+                .copied()
+                .filter(|&id| {
+                    let b = &self.blocks[id];
+                    !b.is_split() && age(b) as f64 >= mean
+                })
+                .collect();
+            for id in old {
+                freed_any = true;
+                reclaimed += self.blocks[id].size;
+                total_age -= age(&self.blocks[id]);
+                count -= 1;
+                self.release_block(id);
+            }
+        }
+    }
+
+    fn out_of_memory(
+        &mut self,
+        requested: u64,
+        rounded: u64,
+        alloc_size: u64,
+        stream: u64,
+    ) -> Error {
+        let info = self.source.mem_info();
+        self.history.record(TraceEntry {
+            action: TraceAction::Oom,
+            addr: None,
+            device_free: Some(info.free.unwrap_or(0)),
+            size: rounded,
+            stream,
+            time_us: now_us(),
+            compile_context: "N/A",
+            user_metadata: String::new(),
+            frames: None,
+        });
+        self.stats.num_ooms += 1;
+        let allocated = self.stats.allocated_bytes.all().current as u64;
+        let reserved = self.stats.reserved_bytes.all().current as u64;
+        Error::OutOfMemory(Box::new(OutOfMemory {
+            device: self.source.describe(),
+            requested,
+            alloc_size,
+            total: info.total,
+            free: info.free,
+            allowed: self.limit,
+            allocated,
+            reserved,
+            more_than_1eb: false,
+        }))
+    }
+
+    /// `empty_cache`: waits for outstanding events, then releases every wholly free segment.
+    pub fn empty_cache(&mut self) {
+        self.release_cached_blocks();
+    }
+
+    /// Caps reserved bytes at `limit` (`None` removes the cap). Also arms the garbage collector.
+    pub fn set_memory_limit(&mut self, limit: Option<u64>) {
+        self.limit = limit;
+        if limit.is_none() {
+            self.fraction = 1.0;
+        }
+    }
+
+    /// `set_per_process_memory_fraction`: cap reserved bytes at floor(fraction × total).
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument {
+                op: "set_per_process_memory_fraction",
+                msg: format!("Invalid fraction value: {fraction}. Allowed range: 0~1"),
+            });
+        }
+        let total = self
+            .source
+            .mem_info()
+            .total
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "set_per_process_memory_fraction",
+                msg: format!(
+                    "the capacity of {} is unknown; set a limit in bytes with set_memory_limit",
+                    self.source.describe()
+                ),
+            })?;
+        self.fraction = fraction;
+        self.limit = Some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    pub fn memory_fraction(&self) -> f64 {
+        self.fraction
+    }
+
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// `record_memory_history`: `enabled = None` stops recording and clears the ring.
+    pub fn record_memory_history(
+        &mut self,
+        enabled: Option<HistoryEnabled>,
+        context: HistoryContext,
+        stacks: HistoryStacks,
+        max_entries: usize,
+    ) {
+        let h = &mut self.history;
+        match enabled {
+            None => *h = History::default(),
+            Some(e) => {
+                h.enabled = Some(e);
+                h.context = context;
+                h.stacks = stacks;
+                h.max_entries = if e == HistoryEnabled::State {
+                    1
+                } else {
+                    max_entries
+                };
+                while h.ring.len() > h.max_entries {
+                    h.ring.pop_front();
+                }
+            }
+        }
+    }
+
+    pub(crate) fn trace(
+        &mut self,
+        action: TraceAction,
+        addr: Option<u64>,
+        size: u64,
+        stream: u64,
+        frames: Option<Frames>,
+    ) {
+        if self.history.enabled.is_none() {
+            return;
+        }
+        self.history.record(TraceEntry {
+            action,
+            addr,
+            device_free: None,
+            size,
+            stream,
+            time_us: now_us(),
+            compile_context: "N/A",
+            user_metadata: String::new(),
+            frames,
+        });
+    }
+
+    /// Walks the blocks of every segment, in address order; for snapshots and invariants.
+    pub(crate) fn segment_blocks(&self) -> Vec<(SegmentId, Vec<BlockId>)> {
+        let mut segs: Vec<(SegmentId, Vec<BlockId>)> = self
+            .segments
+            .iter()
+            .map(|(sid, seg)| {
+                let mut ids = Vec::new();
+                let mut cur = Some(seg.head);
+                while let Some(id) = cur {
+                    ids.push(id);
+                    cur = self.blocks[id].next;
+                }
+                (sid, ids)
+            })
+            .collect();
+        segs.sort_by_key(|(sid, _)| self.segments[*sid].base);
+        segs
+    }
+
+    /// Checks the structural invariants and recounts the statistics from the blocks.
+    /// Returns a description of the first violation. Used by property tests.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut allocated = [0u64; 2];
+        let mut active = [0u64; 2];
+        let mut reserved = [0u64; 2];
+        let mut inactive_split = [0u64; 2];
+        let idx = |p: PoolKind| (p == PoolKind::Large) as usize;
+        for (sid, ids) in self.segment_blocks() {
+            let seg = &self.segments[sid];
+            reserved[idx(seg.pool)] += seg.size;
+            let mut addr = seg.base;
+            let mut prev_free = false;
+            for &id in &ids {
+                let b = &self.blocks[id];
+                if b.addr != addr {
+                    return Err(format!(
+                        "segment {:#x}: gap or overlap at {:#x}",
+                        seg.base, addr
+                    ));
+                }
+                addr += b.size;
+                let free = !b.allocated && b.event_count == 0;
+                if free && prev_free {
+                    return Err(format!("two free neighbours unmerged at {:#x}", b.addr));
+                }
+                prev_free = free;
+                if b.allocated {
+                    allocated[idx(b.pool)] += b.size;
+                }
+                if b.allocated || b.event_count > 0 {
+                    active[idx(b.pool)] += b.size;
+                } else if ids.len() > 1 {
+                    inactive_split[idx(b.pool)] += b.size;
+                }
+            }
+            if addr != seg.base + seg.size {
+                return Err(format!("segment {:#x}: blocks do not tile it", seg.base));
+            }
+        }
+        let s = &self.stats;
+        for (name, arr, want) in [
+            ("allocated_bytes", &s.allocated_bytes, allocated),
+            ("active_bytes", &s.active_bytes, active),
+            ("reserved_bytes", &s.reserved_bytes, reserved),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                inactive_split,
+            ),
+        ] {
+            for pool in [PoolKind::Small, PoolKind::Large] {
+                let got = arr.pool(pool).current as u64;
+                if got != want[idx(pool)] {
+                    return Err(format!(
+                        "{name}.{}: stat {got}, recount {}",
+                        pool.name(),
+                        want[idx(pool)]
+                    ));
+                }
+            }
+            if arr.all().current as u64 != want[0] + want[1] {
+                return Err(format!("{name}.all disagrees with its pools"));
+            }
+        }
+        if s.allocated_bytes.all().current > s.reserved_bytes.all().current {
+            return Err("allocated > reserved".into());
+        }
+        Ok(())
+    }
+}

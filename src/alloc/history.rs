@@ -1,0 +1,214 @@
+//! Memory history: `record_memory_history`'s settings, the bounded ring of trace entries, and
+//! the allocation context (frames) that callers attach through a thread-local scope stack.
+
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// One frame of where an allocation came from: kiln's op or scope, or a Rust frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    pub filename: String,
+    pub line: u32,
+    pub name: String,
+}
+
+/// The frames of one allocation, shared between its block and its trace entries.
+pub type Frames = Arc<Vec<Frame>>;
+
+/// `enabled` of `record_memory_history`: `None` stops recording and clears the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryEnabled {
+    /// Keep frames of live blocks only (the ring holds at most one entry, as in PyTorch).
+    State,
+    /// Also keep the alloc/free trace in a ring of `max_entries`.
+    All,
+}
+
+/// `context` of `record_memory_history`: which events carry frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HistoryContext {
+    None,
+    /// Frames of live allocations (shown in snapshots).
+    State,
+    /// Also on alloc trace entries.
+    Alloc,
+    /// Also capture the frames at free time.
+    All,
+}
+
+/// `stacks` of `record_memory_history`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryStacks {
+    /// kiln's frames only: ops, modules and the user's named scopes (PyTorch's "python").
+    Kiln,
+    /// Plus the Rust backtrace (slow: symbolised at capture).
+    All,
+}
+
+/// What a trace entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceAction {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    Oom,
+    Snapshot,
+}
+
+/// One entry of `device_traces`, with PyTorch's keys.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceEntry {
+    pub action: TraceAction,
+    /// Absent for `oom`, which carries `device_free` instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+    pub size: u64,
+    pub stream: u64,
+    /// Microseconds since the Unix epoch.
+    pub time_us: u64,
+    pub compile_context: &'static str,
+    pub user_metadata: String,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_frames")]
+    pub frames: Option<Frames>,
+}
+
+fn ser_frames<S: serde::Serializer>(f: &Option<Frames>, s: S) -> Result<S::Ok, S::Error> {
+    match f {
+        Some(v) => v.as_slice().serialize(s),
+        None => s.serialize_none(),
+    }
+}
+
+/// The recorder's state inside the allocator.
+#[derive(Debug)]
+pub(crate) struct History {
+    pub enabled: Option<HistoryEnabled>,
+    pub context: HistoryContext,
+    pub stacks: HistoryStacks,
+    pub max_entries: usize,
+    pub ring: VecDeque<TraceEntry>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            enabled: None,
+            context: HistoryContext::None,
+            stacks: HistoryStacks::Kiln,
+            max_entries: 0,
+            ring: VecDeque::new(),
+        }
+    }
+}
+
+pub(crate) fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+impl History {
+    /// Frames to keep on a block at allocation time, if recording wants them.
+    pub fn gather(&self) -> Option<Frames> {
+        if self.enabled.is_none() || self.context == HistoryContext::None {
+            return None;
+        }
+        Some(current_frames(self.stacks))
+    }
+
+    pub fn record(&mut self, mut entry: TraceEntry) {
+        if self.enabled != Some(HistoryEnabled::All) || self.max_entries == 0 {
+            return;
+        }
+        let keep_frames = match entry.action {
+            TraceAction::Alloc | TraceAction::SegmentAlloc => self.context >= HistoryContext::Alloc,
+            TraceAction::FreeRequested | TraceAction::FreeCompleted => {
+                if self.context == HistoryContext::All {
+                    entry.frames = Some(current_frames(self.stacks));
+                }
+                self.context >= HistoryContext::Alloc
+            }
+            _ => false,
+        };
+        if !keep_frames {
+            entry.frames = None;
+        }
+        if self.ring.len() == self.max_entries {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(entry);
+    }
+}
+
+thread_local! {
+    static SCOPES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops its frame from this thread's allocation context when dropped.
+pub struct ScopeGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        SCOPES.with(|s| s.borrow_mut().pop());
+    }
+}
+
+/// Pushes a named frame (an op, a module path, a user scope) onto this thread's allocation
+/// context until the guard drops. Allocations made meanwhile carry it when history is recorded.
+#[must_use = "the scope ends when the guard drops"]
+pub fn push_scope(name: impl Into<String>, filename: impl Into<String>, line: u32) -> ScopeGuard {
+    SCOPES.with(|s| {
+        s.borrow_mut().push(Frame {
+            filename: filename.into(),
+            line,
+            name: name.into(),
+        })
+    });
+    ScopeGuard {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+/// The current frames, innermost first (PyTorch lists the innermost frame first).
+fn current_frames(stacks: HistoryStacks) -> Frames {
+    let mut frames: Vec<Frame> = SCOPES.with(|s| s.borrow().iter().rev().cloned().collect());
+    if stacks == HistoryStacks::All {
+        frames.extend(rust_backtrace());
+    }
+    Arc::new(frames)
+}
+
+fn rust_backtrace() -> Vec<Frame> {
+    let bt = std::backtrace::Backtrace::force_capture().to_string();
+    let mut out = Vec::new();
+    let mut lines = bt.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some((_, name)) = line.trim().split_once(": ") else {
+            continue;
+        };
+        let (mut filename, mut lineno) = (String::from("??"), 0);
+        if let Some(at) = lines.peek().and_then(|l| l.trim().strip_prefix("at ")) {
+            let mut parts = at.rsplitn(3, ':');
+            let _col = parts.next();
+            lineno = parts.next().and_then(|l| l.parse().ok()).unwrap_or(0);
+            filename = parts.next().unwrap_or(at).to_string();
+            lines.next();
+        }
+        out.push(Frame {
+            filename,
+            line: lineno,
+            name: name.to_string(),
+        });
+    }
+    out
+}

@@ -1,0 +1,29 @@
+//! The caching allocator: PyTorch's CUDA caching allocator policy, statistics, summary,
+//! snapshots and history, over a pluggable `SegmentSource`. Nothing here knows wgpu.
+
+mod caching;
+mod config;
+mod format;
+mod history;
+mod oom;
+pub mod replay;
+mod snapshot;
+mod source;
+mod stats;
+mod summary;
+mod vaspace;
+
+pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
+pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
+pub use format::format_size;
+pub use history::{
+    push_scope, Frame, Frames, HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard,
+    TraceAction, TraceEntry,
+};
+pub use oom::OutOfMemory;
+pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};
+pub use source::{
+    HostMemory, HostSegment, HostSource, MemInfo, SegmentSource, SimulatedSource, SourceError,
+};
+pub use stats::{DeviceStats, PoolKind, Stat, StatArray};
+pub use summary::memory_summary;

@@ -1,0 +1,233 @@
+//! Replays allocator traces recorded from PyTorch (`tests/fixtures/*.json`, format in
+//! `../shared/alloc-traces/README.md`) and compares every statistic after every event, the
+//! error of every event, the final segments and the rows of the final `memory_summary()`.
+
+use super::{memory_summary, AllocatorConfig, CachingAllocator, SimulatedSource};
+use crate::{Error, Result};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TraceEvent {
+    Alloc { id: u64, size: u64 },
+    Free { id: u64 },
+    EmptyCache,
+    ResetPeak,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ExpectedStep {
+    pub error: Option<String>,
+    pub stats: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
+pub struct ExpectedBlock {
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: String,
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
+pub struct ExpectedSegment {
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub segment_type: String,
+    pub blocks: Vec<ExpectedBlock>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Expected {
+    pub steps: Vec<ExpectedStep>,
+    pub summary: String,
+    pub segments_sorted_by_size: Vec<ExpectedSegment>,
+}
+
+/// One recorded case.
+#[derive(Debug, Deserialize)]
+pub struct AllocTrace {
+    pub name: String,
+    pub alloc_conf: Option<String>,
+    pub memory_limit_bytes: Option<u64>,
+    pub events: Vec<TraceEvent>,
+    pub expected: Expected,
+}
+
+/// The first difference between kiln and PyTorch: `event K: key: got X, expected Y`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    /// Event index, or `None` for the final segments and summary.
+    pub event: Option<usize>,
+    pub key: String,
+    pub got: String,
+    pub expected: String,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.event {
+            Some(k) => write!(f, "event {k}: ")?,
+            None => write!(f, "final: ")?,
+        }
+        write!(
+            f,
+            "{}: got {}, expected {}",
+            self.key, self.got, self.expected
+        )
+    }
+}
+
+impl AllocTrace {
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| Error::InvalidArgument {
+            op: "AllocTrace::from_json",
+            msg: e.to_string(),
+        })
+    }
+
+    /// Replays the events through a fresh allocator; `Ok(events)` when everything matches.
+    pub fn replay(&self) -> Result<std::result::Result<usize, Mismatch>> {
+        let config = match &self.alloc_conf {
+            Some(c) => AllocatorConfig::parse(c)?,
+            None => AllocatorConfig::default(),
+        };
+        let mut alloc = CachingAllocator::new(SimulatedSource::new(None), config);
+        alloc.set_memory_limit(self.memory_limit_bytes);
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        let mismatch = |event, key: &str, got: String, expected: String| Mismatch {
+            event,
+            key: key.to_string(),
+            got,
+            expected,
+        };
+        for (k, (event, step)) in self.events.iter().zip(&self.expected.steps).enumerate() {
+            let mut error = None;
+            match *event {
+                TraceEvent::Alloc { id, size } => match alloc.malloc(size, 0) {
+                    Ok(Some(b)) => {
+                        live.insert(id, b.addr);
+                    }
+                    Ok(None) => {}
+                    Err(Error::OutOfMemory(_)) => error = Some("oom".to_string()),
+                    Err(e) => error = Some(e.to_string()),
+                },
+                // A free of an allocation that failed is a no-op, as `del` of nothing.
+                TraceEvent::Free { id } => {
+                    if let Some(addr) = live.remove(&id) {
+                        alloc.free(addr)?;
+                    }
+                }
+                TraceEvent::EmptyCache => alloc.empty_cache(),
+                TraceEvent::ResetPeak => alloc.reset_peak_stats(),
+            }
+            if error != step.error {
+                return Ok(Err(mismatch(
+                    Some(k),
+                    "error",
+                    format!("{error:?}"),
+                    format!("{:?}", step.error),
+                )));
+            }
+            let got = alloc.stats().to_map();
+            if got.len() != step.stats.len() {
+                return Ok(Err(mismatch(
+                    Some(k),
+                    "key count",
+                    got.len().to_string(),
+                    step.stats.len().to_string(),
+                )));
+            }
+            for (key, want) in &step.stats {
+                let have = got.get(key).copied();
+                if have != Some(*want) {
+                    return Ok(Err(mismatch(
+                        Some(k),
+                        key,
+                        format!("{have:?}"),
+                        want.to_string(),
+                    )));
+                }
+            }
+        }
+        if self.events.len() != self.expected.steps.len() {
+            return Ok(Err(mismatch(
+                None,
+                "steps",
+                self.events.len().to_string(),
+                self.expected.steps.len().to_string(),
+            )));
+        }
+        // Segments: PyTorch sorted them by size (stably, from real addresses); compare as sorted
+        // by (size, contents) so that ties between equal-size segments do not depend on addresses.
+        let mut got: Vec<ExpectedSegment> = alloc
+            .segments_snapshot(0)
+            .into_iter()
+            .map(|s| ExpectedSegment {
+                total_size: s.total_size,
+                allocated_size: s.allocated_size,
+                active_size: s.active_size,
+                requested_size: s.requested_size,
+                segment_type: s.segment_type.to_string(),
+                blocks: s
+                    .blocks
+                    .into_iter()
+                    .map(|b| ExpectedBlock {
+                        size: b.size,
+                        requested_size: b.requested_size,
+                        state: serde_json::to_value(b.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut want = self.expected.segments_sorted_by_size.clone();
+        got.sort();
+        want.sort();
+        if got != want {
+            let i = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
+            return Ok(Err(mismatch(
+                None,
+                &format!("segments[{i}] (of {} vs {})", got.len(), want.len()),
+                format!("{:?}", got.get(i)),
+                format!("{:?}", want.get(i)),
+            )));
+        }
+        // Summary: every row but the title line.
+        let summary = memory_summary(alloc.stats(), "kiln memory summary, device 0", false);
+        for (i, (a, b)) in summary
+            .lines()
+            .zip(self.expected.summary.lines())
+            .enumerate()
+        {
+            if i != 1 && a != b {
+                return Ok(Err(mismatch(
+                    None,
+                    &format!("summary line {i}"),
+                    a.to_string(),
+                    b.to_string(),
+                )));
+            }
+        }
+        if summary.lines().count() != self.expected.summary.lines().count() {
+            return Ok(Err(mismatch(
+                None,
+                "summary lines",
+                summary.lines().count().to_string(),
+                self.expected.summary.lines().count().to_string(),
+            )));
+        }
+        alloc
+            .check_invariants()
+            .map_err(|msg| Error::InvalidArgument { op: "replay", msg })?;
+        Ok(Ok(self.events.len()))
+    }
+}

@@ -1,0 +1,172 @@
+//! `memory_snapshot()`: segments and blocks with PyTorch's keys and states, the trace ring as
+//! `device_traces`, and `allocator_settings`; serialisable to PyTorch's dict layout as JSON.
+
+use super::caching::CachingAllocator;
+use super::history::{Frame, TraceAction, TraceEntry};
+use super::source::SegmentSource;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// A block's state as PyTorch names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    ActiveAllocated,
+    /// Freed by its owner, waiting for recorded uses to complete.
+    ActivePendingFree,
+    Inactive,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BlockInfo {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: BlockState,
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SegmentInfo {
+    pub device: u32,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub stream: u64,
+    pub segment_type: &'static str,
+    pub segment_pool_id: (u64, u64),
+    pub is_expandable: bool,
+    pub frames: Vec<Frame>,
+    pub blocks: Vec<BlockInfo>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AllocatorSettings {
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF")]
+    pub alloc_conf: String,
+    /// Bytes, or -1 when unlimited.
+    pub max_split_size: i64,
+    pub garbage_collection_threshold: f64,
+    pub expandable_segments: bool,
+    pub pinned_num_register_threads: u32,
+    pub release_lock_on_cudamalloc: bool,
+    pub pinned_use_cuda_host_register: bool,
+    pub graph_capture_record_stream_reuse: bool,
+    /// Interval start in MB -> divisions.
+    pub roundup_power2_divisions: BTreeMap<String, u64>,
+}
+
+/// `torch.cuda.memory._snapshot()`'s dict.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub segments: Vec<SegmentInfo>,
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub allocator_settings: AllocatorSettings,
+    pub external_annotations: Vec<serde_json::Value>,
+}
+
+impl Snapshot {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("snapshot is plain data")
+    }
+}
+
+impl<S: SegmentSource> CachingAllocator<S> {
+    /// The segments of this device in address order, with their blocks.
+    pub fn segments_snapshot(&self, device: u32) -> Vec<SegmentInfo> {
+        let frames_of =
+            |f: &Option<super::history::Frames>| f.as_deref().cloned().unwrap_or_default();
+        self.segment_blocks()
+            .into_iter()
+            .map(|(sid, ids)| {
+                let seg = &self.segments[sid];
+                let blocks: Vec<BlockInfo> = ids
+                    .iter()
+                    .map(|&id| {
+                        let b = &self.blocks[id];
+                        let state = if b.allocated {
+                            BlockState::ActiveAllocated
+                        } else if b.event_count > 0 {
+                            BlockState::ActivePendingFree
+                        } else {
+                            BlockState::Inactive
+                        };
+                        BlockInfo {
+                            address: b.addr,
+                            size: b.size,
+                            requested_size: b.requested_size,
+                            state,
+                            frames: if state == BlockState::Inactive {
+                                Vec::new()
+                            } else {
+                                frames_of(&b.frames)
+                            },
+                        }
+                    })
+                    .collect();
+                let sum = |f: &dyn Fn(&BlockInfo) -> bool, v: &dyn Fn(&BlockInfo) -> u64| {
+                    blocks.iter().filter(|b| f(b)).map(v).sum::<u64>()
+                };
+                let active = |b: &BlockInfo| b.state != BlockState::Inactive;
+                // PyTorch reports the segment's frames only while its head block is the original.
+                let head_frames = if blocks.first().is_some_and(|b| b.address == seg.base) {
+                    frames_of(&seg.frames)
+                } else {
+                    Vec::new()
+                };
+                SegmentInfo {
+                    device,
+                    address: seg.base,
+                    total_size: seg.size,
+                    allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated, &|b| b.size),
+                    active_size: sum(&active, &|b| b.size),
+                    requested_size: sum(&active, &|b| b.requested_size),
+                    stream: seg.stream,
+                    segment_type: seg.pool.name(),
+                    segment_pool_id: (0, 0),
+                    is_expandable: false,
+                    frames: head_frames,
+                    blocks,
+                }
+            })
+            .collect()
+    }
+
+    /// The full snapshot. Like PyTorch, records a `snapshot` trace entry after copying the
+    /// trace, so it shows up in the next snapshot.
+    pub fn snapshot(&mut self, device: u32) -> Snapshot {
+        let segments = self.segments_snapshot(device);
+        let trace: Vec<TraceEntry> = self.history.ring.iter().cloned().collect();
+        let active = self.stats.active_bytes.all().current as u64;
+        self.trace(TraceAction::Snapshot, Some(0), active, 0, None);
+        let c = &self.config;
+        let roundup = c
+            .roundup_power2_divisions
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| ((1u64 << i).to_string(), d))
+            .collect();
+        Snapshot {
+            segments,
+            device_traces: vec![trace],
+            allocator_settings: AllocatorSettings {
+                alloc_conf: c.source.clone(),
+                max_split_size: if c.max_split_size == u64::MAX {
+                    -1
+                } else {
+                    c.max_split_size as i64
+                },
+                garbage_collection_threshold: c.garbage_collection_threshold,
+                expandable_segments: false,
+                pinned_num_register_threads: 1,
+                release_lock_on_cudamalloc: false,
+                pinned_use_cuda_host_register: false,
+                graph_capture_record_stream_reuse: false,
+                roundup_power2_divisions: roundup,
+            },
+            external_annotations: Vec::new(),
+        }
+    }
+}

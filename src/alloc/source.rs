@@ -1,0 +1,174 @@
+//! The seam between the allocator's policy and real memory: a `SegmentSource` creates and
+//! releases segments (PyTorch's cudaMalloc/cudaFree) and answers event queries. The policy core
+//! never sees wgpu; the GPU device plugs in a wgpu source, the CPU device a host source, and the
+//! tests a capped in-memory source.
+
+/// Why a segment could not be created.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceError {
+    /// The backend is out of memory: the allocator releases its cache and retries.
+    OutOfMemory,
+    /// Anything else; surfaces unchanged as an error of the allocation.
+    Other(String),
+}
+
+/// What the backend can say about device memory. `None` where it cannot tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free: Option<u64>,
+    pub total: Option<u64>,
+}
+
+/// A provider of segments. Implementations hold no policy: they allocate exactly what they are
+/// asked, and report out-of-memory instead of panicking.
+pub trait SegmentSource: Send {
+    /// What a tensor needs to reach its block: a buffer (GPU) or a host region (CPU).
+    type Handle: Clone + Send + Sync;
+
+    /// Creates one segment of exactly `size_bytes`.
+    fn allocate(&mut self, size_bytes: u64) -> Result<Self::Handle, SourceError>;
+    /// Returns a segment to the backend. The allocator calls it only for wholly free segments.
+    fn release(&mut self, handle: Self::Handle);
+    /// Free and total memory, where the backend reports them (PyTorch's `cudaMemGetInfo`).
+    fn mem_info(&self) -> MemInfo {
+        MemInfo::default()
+    }
+    /// The largest segment the backend can create (wgpu's `max_buffer_size`).
+    fn max_segment_size(&self) -> u64 {
+        u64::MAX
+    }
+    /// Whether the work behind `event` (a submission index) has completed. Never blocks.
+    fn event_completed(&mut self, _event: u64) -> bool {
+        true
+    }
+    /// Blocks until every event handed out so far has completed.
+    fn synchronize(&mut self) {}
+    /// How the OOM message names the device, e.g. `GPU 0 (NVIDIA H100, Vulkan)`.
+    fn describe(&self) -> String {
+        "device 0".to_string()
+    }
+}
+
+/// A source of host memory with an optional capacity: the CPU device's memory.
+pub struct HostSource {
+    capacity: Option<u64>,
+    in_use: u64,
+    name: String,
+}
+
+/// A host segment: zeroed, 8-byte aligned memory shared by the tensors carved from it.
+pub type HostSegment = std::sync::Arc<HostMemory>;
+
+/// Host memory behind a CPU segment. Interior mutability: tensors of one segment write
+/// disjoint ranges, ordered by kiln's own synchronisation.
+pub struct HostMemory {
+    words: Box<[std::cell::UnsafeCell<u64>]>,
+    size_bytes: u64,
+}
+
+// SAFETY: every access goes through `bytes_mut`/`bytes`, whose callers own disjoint ranges.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    fn new(size_bytes: u64) -> Self {
+        // calloc'd zero pages: untouched memory costs nothing until a tensor writes it.
+        let zeroed: Box<[u64]> = vec![0u64; size_bytes.div_ceil(8) as usize].into_boxed_slice();
+        // SAFETY: UnsafeCell<u64> is repr(transparent) over u64.
+        let words =
+            unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [std::cell::UnsafeCell<u64>]) };
+        HostMemory { words, size_bytes }
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    /// A raw pointer to the first byte; callers keep to the range of their own block.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.words.as_ptr() as *mut u8
+    }
+}
+
+impl HostSource {
+    /// `capacity`: refuse segments past this many bytes in use (None = only the OS limits).
+    pub fn new(capacity: Option<u64>, name: impl Into<String>) -> Self {
+        HostSource {
+            capacity,
+            in_use: 0,
+            name: name.into(),
+        }
+    }
+}
+
+impl SegmentSource for HostSource {
+    type Handle = HostSegment;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<HostSegment, SourceError> {
+        if let Some(cap) = self.capacity {
+            if self.in_use + size_bytes > cap {
+                return Err(SourceError::OutOfMemory);
+            }
+        }
+        self.in_use += size_bytes;
+        Ok(std::sync::Arc::new(HostMemory::new(size_bytes)))
+    }
+
+    fn release(&mut self, handle: HostSegment) {
+        self.in_use -= handle.size_bytes;
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        MemInfo {
+            total: self.capacity,
+            free: self.capacity.map(|c| c - self.in_use),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+}
+
+/// A source that lends sizes, not memory, with an optional capacity: it stands in for a device
+/// in trace replays and property tests, where PyTorch's recorded figures depend only on sizes.
+pub struct SimulatedSource {
+    pub capacity: Option<u64>,
+    in_use: u64,
+}
+
+impl SimulatedSource {
+    pub fn new(capacity: Option<u64>) -> Self {
+        SimulatedSource {
+            capacity,
+            in_use: 0,
+        }
+    }
+}
+
+impl SegmentSource for SimulatedSource {
+    type Handle = u64;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<u64, SourceError> {
+        if self
+            .capacity
+            .is_some_and(|cap| self.in_use + size_bytes > cap)
+        {
+            return Err(SourceError::OutOfMemory);
+        }
+        self.in_use += size_bytes;
+        Ok(size_bytes)
+    }
+
+    fn release(&mut self, size_bytes: u64) {
+        self.in_use -= size_bytes;
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        MemInfo {
+            total: self.capacity,
+            free: self.capacity.map(|c| c - self.in_use),
+        }
+    }
+
+    fn describe(&self) -> String {
+        "simulated device 0".to_string()
+    }
+}

@@ -1,0 +1,55 @@
+//! kiln's one error type: every public operation returns `kiln::Result`.
+
+use crate::alloc::OutOfMemory;
+
+/// The result of every public kiln operation.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What went wrong, with the op and the operands named.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caching allocator could not find or create memory; carries PyTorch's numbers.
+    #[error("{0}")]
+    OutOfMemory(Box<OutOfMemory>),
+
+    /// A request larger than a single device buffer (or binding) may be.
+    #[error("{op}: {size_bytes} bytes exceeds the device's limit of {limit_bytes} bytes ({what})")]
+    TooLarge {
+        op: &'static str,
+        size_bytes: u64,
+        limit_bytes: u64,
+        what: &'static str,
+    },
+
+    /// A `KILN_ALLOC_CONF` string or typed allocator setting that is not valid.
+    #[error("allocator config: {0}")]
+    AllocConfig(String),
+
+    /// Freeing or touching a block the allocator does not own.
+    #[error("{op}: invalid device pointer {addr:#x}")]
+    InvalidPointer { op: &'static str, addr: u64 },
+
+    /// A value outside the range an op accepts.
+    #[error("{op}: {msg}")]
+    InvalidArgument { op: &'static str, msg: String },
+
+    /// No adapter matches a device request (`KILN_DEVICE`, `Device::from_spec`).
+    #[error("device {spec:?}: {msg}")]
+    NoSuchDevice { spec: String, msg: String },
+
+    /// The adapter refused the device request.
+    #[error("request_device on {adapter}: {msg}")]
+    RequestDevice { adapter: String, msg: String },
+
+    /// A wgpu validation or internal error, caught by an error scope or the uncaptured handler.
+    #[error("wgpu error in {op}: {msg}")]
+    Wgpu { op: &'static str, msg: String },
+
+    /// The device was lost (driver reset, `destroy`); it cannot be used any more.
+    #[error("device lost ({reason}): {msg}")]
+    DeviceLost { reason: String, msg: String },
+
+    /// `KILN_REQUIRE_GPU=1` is set and no GPU adapter (software ones count) was found.
+    #[error("KILN_REQUIRE_GPU is set but wgpu found no GPU adapter")]
+    GpuRequired,
+}

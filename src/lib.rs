@@ -1,0 +1,7 @@
+//! kiln: tensors and autograd as WGSL compute shaders through wgpu, with a caching allocator
+//! that behaves like PyTorch's CUDA caching allocator. See ARCHITECTURE.md for the layers.
+
+pub mod alloc;
+mod error;
+
+pub use error::{Error, Result};

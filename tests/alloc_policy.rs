@@ -1,0 +1,289 @@
+//! The allocator's policy against PyTorch's figures (spec §1-§4, observed on torch 2.11, H100),
+//! through the public API with a simulated device.
+
+use kiln::alloc::*;
+use kiln::Error;
+
+const MIB: u64 = 1 << 20;
+
+fn allocator(conf: &str, capacity: Option<u64>) -> CachingAllocator<SimulatedSource> {
+    CachingAllocator::new(
+        SimulatedSource::new(capacity),
+        AllocatorConfig::parse(conf).unwrap(),
+    )
+}
+
+fn stat(a: &CachingAllocator<SimulatedSource>, key: &str) -> i64 {
+    a.stats().to_map()[key]
+}
+
+/// Spec §1 golden table: request -> block size, pool, segment size, blocks in the segment.
+#[test]
+fn golden_table_of_rounding_pools_and_segments() {
+    let cases: &[(u64, u64, &str, u64, &[u64])] = &[
+        (1, 512, "small", 2 * MIB, &[512, 2096640]),
+        (511, 512, "small", 2 * MIB, &[512, 2096640]),
+        (513, 1024, "small", 2 * MIB, &[1024, 2096128]),
+        (1048575, MIB, "small", 2 * MIB, &[MIB, MIB]),
+        (1048576, MIB, "small", 2 * MIB, &[MIB, MIB]),
+        (1048577, 1049088, "large", 20 * MIB, &[1049088, 19922432]),
+        (10485759, 10 * MIB, "large", 10 * MIB, &[10 * MIB]),
+        (10485761, 10486272, "large", 12 * MIB, &[10486272, 2096640]),
+        (11534337, 12 * MIB, "large", 12 * MIB, &[12 * MIB]),
+        (19 * MIB + MIB / 2, 20 * MIB, "large", 20 * MIB, &[20 * MIB]),
+        (21 * MIB, 22 * MIB, "large", 22 * MIB, &[22 * MIB]),
+        (
+            104857601,
+            104858112,
+            "large",
+            102 * MIB,
+            &[104858112, 2096640],
+        ),
+    ];
+    for &(request, block, pool, segment, blocks) in cases {
+        let mut a = allocator("", None);
+        let b = a.malloc(request, 0).unwrap().unwrap();
+        assert_eq!(b.size, block, "request {request}");
+        assert_eq!(stat(&a, "allocated_bytes.all.current") as u64, block);
+        assert_eq!(stat(&a, "requested_bytes.all.current") as u64, request);
+        assert_eq!(stat(&a, "reserved_bytes.all.current") as u64, segment);
+        let segs = a.segments_snapshot(0);
+        assert_eq!(segs.len(), 1);
+        assert_eq!(segs[0].segment_type, pool);
+        let sizes: Vec<u64> = segs[0].blocks.iter().map(|b| b.size).collect();
+        assert_eq!(sizes, blocks, "request {request}");
+    }
+}
+
+#[test]
+fn roundup_power2_divisions_matches_observed() {
+    let a = allocator("roundup_power2_divisions:4", None);
+    for (request, rounded) in [
+        (600, 1024),
+        (1228800, 1310720),
+        (1331200, 1572864),
+        (3145729, 3670016),
+        (104857601, 117440512),
+    ] {
+        assert_eq!(a.round_size(request), rounded, "{request}");
+    }
+    let a = allocator("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", None);
+    assert_eq!(a.round_size(1100 * MIB), 1280 * MIB);
+    assert_eq!(a.round_size(2100 * MIB), 2304 * MIB);
+    assert_eq!(a.round_size(600 * MIB + 1), 768 * MIB);
+    assert_eq!(a.round_size(300 * MIB + 1), 300 * MIB + 512);
+}
+
+#[test]
+fn zero_bytes_is_null_and_1eb_is_refused_without_stats() {
+    let mut a = allocator("", None);
+    assert!(a.malloc(0, 0).unwrap().is_none());
+    let e = a.malloc(1 << 60, 0).unwrap_err();
+    assert!(e.to_string().contains("more than 1EB"), "{e}");
+    assert_eq!(
+        a.stats(),
+        &DeviceStats {
+            max_split_size: -1,
+            ..Default::default()
+        }
+    );
+}
+
+#[test]
+fn split_carves_the_front_and_keeps_one_mib_remainders() {
+    // 3, 4 and 12 MiB land at offsets 0, 3 and 7 MiB of one 20 MiB segment; the 12 MiB request
+    // takes the whole 13 MiB remainder because exactly 1 MiB would remain.
+    let mut a = allocator("", None);
+    let x = a.malloc(3 * MIB, 0).unwrap().unwrap();
+    let y = a.malloc(4 * MIB, 0).unwrap().unwrap();
+    let z = a.malloc(12 * MIB, 0).unwrap().unwrap();
+    assert_eq!((x.offset, y.offset, z.offset), (0, 3 * MIB, 7 * MIB));
+    assert_eq!(z.size, 13 * MIB);
+    assert_eq!(stat(&a, "segment.all.current"), 1);
+}
+
+#[test]
+fn small_pool_packs_six_300k_blocks_per_segment() {
+    let mut a = allocator("", None);
+    for _ in 0..8 {
+        a.malloc(300 * 1024, 0).unwrap();
+    }
+    assert_eq!(stat(&a, "segment.small_pool.current"), 2);
+    assert_eq!(stat(&a, "inactive_split.small_pool.current"), 2);
+}
+
+#[test]
+fn oversize_blocks_follow_max_split_size() {
+    // A 10 MiB request never takes a cached 100 MiB oversize block.
+    let mut a = allocator("max_split_size_mb:64", None);
+    let big = a.malloc(100 * MIB, 0).unwrap().unwrap();
+    a.free(big.addr).unwrap();
+    let small = a.malloc(10 * MIB, 0).unwrap().unwrap();
+    assert_eq!(stat(&a, "segment.all.current"), 2);
+    a.free(small.addr).unwrap();
+    // A 70 MiB request: the 100 MiB block is >= 70 + 20 MiB, so a new 70 MiB segment.
+    let b70 = a.malloc(70 * MIB, 0).unwrap().unwrap();
+    assert_eq!(stat(&a, "segment.all.current"), 3);
+    a.free(b70.addr).unwrap();
+    // A 90 MiB request: the best fit is the 100 MiB block (< 90 + 20 MiB), taken whole, unsplit.
+    let b90 = a.malloc(90 * MIB, 0).unwrap().unwrap();
+    assert_eq!(b90.size, 100 * MIB);
+    assert_eq!(stat(&a, "allocated_bytes.all.current") as u64, 100 * MIB);
+    assert_eq!(stat(&a, "requested_bytes.all.current") as u64, 90 * MIB);
+    assert_eq!(stat(&a, "oversize_allocations.current"), 1);
+    assert_eq!(stat(&a, "oversize_segments.current"), 2);
+    assert_eq!(stat(&a, "max_split_size"), 64 * MIB as i64);
+}
+
+#[test]
+fn release_available_cached_blocks_frees_an_oversize_block_without_sync() {
+    // Spec §3 5c: M=64 MiB, 400 MiB cap, cached 300 MiB block, 200 MiB request succeeds with
+    // no retry and no sync, one device free.
+    let mut a = allocator("max_split_size_mb:64", None);
+    a.set_memory_limit(Some(400 * MIB));
+    let b = a.malloc(300 * MIB, 0).unwrap().unwrap();
+    a.free(b.addr).unwrap();
+    a.malloc(200 * MIB, 0).unwrap().unwrap();
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current") as u64, 200 * MIB);
+}
+
+#[test]
+fn oom_releases_cache_retries_once_and_reports_pytorch_facts() {
+    let mut a = allocator("", Some(80 * MIB));
+    let keep = a.malloc(3 * MIB, 0).unwrap().unwrap();
+    let cached = a.malloc(30 * MIB, 0).unwrap().unwrap();
+    a.free(cached.addr).unwrap();
+    let err = a.malloc(70 * MIB, 0).unwrap_err();
+    let Error::OutOfMemory(oom) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(oom.alloc_size, 70 * MIB);
+    assert_eq!(oom.requested, 70 * MIB);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&a, "num_device_free"), 1); // the cached 30 MiB segment went back
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("kiln out of memory. Tried to allocate 70.00 MiB"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("has a total capacity of 80.00 MiB of which 60.00 MiB is free."),
+        "{msg}"
+    );
+    assert!(msg.contains("Of the allocated memory 3.00 MiB is allocated by kiln, and 17.00 MiB is reserved by kiln but unallocated."), "{msg}");
+    assert!(
+        msg.contains("fragmentation.  See documentation for Memory Management  (https://"),
+        "{msg}"
+    );
+    // The allocator is intact: the live block is still there and new allocations work.
+    a.check_invariants().unwrap();
+    a.free(keep.addr).unwrap();
+    assert!(a.malloc(60 * MIB, 0).unwrap().is_some());
+}
+
+#[test]
+fn fraction_caps_reserved_and_names_the_allowance() {
+    let mut a = allocator("", Some(100 * MIB));
+    a.set_memory_fraction(0.5).unwrap();
+    assert_eq!(a.memory_limit(), Some(50 * MIB));
+    let msg = a.malloc(60 * MIB, 0).unwrap_err().to_string();
+    assert!(msg.contains("50.00 MiB allowed; "), "{msg}");
+    assert!(a.set_memory_fraction(1.5).is_err());
+    let mut unknown = CachingAllocator::new(SimulatedSource::new(None), AllocatorConfig::default());
+    assert!(unknown
+        .set_memory_fraction(0.5)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown"));
+}
+
+#[test]
+fn garbage_collection_reclaims_old_cached_blocks_before_growing() {
+    let mut a = allocator("garbage_collection_threshold:0.5", Some(1024 * MIB));
+    a.set_memory_limit(Some(100 * MIB));
+    let x = a.malloc(30 * MIB, 0).unwrap().unwrap();
+    let y = a.malloc(30 * MIB, 0).unwrap().unwrap();
+    a.free(x.addr).unwrap();
+    a.free(y.addr).unwrap();
+    // Reserved 60 MiB > 0.5 × 100 MiB: a 40 MiB request first frees aged cached blocks.
+    a.malloc(40 * MIB, 0).unwrap().unwrap();
+    assert_eq!(stat(&a, "num_device_free"), 2);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current") as u64, 40 * MIB);
+}
+
+#[test]
+fn recorded_use_defers_reuse_until_synchronised() {
+    let mut a = allocator("", None);
+    let b = a.malloc(4 * MIB, 0).unwrap().unwrap();
+    a.record_use(b.addr, 7).unwrap();
+    a.free(b.addr).unwrap();
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), 0);
+    assert_eq!(stat(&a, "active_bytes.all.current") as u64, 4 * MIB);
+    assert_eq!(stat(&a, "requested_bytes.all.current") as u64, 4 * MIB);
+    assert_eq!(
+        a.segments_snapshot(0)[0].blocks[0].state,
+        BlockState::ActivePendingFree
+    );
+    a.empty_cache();
+    assert_eq!(stat(&a, "active_bytes.all.current"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert!(matches!(a.free(b.addr), Err(Error::InvalidPointer { .. })));
+}
+
+#[test]
+fn empty_cache_keeps_partially_used_segments() {
+    let mut a = allocator("", None);
+    let x = a.malloc(MIB + 1, 0).unwrap().unwrap();
+    let y = a.malloc(MIB + 1, 0).unwrap().unwrap();
+    a.free(x.addr).unwrap();
+    a.empty_cache();
+    assert_eq!(stat(&a, "reserved_bytes.all.current") as u64, 20 * MIB);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    a.free(y.addr).unwrap();
+    a.empty_cache();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+}
+
+#[test]
+fn history_ring_is_bounded_and_records_pytorch_actions() {
+    let mut a = allocator("", None);
+    a.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::All,
+        HistoryStacks::Kiln,
+        3,
+    );
+    let b = {
+        let _scope = push_scope("## forward ##", "train.rs", 12);
+        a.malloc(1000, 0).unwrap().unwrap()
+    };
+    a.free(b.addr).unwrap();
+    let snap = a.snapshot(0);
+    let actions: Vec<TraceAction> = snap.device_traces[0].iter().map(|t| t.action).collect();
+    // segment_alloc, alloc, free_requested, free_completed: the ring keeps the last 3.
+    assert_eq!(
+        actions,
+        [
+            TraceAction::Alloc,
+            TraceAction::FreeRequested,
+            TraceAction::FreeCompleted
+        ]
+    );
+    let alloc = &snap.device_traces[0][0];
+    assert_eq!(alloc.size, 1000);
+    assert_eq!(alloc.frames.as_ref().unwrap()[0].name, "## forward ##");
+    // The snapshot entry is recorded after the copy: it shows in the next snapshot.
+    let next = a.snapshot(0);
+    assert_eq!(
+        next.device_traces[0].last().unwrap().action,
+        TraceAction::Snapshot
+    );
+    a.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+    assert!(a.snapshot(0).device_traces[0].is_empty());
+}
