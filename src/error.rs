@@ -29,6 +29,14 @@ pub enum Error {
     #[error("{op}: invalid device pointer {addr:#x}")]
     InvalidPointer { op: &'static str, addr: u64 },
 
+    /// Operands on different devices.
+    #[error("{op}: expected a tensor on {expected}, got one on {got}")]
+    DeviceMismatch {
+        op: &'static str,
+        expected: String,
+        got: String,
+    },
+
     /// A value outside the range an op accepts.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },

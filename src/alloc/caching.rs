@@ -650,9 +650,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Waits for every outstanding event and frees the blocks they held.
     fn synchronize_and_free_events(&mut self) {
         self.stats.num_sync_all_streams += 1;
-        if self.pending_events.is_empty() {
-            return;
-        }
+        // The source waits for all queued work too: on wgpu a released buffer's memory returns
+        // only once the GPU is done with it, and the retry that follows needs it back.
         self.source.synchronize();
         while let Some((_, id)) = self.pending_events.pop_front() {
             self.complete_event(id);

@@ -1,0 +1,100 @@
+//! A wgpu device: the adapter's own limits, the features kiln uses, error and device-loss
+//! handlers that turn wgpu's panicking defaults into `kiln::Error`s, the stream and the caches.
+
+use super::adapters::{AdapterInfo, KilnFeatures};
+use super::lock;
+use super::stream::Stream;
+use super::wgpu_source::WgpuSource;
+use crate::alloc::{AllocatorConfig, CachingAllocator};
+use crate::kernels::KernelCache;
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct GpuDevice {
+    pub info: AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub stream: Arc<Mutex<Stream>>,
+    pub alloc: Mutex<CachingAllocator<WgpuSource>>,
+    pub kernels: Mutex<KernelCache>,
+    /// wgpu errors no scope caught, reported at the next sync point.
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<(String, String)>>>,
+}
+
+impl GpuDevice {
+    pub fn new(info: AdapterInfo, adapter: wgpu::Adapter, config: AllocatorConfig) -> Result<Self> {
+        // The adapter's own limits: the defaults cap offsets at 256 bytes, immediates at 0 and
+        // storage buffers at 8.
+        let limits = adapter.limits();
+        let features = KilnFeatures::requested(adapter.features());
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            msg: e.to_string(),
+        })?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).push(e.to_string())
+        }));
+        let lost: Arc<Mutex<Option<(String, String)>>> = Arc::default();
+        let sink = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            *lock(&sink) = Some((format!("{reason:?}"), msg));
+        });
+        let stream = Arc::new(Mutex::new(Stream::new()));
+        let source = WgpuSource {
+            device: device.clone(),
+            queue: queue.clone(),
+            adapter,
+            stream: stream.clone(),
+            name: format!("GPU {} ({}, {:?})", info.spec, info.name, info.backend),
+            max_buffer_size: limits.max_buffer_size,
+        };
+        Ok(GpuDevice {
+            info,
+            device,
+            queue,
+            stream,
+            alloc: Mutex::new(CachingAllocator::new(source, config)),
+            kernels: Mutex::default(),
+            errors,
+            lost,
+        })
+    }
+
+    /// Device loss or a wgpu error since the last check, as a `kiln::Error`.
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        if let Some((reason, msg)) = lock(&self.lost).clone() {
+            return Err(Error::DeviceLost { reason, msg });
+        }
+        let mut errors = lock(&self.errors);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let msg = errors.drain(..).collect::<Vec<_>>().join("; ");
+        Err(Error::Wgpu { op, msg })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.check("synchronize")?;
+        let mut stream = lock(&self.stream);
+        let event = stream.submit(&self.queue);
+        stream
+            .wait(&self.device, &self.queue, event)
+            .map_err(|e| Error::Wgpu {
+                op: "synchronize",
+                msg: e.to_string(),
+            })?;
+        drop(stream);
+        self.check("synchronize")
+    }
+}

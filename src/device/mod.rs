@@ -1,0 +1,291 @@
+//! Devices: the CPU reference device and wgpu GPUs, each with its own caching allocator, and
+//! PyTorch's memory API (`memory_allocated`, `memory_summary`, `empty_cache`, ...) on top.
+
+mod adapters;
+mod block;
+mod gpu;
+mod memory;
+mod stream;
+mod wgpu_source;
+
+pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
+pub use block::DeviceBlock;
+
+use crate::alloc::{
+    memory_summary, AllocatorConfig, CachingAllocator, HistoryContext, HistoryEnabled,
+    HistoryStacks, HostSource, Snapshot,
+};
+use crate::{Error, Result};
+use gpu::GpuDevice;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: the allocator's state
+/// is updated under one lock by code that does not panic, so it stays consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A device: cheap to clone, shared by the tensors on it.
+#[derive(Clone)]
+pub struct Device(Arc<Inner>);
+
+struct Inner {
+    spec: String,
+    backend: Backend,
+}
+
+enum Backend {
+    Cpu(Mutex<CachingAllocator<HostSource>>),
+    Gpu(GpuDevice),
+}
+
+/// Runs `$body` with `$a` bound to the locked allocator of either device kind.
+macro_rules! with_alloc {
+    ($dev:expr, $a:ident => $body:expr) => {
+        match &$dev.0.backend {
+            Backend::Cpu(m) => {
+                #[allow(unused_mut)]
+                let mut $a = lock(m);
+                $body
+            }
+            Backend::Gpu(g) => {
+                #[allow(unused_mut)]
+                let mut $a = lock(&g.alloc);
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_alloc;
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Device {
+    /// The CPU device: the reference for tests and the fallback where there is no GPU.
+    /// Its memory goes through the same caching allocator, so its statistics read the same.
+    pub fn cpu() -> Result<Device> {
+        let config = AllocatorConfig::from_env()?;
+        Ok(Device(Arc::new(Inner {
+            spec: "cpu".into(),
+            backend: Backend::Cpu(Mutex::new(CachingAllocator::new(
+                HostSource::new(None, "CPU"),
+                config,
+            ))),
+        })))
+    }
+
+    /// The best adapter: `KILN_DEVICE` if set, else a discrete GPU over an integrated one over
+    /// a software one; with no GPU adapter, the CPU device and a one-line warning.
+    pub fn best() -> Result<Device> {
+        if let Ok(spec) = std::env::var("KILN_DEVICE") {
+            return Self::from_spec(&spec);
+        }
+        let mut all = adapters::enumerate();
+        all.sort_by_key(|(info, _)| info.rank());
+        match all.into_iter().next() {
+            Some((info, adapter)) => Self::open(info, adapter),
+            None => {
+                eprintln!("kiln: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers); using the CPU device");
+                Self::cpu()
+            }
+        }
+    }
+
+    /// A device by spec: `cpu`, or `BACKEND:INDEX` as `kiln::adapters()` lists them
+    /// (`vulkan:0`, `gl:0`, `metal:0`, `dx12:0`).
+    pub fn from_spec(spec: &str) -> Result<Device> {
+        let spec = spec.trim().to_ascii_lowercase();
+        if spec == "cpu" {
+            return Self::cpu();
+        }
+        let all = adapters::enumerate();
+        let known: Vec<String> = all.iter().map(|(i, _)| i.spec.clone()).collect();
+        let (info, adapter) = all
+            .into_iter()
+            .find(|(i, _)| i.spec == spec)
+            .ok_or_else(|| Error::NoSuchDevice {
+                spec: spec.clone(),
+                msg: format!("no such adapter; available: cpu, {}", known.join(", ")),
+            })?;
+        Self::open(info, adapter)
+    }
+
+    /// Every GPU adapter, opened: what tests iterate over.
+    pub fn all_gpus() -> Result<Vec<Device>> {
+        adapters::enumerate()
+            .into_iter()
+            .map(|(info, adapter)| Self::open(info, adapter))
+            .collect()
+    }
+
+    fn open(info: AdapterInfo, adapter: wgpu::Adapter) -> Result<Device> {
+        let spec = info.spec.clone();
+        let gpu = GpuDevice::new(info, adapter, AllocatorConfig::from_env()?)?;
+        Ok(Device(Arc::new(Inner {
+            spec,
+            backend: Backend::Gpu(gpu),
+        })))
+    }
+
+    /// `cpu`, `vulkan:0`, ...
+    pub fn spec(&self) -> &str {
+        &self.0.spec
+    }
+
+    /// `cpu`, or `vulkan:0 (llvmpipe (LLVM 15.0.6, 256 bits))`.
+    pub fn name(&self) -> String {
+        match &self.0.backend {
+            Backend::Cpu(_) => "cpu".into(),
+            Backend::Gpu(g) => format!("{} ({})", self.0.spec, g.info.name),
+        }
+    }
+
+    pub fn is_cpu(&self) -> bool {
+        matches!(self.0.backend, Backend::Cpu(_))
+    }
+
+    /// The adapter behind a GPU device; `None` for the CPU.
+    pub fn adapter_info(&self) -> Option<&AdapterInfo> {
+        match &self.0.backend {
+            Backend::Cpu(_) => None,
+            Backend::Gpu(g) => Some(&g.info),
+        }
+    }
+
+    pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
+        match &self.0.backend {
+            Backend::Gpu(g) => Some(g),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    /// Waits for all queued work (a sync point) and reports any wgpu error or device loss
+    /// since the last sync point.
+    pub fn synchronize(&self) -> Result<()> {
+        match self.gpu() {
+            Some(g) => g.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    // ---- memory: PyTorch's API, PyTorch's names ----
+
+    /// Allocates `size_bytes` through the caching allocator. Zero bytes give an empty block that
+    /// holds no memory, as PyTorch hands out a null pointer.
+    pub fn allocate(&self, size_bytes: u64) -> Result<DeviceBlock> {
+        DeviceBlock::allocate(self, size_bytes)
+    }
+
+    /// Bytes in blocks handed out to tensors (`allocated_bytes.all.current`).
+    pub fn memory_allocated(&self) -> u64 {
+        with_alloc!(self, a => a.stats().allocated_bytes.all().current as u64)
+    }
+
+    pub fn max_memory_allocated(&self) -> u64 {
+        with_alloc!(self, a => a.stats().allocated_bytes.all().peak as u64)
+    }
+
+    /// Bytes in segments the allocator holds, cached ones included (`reserved_bytes.all.current`).
+    pub fn memory_reserved(&self) -> u64 {
+        with_alloc!(self, a => a.stats().reserved_bytes.all().current as u64)
+    }
+
+    pub fn max_memory_reserved(&self) -> u64 {
+        with_alloc!(self, a => a.stats().reserved_bytes.all().peak as u64)
+    }
+
+    /// The 122 statistics of `torch.cuda.memory_stats()`, sorted by key.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        with_alloc!(self, a => a.stats().to_map())
+    }
+
+    pub fn reset_peak_memory_stats(&self) {
+        with_alloc!(self, a => a.reset_peak_stats())
+    }
+
+    pub fn reset_accumulated_memory_stats(&self) {
+        with_alloc!(self, a => a.reset_accumulated_stats())
+    }
+
+    /// Returns every wholly free cached segment to the device (after waiting for queued work).
+    /// Live tensors are untouched; partly used segments stay.
+    pub fn empty_cache(&self) {
+        with_alloc!(self, a => a.empty_cache())
+    }
+
+    /// Caps reserved memory at `limit_bytes` (`None` removes the cap).
+    pub fn set_memory_limit(&self, limit_bytes: Option<u64>) {
+        with_alloc!(self, a => a.set_memory_limit(limit_bytes))
+    }
+
+    /// Caps reserved memory at floor(fraction × device capacity); an error where the backend
+    /// cannot report capacity (use `set_memory_limit`).
+    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<()> {
+        with_alloc!(self, a => a.set_memory_fraction(fraction))
+    }
+
+    /// Replaces the allocator settings at run time (`_set_allocator_settings`).
+    pub fn set_allocator_settings(&self, conf: &str) -> Result<()> {
+        let config = AllocatorConfig::parse(conf)?;
+        with_alloc!(self, a => a.set_config(config));
+        Ok(())
+    }
+
+    /// PyTorch's `memory_summary` table, titled with kiln and the adapter.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        let title = format!("kiln memory summary, device {}", self.name());
+        with_alloc!(self, a => memory_summary(a.stats(), &title, abbreviated))
+    }
+
+    /// Segments, blocks, the trace ring and the settings (`torch.cuda.memory._snapshot()`).
+    pub fn memory_snapshot(&self) -> Snapshot {
+        with_alloc!(self, a => a.snapshot(0))
+    }
+
+    /// `torch.cuda.memory._record_memory_history`: `enabled = None` stops and clears.
+    pub fn record_memory_history(
+        &self,
+        enabled: Option<HistoryEnabled>,
+        context: HistoryContext,
+        stacks: HistoryStacks,
+        max_entries: usize,
+    ) {
+        with_alloc!(self, a => a.record_memory_history(enabled, context, stacks, max_entries))
+    }
+
+    /// `(free, total)` device memory where the backend reports it (`torch.cuda.mem_get_info`).
+    pub fn mem_get_info(&self) -> (Option<u64>, Option<u64>) {
+        let info = with_alloc!(self, a => {
+            use crate::alloc::SegmentSource;
+            a.source().mem_info()
+        });
+        (info.free, info.total)
+    }
+}
+
+/// Whether `KILN_REQUIRE_GPU=1` asks that a GPU adapter exist.
+pub fn gpu_required() -> bool {
+    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// The devices tests run on: every GPU adapter, then the CPU. Fails with `GpuRequired` when
+/// `KILN_REQUIRE_GPU=1` and wgpu found no adapter.
+pub fn test_devices() -> Result<Vec<Device>> {
+    let mut devices = Device::all_gpus()?;
+    if devices.is_empty() && gpu_required() {
+        return Err(Error::GpuRequired);
+    }
+    devices.push(Device::cpu()?);
+    Ok(devices)
+}

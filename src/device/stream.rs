@@ -1,0 +1,135 @@
+//! The GPU's one stream: a command encoder with one open compute pass for a run of dispatches,
+//! submitted in batches. A submission's sequence number is kiln's CUDA event.
+//! See Note [One stream, batched submits] in ARCHITECTURE.md.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Dispatches recorded before the stream submits on its own (cubecl uses 32; a submit costs
+/// about 8 us of CPU on the H100, so batches of this size keep it under 0.1 us per dispatch).
+pub(crate) const DISPATCHES_PER_SUBMIT: usize = 128;
+
+pub(crate) struct Stream {
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    recorded: usize,
+    /// Sequence number the next submission will carry (1-based; 0 = "nothing").
+    next_event: u64,
+    /// Submitted and maybe not yet complete, oldest first.
+    in_flight: VecDeque<(u64, wgpu::SubmissionIndex)>,
+    /// Highest sequence number known complete; written by `on_submitted_work_done` callbacks.
+    completed: Arc<AtomicU64>,
+}
+
+impl Stream {
+    pub fn new() -> Self {
+        Stream {
+            encoder: None,
+            pass: None,
+            recorded: 0,
+            next_event: 1,
+            in_flight: VecDeque::new(),
+            completed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln"),
+            })
+        })
+    }
+
+    /// The open compute pass, begun if needed.
+    pub fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder(device)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("kiln"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("pass was just opened")
+    }
+
+    /// The encoder outside any pass (for copies), ending the open pass.
+    pub fn copy_encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder(device)
+    }
+
+    /// Counts one recorded command; submits when the batch is full.
+    pub fn recorded(&mut self, queue: &wgpu::Queue) {
+        self.recorded += 1;
+        if self.recorded >= DISPATCHES_PER_SUBMIT {
+            self.submit(queue);
+        }
+    }
+
+    /// Submits what is recorded (if anything) and returns the event that covers all work so far.
+    pub fn submit(&mut self, queue: &wgpu::Queue) -> u64 {
+        self.pass = None;
+        let Some(encoder) = self.encoder.take() else {
+            return self.next_event - 1;
+        };
+        self.recorded = 0;
+        let event = self.next_event;
+        self.next_event += 1;
+        let index = queue.submit([encoder.finish()]);
+        let completed = self.completed.clone();
+        queue.on_submitted_work_done(move || {
+            completed.fetch_max(event, Ordering::AcqRel);
+        });
+        self.in_flight.push_back((event, index));
+        event
+    }
+
+    /// Non-blocking: has `event` completed? Polls the device once if not yet known.
+    pub fn query(&mut self, device: &wgpu::Device, event: u64) -> bool {
+        if self.completed.load(Ordering::Acquire) >= event {
+            return true;
+        }
+        let _ = device.poll(wgpu::PollType::Poll);
+        self.retire();
+        self.completed.load(Ordering::Acquire) >= event
+    }
+
+    /// Blocks until `event` has completed, submitting it first if it is still being recorded.
+    pub fn wait(
+        &mut self,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        event: u64,
+    ) -> Result<(), wgpu::PollError> {
+        if event >= self.next_event {
+            self.submit(queue);
+        }
+        if self.completed.load(Ordering::Acquire) >= event {
+            return Ok(());
+        }
+        let index = self
+            .in_flight
+            .iter()
+            .find(|(e, _)| *e >= event)
+            .map(|(_, i)| i.clone());
+        device.poll(wgpu::PollType::Wait {
+            submission_index: index,
+            timeout: None,
+        })?;
+        self.completed.fetch_max(event, Ordering::AcqRel);
+        self.retire();
+        Ok(())
+    }
+
+    fn retire(&mut self) {
+        let done = self.completed.load(Ordering::Acquire);
+        while self.in_flight.front().is_some_and(|(e, _)| *e <= done) {
+            self.in_flight.pop_front();
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The GPU's segment source: each segment is one storage buffer. Out-of-memory is caught with
+//! an error scope, so the allocator can release its cache and retry as PyTorch does after a
+//! failed `cudaMalloc`.
+
+use super::stream::Stream;
+use crate::alloc::{MemInfo, SegmentSource, SourceError};
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct WgpuSource {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub adapter: wgpu::Adapter,
+    pub stream: Arc<Mutex<Stream>>,
+    pub name: String,
+    pub max_buffer_size: u64,
+}
+
+pub(crate) const SEGMENT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+impl SegmentSource for WgpuSource {
+    type Handle = wgpu::Buffer;
+
+    fn allocate(&mut self, size_bytes: u64) -> Result<wgpu::Buffer, SourceError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln segment"),
+            size: size_bytes,
+            usage: SEGMENT_USAGE,
+            mapped_at_creation: false,
+        });
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        match (oom, validation) {
+            (Some(_), _) => Err(SourceError::OutOfMemory),
+            (None, Some(e)) => Err(SourceError::Other(e.to_string())),
+            (None, None) => Ok(buffer),
+        }
+    }
+
+    /// Dropping the handle lets wgpu free the buffer once the GPU no longer uses it; the
+    /// allocator synchronises first where it needs the memory back (`release_cached_blocks`).
+    fn release(&mut self, handle: wgpu::Buffer) {
+        drop(handle);
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        super::memory::device_memory(&self.adapter).unwrap_or_default()
+    }
+
+    fn max_segment_size(&self) -> u64 {
+        self.max_buffer_size
+    }
+
+    fn event_completed(&mut self, event: u64) -> bool {
+        let mut stream = super::lock(&self.stream);
+        stream.query(&self.device, event)
+    }
+
+    /// Submits what is recorded and waits for the device to go idle, so that released segments
+    /// are really returned before a retry.
+    fn synchronize(&mut self) {
+        let mut stream = super::lock(&self.stream);
+        let event = stream.submit(&self.queue);
+        // A wait can only fail on device loss, which the device reports at its next sync point.
+        let _ = stream.wait(&self.device, &self.queue, event);
+    }
+
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+}
