@@ -12,7 +12,8 @@ use super::source::{SegmentSource, SourceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::vaspace::VaSpace;
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Every block size is a multiple of this (PyTorch's kMinBlockSize).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -152,7 +153,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     small: BlockPool,
     large: BlockPool,
     /// Allocated blocks by address (PyTorch's allocated_blocks).
-    allocated: HashMap<u64, BlockId>,
+    allocated: FxHashMap<u64, BlockId>,
     /// Freed blocks waiting for their events, in event order.
     pending_events: VecDeque<(u64, BlockId)>,
     va: VaSpace,
@@ -188,7 +189,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             segments: Slab::new(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            allocated: HashMap::new(),
+            allocated: FxHashMap::default(),
             pending_events: VecDeque::new(),
             va: VaSpace::new(),
             limit: None,

@@ -8,6 +8,7 @@ use super::wgpu_source::WgpuSource;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::kernels::KernelCache;
 use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct GpuDevice {
@@ -20,6 +21,8 @@ pub(crate) struct GpuDevice {
     /// wgpu errors no scope caught, reported at the next sync point.
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<(String, String)>>>,
+    /// Set by both handlers: lets `check` skip the locks on the hot path.
+    troubled: Arc<AtomicBool>,
 }
 
 impl GpuDevice {
@@ -40,15 +43,18 @@ impl GpuDevice {
             adapter: info.name.clone(),
             msg: e.to_string(),
         })?;
+        let troubled = Arc::new(AtomicBool::new(false));
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-        let sink = errors.clone();
+        let (sink, flag) = (errors.clone(), troubled.clone());
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            lock(&sink).push(e.to_string())
+            lock(&sink).push(e.to_string());
+            flag.store(true, Ordering::Release);
         }));
         let lost: Arc<Mutex<Option<(String, String)>>> = Arc::default();
-        let sink = lost.clone();
+        let (sink, flag) = (lost.clone(), troubled.clone());
         device.set_device_lost_callback(move |reason, msg| {
             *lock(&sink) = Some((format!("{reason:?}"), msg));
+            flag.store(true, Ordering::Release);
         });
         let stream = Arc::new(Mutex::new(Stream::new()));
         let source = WgpuSource {
@@ -68,11 +74,15 @@ impl GpuDevice {
             kernels: Mutex::default(),
             errors,
             lost,
+            troubled,
         })
     }
 
     /// Device loss or a wgpu error since the last check, as a `kiln::Error`.
     pub fn check(&self, op: &'static str) -> Result<()> {
+        if !self.troubled.load(Ordering::Acquire) {
+            return Ok(());
+        }
         if let Some((reason, msg)) = lock(&self.lost).clone() {
             return Err(Error::DeviceLost { reason, msg });
         }
@@ -81,6 +91,7 @@ impl GpuDevice {
             return Ok(());
         }
         let msg = errors.drain(..).collect::<Vec<_>>().join("; ");
+        self.troubled.store(false, Ordering::Release);
         Err(Error::Wgpu { op, msg })
     }
 
