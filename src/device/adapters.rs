@@ -56,7 +56,7 @@ impl KilnLimits {
     pub(crate) fn of(l: &wgpu::Limits) -> Self {
         KilnLimits {
             max_buffer_size: l.max_buffer_size,
-            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
             min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
             max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
             max_immediate_size: l.max_immediate_size,

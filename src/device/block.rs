@@ -182,7 +182,7 @@ impl DeviceBlock {
                 Ok(())
             }
             (Some(Mem::Gpu(buffer)), Some(g)) => {
-                if offset % 4 != 0 || len % 4 != 0 {
+                if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
                     return Err(Error::InvalidArgument {
                         op: "write",
                         msg: format!(

@@ -36,8 +36,8 @@ struct Inner {
 }
 
 enum Backend {
-    Cpu(Mutex<CachingAllocator<HostSource>>),
-    Gpu(GpuDevice),
+    Cpu(Box<Mutex<CachingAllocator<HostSource>>>),
+    Gpu(Box<GpuDevice>),
 }
 
 /// Runs `$body` with `$a` bound to the locked allocator of either device kind.
@@ -78,28 +78,30 @@ impl Device {
         let config = AllocatorConfig::from_env()?;
         Ok(Device(Arc::new(Inner {
             spec: "cpu".into(),
-            backend: Backend::Cpu(Mutex::new(CachingAllocator::new(
+            backend: Backend::Cpu(Box::new(Mutex::new(CachingAllocator::new(
                 HostSource::new(None, "CPU"),
                 config,
-            ))),
+            )))),
         })))
     }
 
     /// The best adapter: `KILN_DEVICE` if set, else a discrete GPU over an integrated one over
-    /// a software one; with no GPU adapter, the CPU device and a one-line warning.
+    /// a software one (an adapter that fails to open is skipped with a warning); with no GPU
+    /// adapter, the CPU device and a one-line warning.
     pub fn best() -> Result<Device> {
         if let Ok(spec) = std::env::var("KILN_DEVICE") {
             return Self::from_spec(&spec);
         }
         let mut all = adapters::enumerate();
         all.sort_by_key(|(info, _)| info.rank());
-        match all.into_iter().next() {
-            Some((info, adapter)) => Self::open(info, adapter),
-            None => {
-                eprintln!("kiln: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers); using the CPU device");
-                Self::cpu()
+        for (info, adapter) in all {
+            match Self::open(info.clone(), adapter) {
+                Ok(d) => return Ok(d),
+                Err(e) => eprintln!("kiln: skipping adapter {} ({}): {e}", info.spec, info.name),
             }
         }
+        eprintln!("kiln: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers); using the CPU device");
+        Self::cpu()
     }
 
     /// A device by spec: `cpu`, or `BACKEND:INDEX` as `kiln::adapters()` lists them
@@ -121,11 +123,19 @@ impl Device {
         Self::open(info, adapter)
     }
 
-    /// Every GPU adapter, opened: what tests iterate over.
-    pub fn all_gpus() -> Result<Vec<Device>> {
+    /// Every GPU adapter that opens: what tests and benchmarks iterate over. An adapter that
+    /// wgpu lists but cannot open (seen: NVIDIA's GL adapter through EGL on a headless H100,
+    /// "Parent device is lost") is skipped with a one-line warning.
+    pub fn all_gpus() -> Vec<Device> {
         adapters::enumerate()
             .into_iter()
-            .map(|(info, adapter)| Self::open(info, adapter))
+            .filter_map(|(info, adapter)| match Self::open(info.clone(), adapter) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    eprintln!("kiln: skipping adapter {} ({}): {e}", info.spec, info.name);
+                    None
+                }
+            })
             .collect()
     }
 
@@ -134,7 +144,7 @@ impl Device {
         let gpu = GpuDevice::new(info, adapter, AllocatorConfig::from_env()?)?;
         Ok(Device(Arc::new(Inner {
             spec,
-            backend: Backend::Gpu(gpu),
+            backend: Backend::Gpu(Box::new(gpu)),
         })))
     }
 
@@ -287,7 +297,7 @@ pub fn gpu_required() -> bool {
 /// The devices tests run on: every GPU adapter, then the CPU. Fails with `GpuRequired` when
 /// `KILN_REQUIRE_GPU=1` and wgpu found no adapter.
 pub fn test_devices() -> Result<Vec<Device>> {
-    let mut devices = Device::all_gpus()?;
+    let mut devices = Device::all_gpus();
     if devices.is_empty() && gpu_required() {
         return Err(Error::GpuRequired);
     }
