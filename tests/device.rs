@@ -277,3 +277,43 @@ fn snapshot_and_history_on_a_device() {
         drop(b);
     }
 }
+
+/// wgpu's default handlers panic; kiln's turn errors and device loss into `kiln::Error`s at the
+/// next sync point, and the device goes on after a plain error.
+#[test]
+fn wgpu_errors_and_device_loss_become_kiln_errors() {
+    for dev in devices() {
+        let Some(raw) = kiln::device::raw_wgpu_device(&dev) else {
+            continue;
+        };
+        // A validation error outside any scope: a mapped-at-creation buffer of odd size.
+        let _bad = raw.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("invalid on purpose"),
+            size: 3,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        let err = dev.synchronize().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Wgpu {
+                    op: "synchronize",
+                    ..
+                }
+            ),
+            "{dev:?}: {err}"
+        );
+        dev.synchronize().unwrap();
+        let block = dev.allocate(4096).unwrap();
+        block.fill_u32(1).unwrap();
+        assert_eq!(words(&block.read().unwrap())[0], 1);
+
+        raw.destroy();
+        let _ = raw.poll(wgpu::PollType::Poll);
+        let err = dev.synchronize().unwrap_err();
+        assert!(matches!(err, Error::DeviceLost { .. }), "{dev:?}: {err}");
+        assert!(matches!(dev.allocate(4096), Err(Error::DeviceLost { .. })));
+        assert!(matches!(block.read(), Err(Error::DeviceLost { .. })));
+    }
+}
