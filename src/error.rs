@@ -37,6 +37,39 @@ pub enum Error {
         got: String,
     },
 
+    /// Shapes that do not fit together (broadcasting, views, concatenation).
+    #[error("{op}: shapes {lhs:?} and {rhs:?} do not match")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+
+    /// An element type the op does not take.
+    #[error("{op}: expected dtype {expected}, got {got}")]
+    DTypeMismatch {
+        op: &'static str,
+        expected: crate::tensor::DType,
+        got: crate::tensor::DType,
+    },
+
+    /// A dtype the device or op does not support (e.g. f16 without shader-f16).
+    #[error("{op}: dtype {dtype} is not supported {why}")]
+    UnsupportedDType {
+        op: &'static str,
+        dtype: crate::tensor::DType,
+        why: String,
+    },
+
+    /// An index outside its dimension.
+    #[error("{op}: {what} {index} out of range for size {size}")]
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        size: usize,
+        what: &'static str,
+    },
+
     /// A value outside the range an op accepts.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },

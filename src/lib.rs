@@ -2,9 +2,13 @@
 //! that behaves like PyTorch's CUDA caching allocator. See ARCHITECTURE.md for the layers.
 
 pub mod alloc;
+mod cpu;
 pub mod device;
 mod error;
 pub mod kernels;
+pub mod ops;
+pub mod tensor;
 
 pub use device::{adapters, AdapterInfo, Device, DeviceBlock};
 pub use error::{Error, Result};
+pub use tensor::{DType, Element, Tensor};

@@ -80,27 +80,59 @@ impl DeviceBlock {
         self.offset
     }
 
+    /// Writes may cover the block's padding (up to its rounded size), so that elements of any
+    /// width can be written in whole words.
     fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.requested)
-        {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(Error::InvalidArgument {
                 op,
                 msg: format!(
                     "range {offset}..{} outside a block of {} bytes",
                     offset.saturating_add(len),
-                    self.requested
+                    self.size
                 ),
             });
         }
         Ok(())
     }
 
+    /// The whole block as a storage binding, refused past the device's binding limit.
+    pub(crate) fn binding(&self, max_binding_bytes: u64) -> Result<wgpu::BufferBinding<'_>> {
+        let Some(Mem::Gpu(buffer)) = &self.mem else {
+            return Err(Error::InvalidArgument {
+                op: "bind",
+                msg: "not a GPU block".into(),
+            });
+        };
+        if self.size > max_binding_bytes {
+            return Err(Error::TooLarge {
+                op: "bind",
+                size_bytes: self.size,
+                limit_bytes: max_binding_bytes,
+                what: "a tensor larger than one storage binding",
+            });
+        }
+        Ok(wgpu::BufferBinding {
+            buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        })
+    }
+
+    /// The host address of the block's first byte (CPU device only).
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+        match &self.mem {
+            // SAFETY: the offset lies inside the segment.
+            Some(Mem::Host(seg)) => Some(unsafe { seg.as_ptr().add(self.offset as usize) }),
+            _ => None,
+        }
+    }
+
     /// Sets every 32-bit word of the block to `value` (the kernel behind `fill_`/`zero_`).
     /// Queued on the GPU; returns at once.
     pub fn fill_u32(&self, value: u32) -> Result<()> {
-        let words = self.requested / 4;
+        // Whole words: a block is at least 512 bytes, so the last partial word is its own.
+        let words = self.requested.div_ceil(4);
         match (&self.mem, self.device.gpu()) {
             (None, _) => Ok(()),
             (Some(Mem::Host(seg)), _) => {

@@ -3,9 +3,9 @@
 
 mod adapters;
 mod block;
-mod gpu;
+pub(crate) mod gpu;
 mod memory;
-mod stream;
+pub(crate) mod stream;
 mod wgpu_source;
 
 pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};

@@ -1,53 +1,84 @@
 //! The shader registry: every WGSL kernel, reached by a typed id, with its pipeline and
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
-use std::collections::HashMap;
+mod elementwise;
+mod reduce;
 
-/// Every kernel kiln has. Adding one means adding its file to `shaders/` and a row here; the
-/// `every_kernel_validates` test compiles each with naga.
+pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
+pub use reduce::ReduceKernel;
+
+use crate::device::DeviceBlock;
+use crate::{Error, Result};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Every kernel kiln has. The `every_kernel_validates` test compiles each variant with naga.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// Fill 32-bit words with a value (immediates: len_words, value).
     Fill,
+    /// `shaders/elementwise.wgsl`, specialised.
+    Elementwise(ElementwiseKernel),
+    /// `shaders/reduce_sum.wgsl`, specialised.
+    ReduceSum(ReduceKernel),
 }
 
 /// Workgroup size shared by the 1-D kernels.
 pub const WORKGROUP: u32 = 256;
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Fill];
+    /// Every variant, for validation.
+    pub fn all() -> Vec<Kernel> {
+        std::iter::once(Kernel::Fill)
+            .chain(
+                ElementwiseKernel::all()
+                    .into_iter()
+                    .map(Kernel::Elementwise),
+            )
+            .chain(ReduceKernel::all().into_iter().map(Kernel::ReduceSum))
+            .collect()
+    }
 
-    pub fn source(self) -> &'static str {
+    pub fn source(&self) -> Cow<'static, str> {
         match self {
-            Kernel::Fill => include_str!("../../shaders/fill.wgsl"),
+            Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
+            Kernel::Elementwise(k) => Cow::Owned(k.source()),
+            Kernel::ReduceSum(k) => Cow::Owned(k.source()),
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> Cow<'static, str> {
         match self {
-            Kernel::Fill => "fill",
+            Kernel::Fill => Cow::Borrowed("fill"),
+            Kernel::Elementwise(k) => Cow::Owned(k.name()),
+            Kernel::ReduceSum(k) => Cow::Owned(k.name()),
         }
     }
 
     /// Storage buffers the kernel binds, in binding order.
-    fn bindings(self) -> u32 {
+    fn bindings(&self) -> u32 {
         match self {
             Kernel::Fill => 1,
+            Kernel::Elementwise(k) => k.bindings(),
+            Kernel::ReduceSum(_) => 2,
         }
     }
 
     /// Bytes of immediates.
-    pub fn immediate_size(self) -> u32 {
+    pub fn immediate_size(&self) -> u32 {
         match self {
             Kernel::Fill => 8,
+            Kernel::Elementwise(_) => 112,
+            Kernel::ReduceSum(_) => 96,
         }
     }
 }
 
 /// Parses and validates a kernel's WGSL with naga, as wgpu will.
-pub fn validate(kernel: Kernel) -> Result<naga::valid::ModuleInfo, String> {
-    let module = naga::front::wgsl::parse_str(kernel.source())
-        .map_err(|e| e.emit_to_string(kernel.source()))?;
+pub fn validate(kernel: &Kernel) -> std::result::Result<naga::valid::ModuleInfo, String> {
+    let src = kernel.source();
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
@@ -64,19 +95,20 @@ pub(crate) struct Compiled {
 /// Pipelines and layouts of one device, created on first use.
 #[derive(Default)]
 pub(crate) struct KernelCache {
-    compiled: HashMap<Kernel, std::sync::Arc<Compiled>>,
+    compiled: HashMap<Kernel, Arc<Compiled>>,
 }
 
 impl KernelCache {
-    pub fn get(&mut self, device: &wgpu::Device, kernel: Kernel) -> std::sync::Arc<Compiled> {
+    pub fn get(&mut self, device: &wgpu::Device, kernel: Kernel) -> Arc<Compiled> {
         self.compiled
             .entry(kernel)
-            .or_insert_with(|| std::sync::Arc::new(compile(device, kernel)))
+            .or_insert_with(|| Arc::new(compile(device, &kernel)))
             .clone()
     }
 }
 
-fn compile(device: &wgpu::Device, kernel: Kernel) -> Compiled {
+fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
+    let name = kernel.name();
     let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..kernel.bindings())
         .map(|binding| wgpu::BindGroupLayoutEntry {
             binding,
@@ -92,20 +124,20 @@ fn compile(device: &wgpu::Device, kernel: Kernel) -> Compiled {
         })
         .collect();
     let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some(kernel.name()),
+        label: Some(&name),
         entries: &entries,
     });
     let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some(kernel.name()),
+        label: Some(&name),
         bind_group_layouts: &[Some(&layout)],
         immediate_size: kernel.immediate_size(),
     });
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(kernel.name()),
-        source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+        label: Some(&name),
+        source: wgpu::ShaderSource::Wgsl(kernel.source()),
     });
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(kernel.name()),
+        label: Some(&name),
         layout: Some(&pipeline_layout),
         module: &module,
         entry_point: Some("main"),
@@ -122,4 +154,56 @@ pub(crate) fn grid(n: u64, max_per_dim: u32) -> (u32, u32) {
     let x = groups.min(max_per_dim as u64);
     let y = groups.div_ceil(x);
     (x as u32, y as u32)
+}
+
+/// The one launch path: binds each block whole, sets the immediates, dispatches `threads`
+/// invocations (in workgroups of `WORKGROUP`) in the device's open compute pass.
+pub(crate) fn launch(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    threads: u64,
+) -> Result<()> {
+    let device = blocks
+        .first()
+        .expect("a kernel binds at least one block")
+        .device();
+    let g = device.gpu().expect("launch is for GPU devices");
+    g.check("launch")?;
+    let limits = &g.info.limits;
+    let (x, y) = grid(threads, limits.max_compute_workgroups_per_dimension);
+    if y > limits.max_compute_workgroups_per_dimension {
+        return Err(Error::TooLarge {
+            op: "launch",
+            size_bytes: threads,
+            limit_bytes: limits.max_compute_workgroups_per_dimension as u64,
+            what: "too many invocations for one dispatch",
+        });
+    }
+    let bindings = blocks
+        .iter()
+        .map(|b| b.binding(limits.max_storage_buffer_binding_size))
+        .collect::<Result<Vec<_>>>()?;
+    let compiled = crate::device::lock(&g.kernels).get(&g.device, kernel);
+    let entries: Vec<wgpu::BindGroupEntry> = bindings
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: wgpu::BindingResource::Buffer(b.clone()),
+        })
+        .collect();
+    let bind_group = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &compiled.layout,
+        entries: &entries,
+    });
+    let mut stream = crate::device::lock(&g.stream);
+    let pass = stream.pass(&g.device);
+    pass.set_pipeline(&compiled.pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.set_immediates(0, bytemuck::cast_slice(immediates));
+    pass.dispatch_workgroups(x, y, 1);
+    stream.recorded(&g.queue);
+    Ok(())
 }

@@ -1,0 +1,54 @@
+// Row sums: output element w of `rows * chunks` sums elements [chunk * chunk_len, ...) of row
+// `w / chunks` (a row is `inner` consecutive elements of x in row-major order, x any strided
+// view with the reduced dims last). Accumulates in f32; multiplies by `scale` (1/n for mean).
+// With chunks > 1 the outputs are f32 partials that a second launch (chunks = 1) reduces.
+{{ENABLES}}
+struct Params {
+    rows: u32,
+    inner: u32,
+    chunks: u32,
+    chunk_len: u32,
+    rank: u32,
+    off: u32,
+    scale: f32,
+    pad: u32,
+    shape: array<vec4<u32>, 2>,
+    stride: array<vec4<u32>, 2>,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> x: array<{{TI}}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{TO}}>;
+
+var<workgroup> acc: array<f32, 256>;
+
+fn offset(e: u32) -> u32 {
+    {{OFFSET}}
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let w = wid.x + wid.y * nw.x;
+    if w >= p.rows * p.chunks {
+        return;
+    }
+    let row = w / p.chunks;
+    let start = (w % p.chunks) * p.chunk_len;
+    let end = min(start + p.chunk_len, p.inner);
+    var s = 0.0;
+    for (var j = start + t; j < end; j += 256u) {
+        s += f32(x[offset(row * p.inner + j)]);
+    }
+    acc[t] = s;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if t < k {
+            acc[t] += acc[t + k];
+        }
+        workgroupBarrier();
+    }
+    if t == 0u {
+        out[w] = {{TO}}(acc[0] * p.scale);
+    }
+}

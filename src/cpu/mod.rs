@@ -1,0 +1,115 @@
+//! The CPU reference device: every op as a simple strided loop in f64 (floats) or i64
+//! (integers). It is the oracle for tests and the fallback where there is no GPU; it knows
+//! nothing of the GPU.
+
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::tensor::{DType, Element, Layout, Tensor};
+
+/// Storage offsets (in elements) of every element of `layout`, in row-major order.
+pub(crate) fn offsets(layout: &Layout) -> Vec<usize> {
+    let n = layout.numel();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let rank = layout.rank();
+    let mut idx = vec![0usize; rank];
+    let mut off = layout.offset;
+    for _ in 0..n {
+        out.push(off);
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            off += layout.strides[d];
+            if idx[d] < layout.shape[d] {
+                break;
+            }
+            off -= layout.strides[d] * layout.shape[d];
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+fn base(t: &Tensor) -> *mut u8 {
+    t.storage.block.host_ptr().unwrap_or(std::ptr::null_mut())
+}
+
+/// Reads element `i` (in elements) of `t`'s storage as f64.
+fn load(t: &Tensor, i: usize) -> f64 {
+    let w = t.dtype.size_bytes();
+    // SAFETY: `i` comes from the tensor's own layout, inside its block.
+    let bytes = unsafe { std::slice::from_raw_parts(base(t).add(i * w), w) };
+    match t.dtype {
+        DType::F32 => f32::read_le(bytes).to_f64(),
+        DType::F16 => half::f16::read_le(bytes).to_f64(),
+        DType::I32 => i32::read_le(bytes).to_f64(),
+        DType::U32 => u32::read_le(bytes).to_f64(),
+        DType::Bool => bool::read_le(bytes).to_f64(),
+    }
+}
+
+/// Writes `v` (rounded, or wrapped for integers) to element `i` of `t`'s storage.
+fn store(t: &Tensor, i: usize, v: f64) {
+    let mut bytes = Vec::with_capacity(4);
+    match t.dtype {
+        DType::F32 => (v as f32).write_le(&mut bytes),
+        DType::F16 => half::f16::from_f64(v).write_le(&mut bytes),
+        DType::I32 => (v as i64 as i32).write_le(&mut bytes),
+        DType::U32 => (v as i64 as u32).write_le(&mut bytes),
+        DType::Bool => (v != 0.0).write_le(&mut bytes),
+    }
+    // SAFETY: as in `load`; the output is a fresh tensor no one else reads.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), base(t).add(i * bytes.len()), bytes.len())
+    };
+}
+
+pub(crate) fn unary(x: &Tensor, out: &Tensor, op: UnaryOp) {
+    for (i, off) in offsets(&x.layout).into_iter().enumerate() {
+        store(out, out.layout.offset + i, op.cpu(load(x, off)));
+    }
+}
+
+fn binary_value(op: BinaryOp, dtype: DType, x: f64, y: f64) -> f64 {
+    if dtype.is_float() {
+        op.cpu(x, y)
+    } else {
+        op.cpu_int(x as i64, y as i64) as f64
+    }
+}
+
+/// `a` and `b` already broadcast to `out`'s shape.
+pub(crate) fn binary(a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) {
+    let (oa, ob) = (offsets(&a.layout), offsets(&b.layout));
+    for (i, (ia, ib)) in oa.into_iter().zip(ob).enumerate() {
+        store(
+            out,
+            out.layout.offset + i,
+            binary_value(op, out.dtype, load(a, ia), load(b, ib)),
+        );
+    }
+}
+
+pub(crate) fn binary_scalar(a: &Tensor, s: f64, out: &Tensor, op: BinaryOp) {
+    for (i, ia) in offsets(&a.layout).into_iter().enumerate() {
+        store(
+            out,
+            out.layout.offset + i,
+            binary_value(op, out.dtype, load(a, ia), s),
+        );
+    }
+}
+
+/// Sums `x` (already permuted so the reduced dims are the trailing `inner` elements of each
+/// row) into `out`, one row per output element. Accumulates in f64.
+pub(crate) fn sum_rows(x: &Tensor, out: &Tensor, inner: usize, scale: f64) {
+    let offs = offsets(&x.layout);
+    let rows = offs.len().checked_div(inner).unwrap_or(out.numel());
+    for r in 0..rows {
+        let s: f64 = offs[r * inner..(r + 1) * inner]
+            .iter()
+            .map(|&o| load(x, o))
+            .sum();
+        store(out, out.layout.offset + r, s * scale);
+    }
+}

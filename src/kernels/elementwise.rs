@@ -1,0 +1,154 @@
+//! Specialises `shaders/elementwise.wgsl` per (form, op, dtypes, contiguity): the template step
+//! that keeps one WGSL file for every elementwise kernel.
+
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::tensor::DType;
+
+/// How many elements one invocation handles (grid-stride, so loads stay coalesced).
+pub const PER_THREAD: u32 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Form {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// The second operand is a scalar carried in the immediates.
+    Scalar(BinaryOp),
+}
+
+/// One elementwise kernel variant. Inputs and output share `dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ElementwiseKernel {
+    pub form: Form,
+    pub dtype: DType,
+    /// All operands contiguous over the output's element order: no index arithmetic.
+    pub contiguous: bool,
+}
+
+fn wgsl_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::I32 => "i32",
+        DType::U32 => "u32",
+        DType::Bool => unreachable!("bool has no elementwise GPU kernels yet"),
+    }
+}
+
+/// The type ops compute in: f32 for floats (PyTorch's opmath), the type itself for integers.
+fn compute_type(d: DType) -> &'static str {
+    if d.is_float() {
+        "f32"
+    } else {
+        wgsl_type(d)
+    }
+}
+
+impl ElementwiseKernel {
+    /// The op's WGSL expression, or `None` where the op does not take this dtype on the GPU.
+    pub fn expr(&self) -> Option<&'static str> {
+        if self.dtype == DType::Bool {
+            return None;
+        }
+        let float = self.dtype.is_float();
+        match self.form {
+            Form::Unary(op) if float => Some(op.wgsl_float()),
+            Form::Unary(op) => op.wgsl_int(self.dtype == DType::I32),
+            Form::Binary(op) | Form::Scalar(op) if float => Some(op.wgsl_float()),
+            Form::Binary(op) | Form::Scalar(op) => op.wgsl_int(),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        let (form, op) = match self.form {
+            Form::Unary(op) => ("unary", op.name()),
+            Form::Binary(op) => ("binary", op.name()),
+            Form::Scalar(op) => ("scalar", op.name()),
+        };
+        let layout = if self.contiguous { "contig" } else { "strided" };
+        format!("{form}_{op}_{}_{layout}", self.dtype)
+    }
+
+    pub fn bindings(&self) -> u32 {
+        match self.form {
+            Form::Binary(_) => 3,
+            Form::Unary(_) | Form::Scalar(_) => 2,
+        }
+    }
+
+    /// The WGSL of this variant. Panics only for a variant `expr` refuses (never dispatched).
+    pub fn source(&self) -> String {
+        let t = wgsl_type(self.dtype);
+        let c = compute_type(self.dtype);
+        let expr = self.expr().expect("variant exists");
+        let binary = matches!(self.form, Form::Binary(_));
+        let bindings = if binary {
+            format!(
+                "@group(0) @binding(0) var<storage, read_write> a: array<{t}>;\n\
+                 @group(0) @binding(1) var<storage, read_write> b: array<{t}>;\n\
+                 @group(0) @binding(2) var<storage, read_write> out: array<{t}>;"
+            )
+        } else {
+            format!(
+                "@group(0) @binding(0) var<storage, read_write> a: array<{t}>;\n\
+                 @group(0) @binding(1) var<storage, read_write> out: array<{t}>;"
+            )
+        };
+        let (ia, ib) = if self.contiguous {
+            ("p.off_a + i".to_string(), "p.off_b + i".to_string())
+        } else {
+            ("o.x".to_string(), "o.y".to_string())
+        };
+        let mut body = String::new();
+        if !self.contiguous {
+            body.push_str("let o = offsets(i);\n        ");
+        }
+        body.push_str(&format!("let x = {c}(a[{ia}]);\n        "));
+        match self.form {
+            Form::Binary(_) => body.push_str(&format!("let y = {c}(b[{ib}]);\n        ")),
+            Form::Scalar(_) => body.push_str(&format!("let y = bitcast<{c}>(p.off_b);\n        ")),
+            Form::Unary(_) => {}
+        }
+        body.push_str(&format!("out[i] = {t}({expr});"));
+        let enables = if self.dtype == DType::F16 {
+            "enable f16;"
+        } else {
+            ""
+        };
+        let helpers = if self.dtype.is_float() {
+            include_str!("../../shaders/math.wgsl")
+        } else {
+            ""
+        };
+        include_str!("../../shaders/elementwise.wgsl")
+            .replace("{{ENABLES}}", enables)
+            .replace("{{BINDINGS}}", &bindings)
+            .replace("{{HELPERS}}", helpers)
+            .replace("{{PER_THREAD}}", &PER_THREAD.to_string())
+            .replace("{{BODY}}", &body)
+    }
+
+    /// Every variant that exists (for validation).
+    pub fn all() -> Vec<ElementwiseKernel> {
+        let mut v = Vec::new();
+        let forms = UnaryOp::ALL
+            .iter()
+            .map(|&o| Form::Unary(o))
+            .chain(BinaryOp::ALL.iter().map(|&o| Form::Binary(o)))
+            .chain(BinaryOp::ALL.iter().map(|&o| Form::Scalar(o)));
+        for form in forms {
+            for dtype in [DType::F32, DType::F16, DType::I32, DType::U32] {
+                for contiguous in [true, false] {
+                    let k = ElementwiseKernel {
+                        form,
+                        dtype,
+                        contiguous,
+                    };
+                    if k.expr().is_some() {
+                        v.push(k);
+                    }
+                }
+            }
+        }
+        v
+    }
+}

@@ -1,0 +1,63 @@
+//! Specialises `shaders/reduce_sum.wgsl` per (input dtype, output dtype, contiguity).
+
+use crate::tensor::DType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReduceKernel {
+    pub input: DType,
+    pub output: DType,
+    pub contiguous: bool,
+}
+
+fn wgsl_type(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "f16",
+        _ => "f32",
+    }
+}
+
+impl ReduceKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "sum_{}_{}_{}",
+            self.input,
+            self.output,
+            if self.contiguous { "contig" } else { "strided" }
+        )
+    }
+
+    pub fn source(&self) -> String {
+        let offset = if self.contiguous {
+            "return p.off + e;"
+        } else {
+            "var rem = e;\n    var o = p.off;\n    for (var d = i32(p.rank) - 1; d >= 0; d--) {\n        \
+             let q = u32(d) / 4u;\n        let r = u32(d) % 4u;\n        let n = p.shape[q][r];\n        \
+             o += (rem % n) * p.stride[q][r];\n        rem = rem / n;\n    }\n    return o;"
+        };
+        let f16 = self.input == DType::F16 || self.output == DType::F16;
+        include_str!("../../shaders/reduce_sum.wgsl")
+            .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
+            .replace("{{TI}}", wgsl_type(self.input))
+            .replace("{{TO}}", wgsl_type(self.output))
+            .replace("{{OFFSET}}", offset)
+    }
+
+    pub fn all() -> Vec<ReduceKernel> {
+        let mut v = Vec::new();
+        for (input, output) in [
+            (DType::F32, DType::F32),
+            (DType::F16, DType::F16),
+            (DType::F16, DType::F32),
+            (DType::F32, DType::F16),
+        ] {
+            for contiguous in [true, false] {
+                v.push(ReduceKernel {
+                    input,
+                    output,
+                    contiguous,
+                });
+            }
+        }
+        v
+    }
+}

@@ -1,0 +1,238 @@
+//! Elementwise ops: each op's WGSL (over `x`, `y` in the compute type: f32 for float tensors,
+//! opmath as in PyTorch; i32/u32 for integer ones) and its CPU reference sit side by side.
+
+/// One-input ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Identity,
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+    Square,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Silu,
+}
+
+/// Two-input ops (with NumPy broadcasting), also with a scalar as the second operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 17] = [
+        UnaryOp::Identity,
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Reciprocal,
+        UnaryOp::Square,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Identity => "copy",
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Square => "square",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+        }
+    }
+
+    /// WGSL for floats (computed in f32).
+    pub fn wgsl_float(self) -> &'static str {
+        match self {
+            UnaryOp::Identity => "x",
+            UnaryOp::Neg => "-x",
+            UnaryOp::Abs => "abs(x)",
+            UnaryOp::Exp => "exp(x)",
+            UnaryOp::Log => "log(x)",
+            UnaryOp::Sqrt => "sqrt(x)",
+            UnaryOp::Rsqrt => "inverseSqrt(x)",
+            UnaryOp::Reciprocal => "1.0 / x",
+            UnaryOp::Square => "x * x",
+            UnaryOp::Sin => "sin(x)",
+            UnaryOp::Cos => "cos(x)",
+            // Clamped: some drivers compute tanh as a ratio of exponentials that overflows.
+            UnaryOp::Tanh => "tanh(clamp(x, -10.0, 10.0))",
+            UnaryOp::Sigmoid => "1.0 / (1.0 + exp(-x))",
+            UnaryOp::Relu => "select(x, 0.0, x < 0.0)",
+            UnaryOp::Gelu => "0.5 * x * (1.0 + k_erf(x * 0.70710678118654752))",
+            UnaryOp::GeluTanh => {
+                "0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0)))"
+            }
+            UnaryOp::Silu => "x / (1.0 + exp(-x))",
+        }
+    }
+
+    /// WGSL for integers, where the op takes them (PyTorch promotes the others to float).
+    pub fn wgsl_int(self, signed: bool) -> Option<&'static str> {
+        match self {
+            UnaryOp::Identity => Some("x"),
+            UnaryOp::Neg if signed => Some("-x"),
+            UnaryOp::Abs if signed => Some("abs(x)"),
+            UnaryOp::Abs => Some("x"),
+            UnaryOp::Square => Some("x * x"),
+            UnaryOp::Relu if signed => Some("max(x, 0)"),
+            UnaryOp::Relu => Some("x"),
+            _ => None,
+        }
+    }
+
+    /// The CPU reference, in f64.
+    pub fn cpu(self, x: f64) -> f64 {
+        match self {
+            UnaryOp::Identity => x,
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+            UnaryOp::Reciprocal => 1.0 / x,
+            UnaryOp::Square => x * x,
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+            UnaryOp::GeluTanh => {
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+            }
+            UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+        }
+    }
+
+    pub fn wgsl_float(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "x + y",
+            BinaryOp::Sub => "x - y",
+            BinaryOp::Mul => "x * y",
+            BinaryOp::Div => "x / y",
+            BinaryOp::Pow => "k_pow(x, y)",
+            BinaryOp::Maximum => "k_max(x, y)",
+            BinaryOp::Minimum => "k_min(x, y)",
+        }
+    }
+
+    /// Integer forms wrap on overflow, as PyTorch's do. Division and pow of integers promote
+    /// to float in PyTorch; kiln asks for an explicit cast instead.
+    pub fn wgsl_int(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Add => Some("x + y"),
+            BinaryOp::Sub => Some("x - y"),
+            BinaryOp::Mul => Some("x * y"),
+            BinaryOp::Maximum => Some("max(x, y)"),
+            BinaryOp::Minimum => Some("min(x, y)"),
+            BinaryOp::Div | BinaryOp::Pow => None,
+        }
+    }
+
+    pub fn cpu(self, x: f64, y: f64) -> f64 {
+        match self {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x * y,
+            BinaryOp::Div => x / y,
+            BinaryOp::Pow => x.powf(y),
+            BinaryOp::Maximum => {
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.max(y)
+                }
+            }
+            BinaryOp::Minimum => {
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.min(y)
+                }
+            }
+        }
+    }
+
+    /// Integer reference with wrapping (`i64` arithmetic, wrapped by the store).
+    pub fn cpu_int(self, x: i64, y: i64) -> i64 {
+        match self {
+            BinaryOp::Add => x.wrapping_add(y),
+            BinaryOp::Sub => x.wrapping_sub(y),
+            BinaryOp::Mul => x.wrapping_mul(y),
+            BinaryOp::Maximum => x.max(y),
+            BinaryOp::Minimum => x.min(y),
+            BinaryOp::Div | BinaryOp::Pow => unreachable!("refused before dispatch"),
+        }
+    }
+}

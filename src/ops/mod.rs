@@ -1,0 +1,281 @@
+//! Ops: checks (shape, dtype, device), then the CPU reference or one GPU launch. Each op family
+//! keeps its forward in one file; backward formulas arrive with autograd.
+
+mod elementwise;
+mod reduce;
+
+pub use elementwise::{BinaryOp, UnaryOp};
+
+use crate::cpu;
+use crate::device::Device;
+use crate::kernels::{launch, ElementwiseKernel, Form, Kernel, PER_THREAD};
+use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
+use crate::{Error, Result};
+
+/// f16 needs the adapter's shader-f16 on a GPU.
+pub(crate) fn check_dtype_on(device: &Device, op: &'static str, dtype: DType) -> Result<()> {
+    if dtype == DType::F16
+        && device
+            .adapter_info()
+            .is_some_and(|i| !i.features.shader_f16)
+    {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            why: format!("on {}: the adapter has no shader-f16", device.name()),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            expected: a.device().name(),
+            got: b.device().name(),
+        });
+    }
+    Ok(())
+}
+
+/// The same rules on every device, so that the CPU stays a faithful reference.
+fn check_supported(form: Form, dtype: DType, op: &'static str) -> Result<ElementwiseKernel> {
+    let k = ElementwiseKernel {
+        form,
+        dtype,
+        contiguous: false,
+    };
+    if k.expr().is_none() && !(dtype == DType::Bool && form == Form::Unary(UnaryOp::Identity)) {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            why: "(PyTorch promotes integers to float here; cast first)".into(),
+        });
+    }
+    Ok(k)
+}
+
+fn u32_of(op: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::TooLarge {
+        op,
+        size_bytes: v as u64,
+        limit_bytes: u32::MAX as u64,
+        what: "elements or offsets beyond 32-bit indexing",
+    })
+}
+
+/// Encodes one elementwise launch: operands coalesced to the fewest dims, contiguous fast path
+/// when every operand walks memory in order.
+fn gpu_elementwise(
+    form: Form,
+    a: &Tensor,
+    b: Option<&Tensor>,
+    scalar: Option<f64>,
+    out: &Tensor,
+    op: &'static str,
+) -> Result<()> {
+    let mut strides = vec![
+        a.layout.strides.clone(),
+        b.map_or_else(|| a.layout.strides.clone(), |b| b.layout.strides.clone()),
+        out.layout.strides.clone(),
+    ];
+    let shape = Layout::coalesce(out.shape(), &mut strides);
+    if shape.len() > 8 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "{} dims that cannot be merged; kernels index at most 8",
+                shape.len()
+            ),
+        });
+    }
+    let contiguous = shape.len() <= 1 && strides.iter().all(|s| s.first().is_none_or(|&x| x == 1));
+    let kernel = ElementwiseKernel {
+        contiguous,
+        ..check_supported(form, a.dtype, op)?
+    };
+    let off_b = match (b, scalar) {
+        (Some(b), _) => u32_of(op, b.layout.offset)?,
+        (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
+        (None, Some(s)) => s as i64 as u32,
+        (None, None) => 0,
+    };
+    let mut imm = vec![
+        u32_of(op, out.numel())?,
+        shape.len() as u32,
+        u32_of(op, a.layout.offset)?,
+        off_b,
+    ];
+    for field in [&shape, &strides[0], &strides[1]] {
+        let mut packed = [0u32; 8];
+        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
+            *slot = u32_of(op, v)?;
+        }
+        imm.extend_from_slice(&packed);
+    }
+    let mut blocks = vec![&a.storage.block];
+    if let Some(b) = b {
+        blocks.push(&b.storage.block);
+    }
+    blocks.push(&out.storage.block);
+    launch(
+        Kernel::Elementwise(kernel),
+        &blocks,
+        &imm,
+        (out.numel() as u64).div_ceil(PER_THREAD as u64),
+    )
+}
+
+/// A new tensor `op(x)`.
+pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
+    let name = op.name();
+    check_supported(Form::Unary(op), x.dtype, name)?;
+    let out = Tensor::empty(x.shape(), x.dtype, x.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    if x.device().is_cpu() {
+        cpu::unary(x, &out, op);
+    } else {
+        if x.dtype == DType::Bool {
+            return Err(Error::UnsupportedDType {
+                op: name,
+                dtype: DType::Bool,
+                why: "in GPU kernels yet".into(),
+            });
+        }
+        gpu_elementwise(Form::Unary(op), x, None, None, &out, name)?;
+    }
+    Ok(out)
+}
+
+/// A contiguous copy.
+pub(crate) fn copy(x: &Tensor) -> Result<Tensor> {
+    unary(x, UnaryOp::Identity)
+}
+
+/// A new tensor `op(a, b)` with NumPy broadcasting. Both operands share dtype and device.
+pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
+    let name = op.name();
+    same_device(name, a, b)?;
+    if a.dtype != b.dtype {
+        return Err(Error::DTypeMismatch {
+            op: name,
+            expected: a.dtype,
+            got: b.dtype,
+        });
+    }
+    check_supported(Form::Binary(op), a.dtype, name)?;
+    let shape = broadcast_shapes(name, a.shape(), b.shape())?;
+    let (la, lb) = (
+        a.layout.broadcast_to(name, &shape)?,
+        b.layout.broadcast_to(name, &shape)?,
+    );
+    let (a, b) = (
+        Tensor {
+            layout: la,
+            ..a.clone()
+        },
+        Tensor {
+            layout: lb,
+            ..b.clone()
+        },
+    );
+    let out = Tensor::empty(&shape, a.dtype, a.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    if a.device().is_cpu() {
+        cpu::binary(&a, &b, &out, op);
+    } else {
+        gpu_elementwise(Form::Binary(op), &a, Some(&b), None, &out, name)?;
+    }
+    Ok(out)
+}
+
+/// A new tensor `op(a, s)`. On integer tensors `s` must be a whole number.
+pub fn binary_scalar(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
+    let name = op.name();
+    check_supported(Form::Scalar(op), a.dtype, name)?;
+    if !a.dtype.is_float() && s.fract() != 0.0 {
+        return Err(Error::InvalidArgument {
+            op: name,
+            msg: format!(
+                "scalar {s} on a {} tensor: PyTorch would promote to float; cast first",
+                a.dtype
+            ),
+        });
+    }
+    let out = Tensor::empty(a.shape(), a.dtype, a.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    if a.device().is_cpu() {
+        // The GPU sees the scalar as f32; so does the reference.
+        let s = if a.dtype.is_float() {
+            s as f32 as f64
+        } else {
+            s
+        };
+        cpu::binary_scalar(a, s, &out, op);
+    } else {
+        gpu_elementwise(Form::Scalar(op), a, None, Some(s), &out, name)?;
+    }
+    Ok(out)
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            #[doc = concat!("Elementwise `", stringify!($name), "` into a new tensor.")]
+            pub fn $name(&self) -> Result<Tensor> {
+                unary(self, UnaryOp::$op)
+            }
+        )*}
+    };
+}
+
+unary_methods! {
+    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    reciprocal => Reciprocal, square => Square, sin => Sin, cos => Cos, tanh => Tanh,
+    sigmoid => Sigmoid, relu => Relu, gelu => Gelu, gelu_tanh => GeluTanh, silu => Silu,
+}
+
+macro_rules! binary_methods {
+    ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            #[doc = concat!("Elementwise `", stringify!($name), "` with broadcasting.")]
+            pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                binary(self, other, BinaryOp::$op)
+            }
+            #[doc = concat!("Elementwise `", stringify!($name), "` with a scalar.")]
+            pub fn $scalar(&self, s: f64) -> Result<Tensor> {
+                binary_scalar(self, s, BinaryOp::$op)
+            }
+        )*}
+    };
+}
+
+binary_methods! {
+    add, add_scalar => Add,
+    sub, sub_scalar => Sub,
+    mul, mul_scalar => Mul,
+    div, div_scalar => Div,
+    pow, pow_scalar => Pow,
+    maximum, maximum_scalar => Maximum,
+    minimum, minimum_scalar => Minimum,
+}
+
+macro_rules! operators {
+    ($($trait:ident, $method:ident => $op:ident),*) => {$(
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                binary(self, rhs, BinaryOp::$op)
+            }
+        }
+    )*};
+}
+
+operators!(Add, add => Add, Sub, sub => Sub, Mul, mul => Mul, Div, div => Div);

@@ -1,0 +1,114 @@
+//! Element types. Sizes are PyTorch's, so a tensor's storage shows up in the memory statistics
+//! with the bytes PyTorch would allocate.
+
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    /// Needs the adapter's `shader-f16` on a GPU.
+    F16,
+    I32,
+    U32,
+    /// One byte per element, as in PyTorch.
+    Bool,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 => 2,
+            DType::Bool => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::Bool => "bool",
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that is a tensor element.
+pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn write_le(self, out: &mut Vec<u8>);
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn to_f64(self) -> f64 {
+                #[allow(clippy::redundant_closure_call)]
+                ($to)(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                #[allow(clippy::redundant_closure_call)]
+                ($from)(v)
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("element width"))
+            }
+        }
+    };
+}
+
+element!(f32, DType::F32, |x: f32| x as f64, |v: f64| v as f32);
+element!(
+    half::f16,
+    DType::F16,
+    |x: half::f16| x.to_f64(),
+    half::f16::from_f64
+);
+element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v as i32);
+element!(u32, DType::U32, |x: u32| x as f64, |v: f64| v as u32);
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        self as u8 as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.push(self as u8);
+    }
+    fn read_le(bytes: &[u8]) -> Self {
+        bytes[0] != 0
+    }
+}
+
+/// Checks that `got` is `want`, naming the op.
+pub(crate) fn expect_dtype(op: &'static str, want: DType, got: DType) -> Result<()> {
+    if want != got {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: want,
+            got,
+        });
+    }
+    Ok(())
+}

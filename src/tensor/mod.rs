@@ -1,0 +1,285 @@
+//! `Tensor`: a cheap handle (shared storage + layout + dtype). Storage comes from the device's
+//! caching allocator, so every tensor shows up in the memory statistics as it would in PyTorch.
+
+mod dtype;
+mod layout;
+mod view;
+
+pub use dtype::{DType, Element};
+pub(crate) use layout::{broadcast_shapes, contiguous_strides, dim, numel};
+pub use layout::{Layout, MAX_KERNEL_RANK};
+
+use crate::device::{Device, DeviceBlock};
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Memory behind one or more tensors (views share it), with the version counter that in-place
+/// writes bump.
+pub(crate) struct Storage {
+    pub block: DeviceBlock,
+    pub version: AtomicU64,
+}
+
+/// An n-dimensional array on a device.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+    pub(crate) dtype: DType,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor({:?}, {}, {})",
+            self.layout.shape,
+            self.dtype,
+            self.device().spec()
+        )
+    }
+}
+
+fn encode<T: Element>(data: &[T]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(data.len() * T::DTYPE.size_bytes());
+    for &x in data {
+        x.write_le(&mut bytes);
+    }
+    bytes
+}
+
+impl Tensor {
+    /// A fresh contiguous tensor with uninitialised contents (PyTorch's `empty`).
+    pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        crate::ops::check_dtype_on(device, "empty", dtype)?;
+        let bytes = (numel(shape) * dtype.size_bytes()) as u64;
+        let block = device.allocate(bytes)?;
+        Ok(Tensor {
+            storage: Arc::new(Storage {
+                block,
+                version: AtomicU64::new(0),
+            }),
+            layout: Layout::contiguous(shape),
+            dtype,
+        })
+    }
+
+    /// A tensor holding `data` (row-major) with `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+        if data.len() != numel(shape) {
+            return Err(Error::ShapeMismatch {
+                op: "from_slice",
+                lhs: vec![data.len()],
+                rhs: shape.to_vec(),
+            });
+        }
+        let t = Tensor::empty(shape, T::DTYPE, device)?;
+        let mut bytes = encode(data);
+        bytes.resize(bytes.len().next_multiple_of(4), 0);
+        t.storage.block.write(0, &bytes)?;
+        Ok(t)
+    }
+
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+        Self::from_slice(&data, shape, device)
+    }
+
+    /// A tensor of `shape` filled with `value` (converted to `dtype`).
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let t = Tensor::empty(shape, dtype, device)?;
+        t.storage.block.fill_u32(fill_word(value, dtype))?;
+        Ok(t)
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Self::full(shape, 0.0, dtype, device)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Self::full(shape, 1.0, dtype, device)
+    }
+
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Self::zeros(self.shape(), self.dtype, self.device())
+    }
+
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Self::ones(self.shape(), self.dtype, self.device())
+    }
+
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Self::full(self.shape(), value, self.dtype, self.device())
+    }
+
+    /// `start, start + step, ...` below `end` (PyTorch's `arange`).
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if step == 0.0 || !((end - start) / step).is_finite() {
+            return Err(Error::InvalidArgument {
+                op: "arange",
+                msg: format!("step {step} for [{start}, {end})"),
+            });
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let values: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+        Self::from_f64_slice(&values, &[n], dtype, device)
+    }
+
+    /// A tensor of any dtype from f64 values (rounded or converted as `as` does).
+    pub fn from_f64_slice(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => Self::from_slice(
+                &values.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+            DType::F16 => Self::from_slice(
+                &values
+                    .iter()
+                    .map(|&v| half::f16::from_f64(v))
+                    .collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+            DType::I32 => Self::from_slice(
+                &values.iter().map(|&v| v as i32).collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+            DType::U32 => Self::from_slice(
+                &values.iter().map(|&v| v as u32).collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+            DType::Bool => Self::from_slice(
+                &values.iter().map(|&v| v != 0.0).collect::<Vec<_>>(),
+                shape,
+                device,
+            ),
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.layout.shape
+    }
+    pub fn strides(&self) -> &[usize] {
+        &self.layout.strides
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> &Device {
+        self.storage.block.device()
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+    /// The version counter shared by all views of this storage; every in-place write bumps it.
+    pub fn version(&self) -> u64 {
+        self.storage.version.load(Ordering::Acquire)
+    }
+    /// Whether two tensors share storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// The raw bytes of the elements in row-major order: a sync point on a GPU.
+    fn contiguous_bytes(&self) -> Result<Vec<u8>> {
+        let t = self.contiguous()?;
+        let mut bytes = t.storage.block.read()?;
+        let start = t.layout.offset * t.dtype.size_bytes();
+        bytes.drain(..start.min(bytes.len()));
+        bytes.truncate(t.numel() * t.dtype.size_bytes());
+        Ok(bytes)
+    }
+
+    /// The elements in row-major order (a sync point). `T` must be the tensor's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        dtype::expect_dtype("to_vec", T::DTYPE, self.dtype)?;
+        let w = self.dtype.size_bytes();
+        Ok(self
+            .contiguous_bytes()?
+            .chunks_exact(w)
+            .map(T::read_le)
+            .collect())
+    }
+
+    /// Any dtype as f64 (for tests and printing).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let bytes = self.contiguous_bytes()?;
+        let w = self.dtype.size_bytes();
+        let decode = |c: &[u8]| match self.dtype {
+            DType::F32 => f32::read_le(c).to_f64(),
+            DType::F16 => half::f16::read_le(c).to_f64(),
+            DType::I32 => i32::read_le(c).to_f64(),
+            DType::U32 => u32::read_le(c).to_f64(),
+            DType::Bool => bool::read_le(c).to_f64(),
+        };
+        Ok(bytes.chunks_exact(w).map(decode).collect())
+    }
+
+    /// The single element of a one-element tensor (a sync point).
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::InvalidArgument {
+                op: "item",
+                msg: format!(
+                    "a tensor of shape {:?} has {} elements, not 1",
+                    self.shape(),
+                    self.numel()
+                ),
+            });
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// A copy on `device` (CPU and any GPU).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let bytes = self.contiguous_bytes()?;
+        let t = Tensor::empty(self.shape(), self.dtype, device)?;
+        let mut padded = bytes;
+        padded.resize(padded.len().next_multiple_of(4), 0);
+        t.storage.block.write(0, &padded)?;
+        Ok(t)
+    }
+}
+
+/// The 32-bit word that repeats `value` of `dtype` across a fill.
+fn fill_word(value: f64, dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 => (value as f32).to_bits(),
+        DType::I32 => value as i32 as u32,
+        DType::U32 => value as u32,
+        DType::F16 => {
+            let h = half::f16::from_f64(value).to_bits() as u32;
+            h | (h << 16)
+        }
+        DType::Bool => {
+            let b = (value != 0.0) as u32;
+            b * 0x0101_0101
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Views: new layouts over the same storage, never a copy (except `reshape` and `contiguous`
+//! when a view is impossible, as in PyTorch).
+
+use super::{contiguous_strides, dim, numel, Layout, Tensor};
+use crate::{Error, Result};
+
+impl Tensor {
+    fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+        }
+    }
+
+    /// Resolves one `-1` in `shape` against the element count.
+    fn infer_shape(&self, op: &'static str, shape: &[isize]) -> Result<Vec<usize>> {
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
+        let holes = shape.iter().filter(|&&d| d == -1).count();
+        let bad = || Error::ShapeMismatch {
+            op,
+            lhs: self.shape().to_vec(),
+            rhs: shape.iter().map(|&d| d.max(0) as usize).collect(),
+        };
+        if holes > 1 || shape.iter().any(|&d| d < -1) {
+            return Err(bad());
+        }
+        let out: Vec<usize> = if holes == 1 {
+            if known == 0 || !self.numel().is_multiple_of(known) {
+                return Err(bad());
+            }
+            shape
+                .iter()
+                .map(|&d| {
+                    if d == -1 {
+                        self.numel() / known
+                    } else {
+                        d as usize
+                    }
+                })
+                .collect()
+        } else {
+            shape.iter().map(|&d| d as usize).collect()
+        };
+        if numel(&out) != self.numel() {
+            return Err(bad());
+        }
+        Ok(out)
+    }
+
+    /// A view with `shape` (one dim may be -1); an error where no view is possible.
+    pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
+        let shape = self.infer_shape("view", shape)?;
+        let strides = self.layout.view_strides(&shape).ok_or_else(|| Error::InvalidArgument {
+            op: "view",
+            msg: format!(
+                "view size {shape:?} is not compatible with input tensor's size {:?} and stride {:?}; use reshape",
+                self.shape(),
+                self.strides()
+            ),
+        })?;
+        Ok(self.with_layout(Layout {
+            shape,
+            strides,
+            offset: self.layout.offset,
+        }))
+    }
+
+    /// A view where possible, else a contiguous copy.
+    pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
+        let target = self.infer_shape("reshape", shape)?;
+        match self.layout.view_strides(&target) {
+            Some(strides) => Ok(self.with_layout(Layout {
+                shape: target,
+                strides,
+                offset: self.layout.offset,
+            })),
+            None => {
+                let c = self.contiguous()?;
+                Ok(c.with_layout(Layout {
+                    strides: contiguous_strides(&target),
+                    shape: target,
+                    offset: c.layout.offset,
+                }))
+            }
+        }
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let (a, b) = (
+            dim("transpose", d0, self.rank())?,
+            dim("transpose", d1, self.rank())?,
+        );
+        let mut l = self.layout.clone();
+        if l.rank() > 0 {
+            l.shape.swap(a, b);
+            l.strides.swap(a, b);
+        }
+        Ok(self.with_layout(l))
+    }
+
+    /// The transpose of a matrix (rank <= 2).
+    pub fn t(&self) -> Result<Tensor> {
+        match self.rank() {
+            0 | 1 => Ok(self.clone()),
+            2 => self.transpose(0, 1),
+            r => Err(Error::InvalidArgument {
+                op: "t",
+                msg: format!("expects a tensor with <= 2 dimensions, got {r}"),
+            }),
+        }
+    }
+
+    /// Reorders dims: dim i of the result is dim `dims[i]` of `self`.
+    pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
+        if dims.len() != self.rank() {
+            return Err(Error::InvalidArgument {
+                op: "permute",
+                msg: format!("{} dims for a tensor of rank {}", dims.len(), self.rank()),
+            });
+        }
+        let resolved = dims
+            .iter()
+            .map(|&d| dim("permute", d, self.rank()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut seen = vec![false; self.rank()];
+        for &d in &resolved {
+            if std::mem::replace(&mut seen[d], true) {
+                return Err(Error::InvalidArgument {
+                    op: "permute",
+                    msg: format!("dim {d} repeated in {dims:?}"),
+                });
+            }
+        }
+        let shape = resolved.iter().map(|&d| self.layout.shape[d]).collect();
+        let strides = resolved.iter().map(|&d| self.layout.strides[d]).collect();
+        Ok(self.with_layout(Layout {
+            shape,
+            strides,
+            offset: self.layout.offset,
+        }))
+    }
+
+    /// Elements `start..start + len` of dim `d`.
+    pub fn narrow(&self, d: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = dim("narrow", d, self.rank())?;
+        let size = self.layout.shape[d];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::IndexOutOfRange {
+                op: "narrow",
+                index: (start + len) as i64,
+                size,
+                what: "end",
+            });
+        }
+        let mut l = self.layout.clone();
+        l.shape[d] = len;
+        if len > 0 {
+            l.offset += start * l.strides[d];
+        }
+        Ok(self.with_layout(l))
+    }
+
+    /// Broadcasts to `shape` without copying (stride 0 on expanded dims).
+    pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.broadcast_to("expand", shape)?))
+    }
+
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        self.expand(shape)
+    }
+
+    /// Removes dim `d` if its size is 1 (PyTorch leaves other sizes alone); `None`: all size-1 dims.
+    pub fn squeeze(&self, d: Option<isize>) -> Result<Tensor> {
+        let mut l = self.layout.clone();
+        match d {
+            Some(d) => {
+                let d = dim("squeeze", d, self.rank())?;
+                if self.rank() > 0 && l.shape[d] == 1 {
+                    l.shape.remove(d);
+                    l.strides.remove(d);
+                }
+            }
+            None => {
+                let keep: Vec<usize> = (0..self.rank()).filter(|&i| l.shape[i] != 1).collect();
+                l.shape = keep.iter().map(|&i| self.layout.shape[i]).collect();
+                l.strides = keep.iter().map(|&i| self.layout.strides[i]).collect();
+            }
+        }
+        Ok(self.with_layout(l))
+    }
+
+    /// Inserts a dim of size 1 at `d` (in `0..=rank`, negative counts from the end).
+    pub fn unsqueeze(&self, d: isize) -> Result<Tensor> {
+        let d = dim("unsqueeze", d, self.rank() + 1)?;
+        let mut l = self.layout.clone();
+        let stride = if d < self.rank() {
+            l.strides[d] * l.shape[d]
+        } else {
+            1
+        };
+        l.shape.insert(d, 1);
+        l.strides.insert(d, stride);
+        Ok(self.with_layout(l))
+    }
+
+    /// Flattens dims `start..=end` into one (a view where possible).
+    pub fn flatten(&self, start: isize, end: isize) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape(&[1]);
+        }
+        let (s, e) = (
+            dim("flatten", start, self.rank())?,
+            dim("flatten", end, self.rank())?,
+        );
+        if s > e {
+            return Err(Error::InvalidArgument {
+                op: "flatten",
+                msg: format!("start dim {s} after end dim {e}"),
+            });
+        }
+        let mut shape: Vec<isize> = self.shape()[..s].iter().map(|&d| d as isize).collect();
+        shape.push(self.shape()[s..=e].iter().product::<usize>() as isize);
+        shape.extend(self.shape()[e + 1..].iter().map(|&d| d as isize));
+        self.reshape(&shape)
+    }
+
+    /// `self` if already contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        crate::ops::copy(self)
+    }
+}

@@ -1,0 +1,310 @@
+//! Every op on every adapter against the CPU device, on random inputs: contiguous, transposed,
+//! sliced, broadcast, empty and odd-sized; f32 everywhere and f16 where the adapter has it.
+//! Tolerances: f32 1e-5 relative + 1e-5 absolute (1e-4 for transcendental ops: the GPU's exp,
+//! log, erf approximations); f16 1e-2 (half precision).
+
+use kiln::ops::{BinaryOp, UnaryOp};
+use kiln::{DType, Device, Tensor};
+
+fn gpus() -> Vec<Device> {
+    let d = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    d.into_iter().filter(|d| !d.is_cpu()).collect()
+}
+
+/// Deterministic values in [lo, hi).
+fn random(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
+        })
+        .collect()
+}
+
+fn close(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g == w) || (g - w).abs() <= atol + rtol * w.abs();
+        assert!(ok, "{what}: element {i}: got {g}, want {w}");
+    }
+}
+
+/// A family of views of the same values on `dev`: (name, tensor).
+fn views(values: &[f64], dtype: DType, dev: &Device) -> Vec<(String, Tensor)> {
+    let base = Tensor::from_f64_slice(values, &[6, 35], dtype, dev).unwrap();
+    vec![
+        ("contiguous [6,35]".into(), base.clone()),
+        ("transposed [35,6]".into(), base.t().unwrap()),
+        ("narrowed [6,17]".into(), base.narrow(1, 5, 17).unwrap()),
+        (
+            "permuted 3-d".into(),
+            base.reshape(&[6, 5, 7])
+                .unwrap()
+                .permute(&[2, 0, 1])
+                .unwrap(),
+        ),
+        (
+            "column broadcast [6,35]".into(),
+            base.narrow(1, 3, 1).unwrap().expand(&[6, 35]).unwrap(),
+        ),
+        ("empty [6,0]".into(), base.narrow(1, 0, 0).unwrap()),
+        (
+            "odd [1,7]".into(),
+            base.narrow(0, 2, 1).unwrap().narrow(1, 1, 7).unwrap(),
+        ),
+    ]
+}
+
+fn dtypes(dev: &Device) -> Vec<(DType, f64, f64)> {
+    let mut v = vec![(DType::F32, 1e-5, 1e-5)];
+    if dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+        v.push((DType::F16, 1e-2, 1e-2));
+    }
+    v
+}
+
+fn domain(op: UnaryOp) -> (f64, f64) {
+    match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Reciprocal => (0.1, 4.0),
+        _ => (-4.0, 4.0),
+    }
+}
+
+#[test]
+fn unary_ops_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            for op in UnaryOp::ALL {
+                let (lo, hi) = domain(op);
+                let values = random(210, op as u64, lo, hi);
+                let tol = if dtype == DType::F32
+                    && !matches!(
+                        op,
+                        UnaryOp::Identity
+                            | UnaryOp::Neg
+                            | UnaryOp::Abs
+                            | UnaryOp::Square
+                            | UnaryOp::Relu
+                    ) {
+                    1e-4
+                } else {
+                    rtol
+                };
+                for ((name, g), (_, c)) in views(&values, dtype, &dev)
+                    .into_iter()
+                    .zip(views(&values, dtype, &cpu))
+                {
+                    let got = kiln::ops::unary(&g, op).unwrap();
+                    let want = kiln::ops::unary(&c, op).unwrap();
+                    assert_eq!(got.shape(), want.shape());
+                    close(
+                        &got.to_f64_vec().unwrap(),
+                        &want.to_f64_vec().unwrap(),
+                        tol,
+                        atol.max(tol),
+                        &format!("{dev:?} {dtype} {} {name}", op.name()),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_and_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            for op in BinaryOp::ALL {
+                let (lo, hi) = if op == BinaryOp::Pow {
+                    (0.2, 2.0)
+                } else {
+                    (-3.0, 3.0)
+                };
+                let a = random(210, 7 + op as u64, lo, hi);
+                let b = random(210, 99 + op as u64, lo, hi);
+                let tol = if op == BinaryOp::Pow {
+                    rtol.max(1e-4)
+                } else {
+                    rtol
+                };
+                let pairs = |d: &Device| {
+                    let va = views(&a, dtype, d);
+                    let vb = views(&b, dtype, d);
+                    let row = Tensor::from_f64_slice(&b[..35], &[35], dtype, d).unwrap();
+                    let col = Tensor::from_f64_slice(&b[..6], &[6, 1], dtype, d).unwrap();
+                    vec![
+                        ("same layout", va[0].1.clone(), vb[0].1.clone()),
+                        ("transposed + transposed", va[1].1.clone(), vb[1].1.clone()),
+                        ("contiguous + row broadcast", va[0].1.clone(), row),
+                        ("narrowed + column broadcast", va[2].1.clone(), col.clone()),
+                        (
+                            "column + row (outer)",
+                            col,
+                            Tensor::from_f64_slice(&a[..7], &[1, 7], dtype, d).unwrap(),
+                        ),
+                        ("empty", va[5].1.clone(), vb[5].1.clone()),
+                        ("same tensor twice", va[3].1.clone(), va[3].1.clone()),
+                    ]
+                };
+                for ((name, ga, gb), (_, ca, cb)) in pairs(&dev).into_iter().zip(pairs(&cpu)) {
+                    let got = kiln::ops::binary(&ga, &gb, op).unwrap();
+                    let want = kiln::ops::binary(&ca, &cb, op).unwrap();
+                    assert_eq!(got.shape(), want.shape(), "{name}");
+                    close(
+                        &got.to_f64_vec().unwrap(),
+                        &want.to_f64_vec().unwrap(),
+                        tol,
+                        atol,
+                        &format!("{dev:?} {dtype} {} {name}", op.name()),
+                    );
+                    let got = kiln::ops::binary_scalar(&ga, 1.5, op).unwrap();
+                    let want = kiln::ops::binary_scalar(&ca, 1.5, op).unwrap();
+                    close(
+                        &got.to_f64_vec().unwrap(),
+                        &want.to_f64_vec().unwrap(),
+                        tol,
+                        atol,
+                        &format!("{dev:?} {dtype} {}_scalar {name}", op.name()),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_ops_wrap_like_pytorch() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus().into_iter().chain([cpu.clone()]) {
+        let a = Tensor::from_slice(&[i32::MAX, -5, 7, 0], &[4], &dev).unwrap();
+        let b = Tensor::from_slice(&[1, 3, -2, 9], &[4], &dev).unwrap();
+        assert_eq!(
+            (&a + &b).unwrap().to_vec::<i32>().unwrap(),
+            vec![i32::MIN, -2, 5, 9]
+        );
+        assert_eq!(
+            a.maximum(&b).unwrap().to_vec::<i32>().unwrap(),
+            vec![i32::MAX, 3, 7, 9]
+        );
+        assert_eq!(
+            a.abs().unwrap().relu().unwrap().to_vec::<i32>().unwrap(),
+            vec![i32::MAX, 5, 7, 0]
+        );
+        assert!(matches!(a.exp(), Err(kiln::Error::UnsupportedDType { .. })));
+        assert!(matches!(
+            a.div(&b),
+            Err(kiln::Error::UnsupportedDType { .. })
+        ));
+        assert!(matches!(
+            a.add_scalar(0.5),
+            Err(kiln::Error::InvalidArgument { .. })
+        ));
+        let u = Tensor::from_slice(&[0u32, 4_000_000_000], &[2], &dev).unwrap();
+        assert_eq!(
+            u.add_scalar(500_000_000.0)
+                .unwrap()
+                .to_vec::<u32>()
+                .unwrap(),
+            vec![500_000_000, 205_032_704]
+        );
+    }
+}
+
+#[test]
+fn reductions_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let dims: &[(&[isize], bool)] = &[
+        (&[], false),
+        (&[0], false),
+        (&[1], true),
+        (&[-1], false),
+        (&[0, 1], true),
+    ];
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            let values = random(210, 5, -2.0, 2.0);
+            for ((name, g), (_, c)) in views(&values, dtype, &dev)
+                .into_iter()
+                .zip(views(&values, dtype, &cpu))
+            {
+                for &(d, keep) in dims {
+                    for mean in [false, true] {
+                        let f = |t: &Tensor| {
+                            if mean {
+                                t.mean(d, keep)
+                            } else {
+                                t.sum(d, keep)
+                            }
+                        };
+                        let (got, want) = (f(&g).unwrap(), f(&c).unwrap());
+                        assert_eq!(got.shape(), want.shape());
+                        close(
+                            &got.to_f64_vec().unwrap(),
+                            &want.to_f64_vec().unwrap(),
+                            rtol * 10.0,
+                            atol * 10.0,
+                            &format!("{dev:?} {dtype} {name} dims {d:?} keep {keep} mean {mean}"),
+                        );
+                    }
+                }
+            }
+        }
+        // Long rows take the two-pass path (partials, then their sum).
+        let n = 1 << 20;
+        let values = random(n, 11, -1.0, 1.0);
+        let want: f64 = values.iter().map(|&v| v as f32 as f64).sum();
+        let t = Tensor::from_f64_slice(&values, &[n], DType::F32, &dev).unwrap();
+        let got = t.sum_all().unwrap().item::<f32>().unwrap() as f64;
+        assert!(
+            (got - want).abs() < 1e-2,
+            "{dev:?}: sum of 2^20: {got} vs {want}"
+        );
+        let rows = t
+            .reshape(&[1024, 1024])
+            .unwrap()
+            .t()
+            .unwrap()
+            .sum(&[1], false)
+            .unwrap();
+        assert_eq!(rows.shape(), &[1024]);
+    }
+}
+
+#[test]
+fn shape_dtype_and_device_errors_are_typed() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        let a = Tensor::zeros(&[2, 3], DType::F32, &dev).unwrap();
+        let b = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
+        let e = (&a + &b).unwrap_err();
+        assert!(
+            matches!(e, kiln::Error::ShapeMismatch { op: "add", .. }),
+            "{e}"
+        );
+        let i = Tensor::zeros(&[2, 3], DType::I32, &dev).unwrap();
+        assert!(matches!(
+            (&a + &i).unwrap_err(),
+            kiln::Error::DTypeMismatch { op: "add", .. }
+        ));
+        let c = Tensor::zeros(&[2, 3], DType::F32, &cpu).unwrap();
+        let e = (&a + &c).unwrap_err();
+        assert!(
+            matches!(e, kiln::Error::DeviceMismatch { op: "add", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("cpu"), "{e}");
+        assert!(matches!(
+            a.sum(&[2], false).unwrap_err(),
+            kiln::Error::IndexOutOfRange { .. }
+        ));
+        // The device and the other tensors are intact.
+        assert_eq!((&a + &a).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+    }
+}
