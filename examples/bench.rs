@@ -1,8 +1,14 @@
 //! kiln's benchmark runner: `cargo run --release --example bench -- [--adapter all|INDEX]
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
-//! buffer creation). Prints a table per adapter; `--json` writes the figures.
+//! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
+//! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost). Prints a table per
+//! adapter; `--json` writes the figures.
+//!
+//! GPU times are wall-clock over a batch of launches with one `synchronize()` at the end (as the
+//! anchor times 50 launches between two CUDA events): the per-launch figure includes kiln's
+//! amortised dispatch cost, which is what a user sees.
 
-use kiln::Device;
+use kiln::{DType, Device, Tensor};
 use std::time::Instant;
 
 struct Row {
@@ -98,6 +104,81 @@ fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
     }
 }
 
+/// Seconds per call of `f`, from `iters` calls between two synchronisations, best of three.
+fn gpu_time(
+    dev: &Device,
+    iters: u32,
+    mut f: impl FnMut() -> kiln::Result<Tensor>,
+) -> kiln::Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    dev.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    Ok(best)
+}
+
+fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    let software = dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    // Software adapters get smaller problems: the figures there are for relative checks only.
+    let (n, side, iters) = if software {
+        (1usize << 22, 2048usize, 5)
+    } else {
+        (1 << 26, 8192, 50)
+    };
+    let mut push = |case: String, value: f64, unit: &'static str| {
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "ops",
+            case,
+            value,
+            unit,
+        })
+    };
+    let x = Tensor::full(&[n], 1.5, DType::F32, dev)?;
+    let a = Tensor::full(&[n], 0.5, DType::F32, dev)?;
+    let t = gpu_time(dev, iters, || x.mul_scalar(2.0))?;
+    push(
+        format!("y=2x n=2^{}", n.trailing_zeros()),
+        (2 * 4 * n) as f64 / t / 1e9,
+        "GB/s",
+    );
+    let t = gpu_time(dev, iters, || &x + &a)?;
+    push(
+        format!("a+b n=2^{}", n.trailing_zeros()),
+        (3 * 4 * n) as f64 / t / 1e9,
+        "GB/s",
+    );
+    let t = gpu_time(dev, iters, || x.sum_all())?;
+    push(
+        format!("sum n=2^{}", n.trailing_zeros()),
+        (4 * n) as f64 / t / 1e9,
+        "GB/s",
+    );
+    let m = Tensor::full(&[side, side], 1.0, DType::F32, dev)?;
+    let mt = m.t()?;
+    let t = gpu_time(dev, iters.min(20), || mt.contiguous())?;
+    push(
+        format!("transpose {side}^2 contiguous"),
+        (2 * 4 * side * side) as f64 / t / 1e9,
+        "GB/s",
+    );
+    let tiny = Tensor::full(&[1], 1.0, DType::F32, dev)?;
+    let t = gpu_time(dev, 2000, || tiny.add_scalar(1.0))?;
+    push("tiny op (1 element) amortised".into(), t * 1e6, "us");
+    Ok(())
+}
+
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| {
@@ -123,6 +204,9 @@ fn main() -> kiln::Result<()> {
     for dev in &devices {
         if suite == "all" || suite == "alloc" {
             alloc_suite(dev, &mut rows);
+        }
+        if suite == "all" || suite == "ops" {
+            ops_suite(dev, &mut rows)?;
         }
     }
     println!(

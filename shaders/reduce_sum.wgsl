@@ -2,6 +2,7 @@
 // `w / chunks` (a row is `inner` consecutive elements of x in row-major order, x any strided
 // view with the reduced dims last). Accumulates in f32; multiplies by `scale` (1/n for mean).
 // With chunks > 1 the outputs are f32 partials that a second launch (chunks = 1) reduces.
+// The vec4 form counts `inner`, `off` and `chunk_len` in vec4s.
 {{ENABLES}}
 struct Params {
     rows: u32,
@@ -36,11 +37,11 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     let row = w / p.chunks;
     let start = (w % p.chunks) * p.chunk_len;
     let end = min(start + p.chunk_len, p.inner);
-    var s = 0.0;
+    var s = {{ZERO}};
     for (var j = start + t; j < end; j += 256u) {
-        s += f32(x[offset(row * p.inner + j)]);
+        s += {{LOAD}};
     }
-    acc[t] = s;
+    acc[t] = {{HSUM}};
     workgroupBarrier();
     for (var k = 128u; k > 0u; k >>= 1u) {
         if t < k {

@@ -6,7 +6,7 @@ use super::lock;
 use super::stream::Stream;
 use super::wgpu_source::WgpuSource;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
-use crate::kernels::KernelCache;
+use crate::kernels::{BindGroupCache, KernelCache};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,8 @@ pub(crate) struct GpuDevice {
     pub stream: Arc<Mutex<Stream>>,
     pub alloc: Mutex<CachingAllocator<WgpuSource>>,
     pub kernels: Mutex<KernelCache>,
+    /// Shared with the segment source, which evicts a segment's groups when releasing it.
+    pub bind_groups: Arc<Mutex<BindGroupCache>>,
     /// wgpu errors no scope caught, reported at the next sync point.
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<(String, String)>>>,
@@ -57,11 +59,13 @@ impl GpuDevice {
             flag.store(true, Ordering::Release);
         });
         let stream = Arc::new(Mutex::new(Stream::new()));
+        let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
         let source = WgpuSource {
             device: device.clone(),
             queue: queue.clone(),
             adapter,
             stream: stream.clone(),
+            bind_groups: bind_groups.clone(),
             name: format!("GPU {} ({}, {:?})", info.spec, info.name, info.backend),
             max_buffer_size: limits.max_buffer_size,
         };
@@ -72,6 +76,7 @@ impl GpuDevice {
             stream,
             alloc: Mutex::new(CachingAllocator::new(source, config)),
             kernels: Mutex::default(),
+            bind_groups,
             errors,
             lost,
             troubled,

@@ -4,6 +4,7 @@
 
 use super::stream::Stream;
 use crate::alloc::{MemInfo, SegmentSource, SourceError};
+use crate::kernels::BindGroupCache;
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct WgpuSource {
@@ -11,6 +12,7 @@ pub(crate) struct WgpuSource {
     pub queue: wgpu::Queue,
     pub adapter: wgpu::Adapter,
     pub stream: Arc<Mutex<Stream>>,
+    pub bind_groups: Arc<Mutex<BindGroupCache>>,
     pub name: String,
     pub max_buffer_size: u64,
 }
@@ -43,6 +45,7 @@ impl SegmentSource for WgpuSource {
     /// Dropping the handle lets wgpu free the buffer once the GPU no longer uses it; the
     /// allocator synchronises first where it needs the memory back (`release_cached_blocks`).
     fn release(&mut self, handle: wgpu::Buffer) {
+        super::lock(&self.bind_groups).evict(&handle);
         drop(handle);
     }
 

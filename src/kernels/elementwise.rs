@@ -22,6 +22,9 @@ pub struct ElementwiseKernel {
     pub dtype: DType,
     /// All operands contiguous over the output's element order: no index arithmetic.
     pub contiguous: bool,
+    /// Contiguous, with element counts and offsets divisible by 4: each invocation moves
+    /// `vec4`s (16 bytes per f32 load), enough bytes in flight to saturate HBM.
+    pub vector: bool,
 }
 
 fn wgsl_type(d: DType) -> &'static str {
@@ -64,7 +67,11 @@ impl ElementwiseKernel {
             Form::Binary(op) => ("binary", op.name()),
             Form::Scalar(op) => ("scalar", op.name()),
         };
-        let layout = if self.contiguous { "contig" } else { "strided" };
+        let layout = match (self.contiguous, self.vector) {
+            (true, true) => "vec4",
+            (true, false) => "contig",
+            _ => "strided",
+        };
         format!("{form}_{op}_{}_{layout}", self.dtype)
     }
 
@@ -77,8 +84,10 @@ impl ElementwiseKernel {
 
     /// The WGSL of this variant. Panics only for a variant `expr` refuses (never dispatched).
     pub fn source(&self) -> String {
-        let t = wgsl_type(self.dtype);
+        let scalar_t = wgsl_type(self.dtype);
         let c = compute_type(self.dtype);
+        let vector_t = format!("vec4<{scalar_t}>");
+        let t: &str = if self.vector { &vector_t } else { scalar_t };
         let expr = self.expr().expect("variant exists");
         let binary = matches!(self.form, Form::Binary(_));
         let bindings = if binary {
@@ -98,17 +107,32 @@ impl ElementwiseKernel {
         } else {
             ("o.x".to_string(), "o.y".to_string())
         };
-        let mut body = String::new();
-        if !self.contiguous {
-            body.push_str("let o = offsets(i);\n        ");
-        }
-        body.push_str(&format!("let x = {c}(a[{ia}]);\n        "));
-        match self.form {
-            Form::Binary(_) => body.push_str(&format!("let y = {c}(b[{ib}]);\n        ")),
-            Form::Scalar(_) => body.push_str(&format!("let y = bitcast<{c}>(p.off_b);\n        ")),
-            Form::Unary(_) => {}
-        }
-        body.push_str(&format!("out[i] = {t}({expr});"));
+        let y = match self.form {
+            Form::Binary(_) if self.vector => format!("let y = {c}(vb[k4]);"),
+            Form::Binary(_) => format!("let y = {c}(b[{ib}]);"),
+            Form::Scalar(_) => format!("let y = bitcast<{c}>(p.off_b);"),
+            Form::Unary(_) => String::new(),
+        };
+        let body = if self.vector {
+            // One vec4 load per operand, the op per component, one vec4 store.
+            let vb = if binary {
+                format!("let vb = b[{ib}];")
+            } else {
+                String::new()
+            };
+            format!(
+                "let va = a[{ia}];\n        {vb}\n        var r: {t};\n        \
+                 for (var k4 = 0u; k4 < 4u; k4++) {{\n            let x = {c}(va[k4]);\n            \
+                 {y}\n            r[k4] = {scalar_t}({expr});\n        }}\n        out[i] = r;"
+            )
+        } else {
+            let o = if self.contiguous {
+                ""
+            } else {
+                "let o = offsets(i);\n        "
+            };
+            format!("{o}let x = {c}(a[{ia}]);\n        {y}\n        out[i] = {t}({expr});")
+        };
         let enables = if self.dtype == DType::F16 {
             "enable f16;"
         } else {
@@ -137,11 +161,12 @@ impl ElementwiseKernel {
             .chain(BinaryOp::ALL.iter().map(|&o| Form::Scalar(o)));
         for form in forms {
             for dtype in [DType::F32, DType::F16, DType::I32, DType::U32] {
-                for contiguous in [true, false] {
+                for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
                     let k = ElementwiseKernel {
                         form,
                         dtype,
                         contiguous,
+                        vector,
                     };
                     if k.expr().is_some() {
                         v.push(k);

@@ -1,13 +1,16 @@
 //! The shader registry: every WGSL kernel, reached by a typed id, with its pipeline and
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
+mod bind_cache;
 mod elementwise;
 mod reduce;
 
+pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use reduce::ReduceKernel;
 
 use crate::device::DeviceBlock;
+use crate::tensor::DType;
 use crate::{Error, Result};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -22,6 +25,8 @@ pub enum Kernel {
     Elementwise(ElementwiseKernel),
     /// `shaders/reduce_sum.wgsl`, specialised.
     ReduceSum(ReduceKernel),
+    /// `shaders/transpose.wgsl` for one dtype: a 2-D transposed copy through shared memory.
+    Transpose(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -37,6 +42,7 @@ impl Kernel {
                     .map(Kernel::Elementwise),
             )
             .chain(ReduceKernel::all().into_iter().map(Kernel::ReduceSum))
+            .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .collect()
     }
 
@@ -45,6 +51,14 @@ impl Kernel {
             Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
             Kernel::Elementwise(k) => Cow::Owned(k.source()),
             Kernel::ReduceSum(k) => Cow::Owned(k.source()),
+            Kernel::Transpose(d) => Cow::Owned(
+                include_str!("../../shaders/transpose.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
         }
     }
 
@@ -53,6 +67,7 @@ impl Kernel {
             Kernel::Fill => Cow::Borrowed("fill"),
             Kernel::Elementwise(k) => Cow::Owned(k.name()),
             Kernel::ReduceSum(k) => Cow::Owned(k.name()),
+            Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
         }
     }
 
@@ -61,7 +76,7 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
-            Kernel::ReduceSum(_) => 2,
+            Kernel::ReduceSum(_) | Kernel::Transpose(_) => 2,
         }
     }
 
@@ -71,6 +86,7 @@ impl Kernel {
             Kernel::Fill => 8,
             Kernel::Elementwise(_) => 112,
             Kernel::ReduceSum(_) => 96,
+            Kernel::Transpose(_) => 16,
         }
     }
 }
@@ -156,8 +172,7 @@ pub(crate) fn grid(n: u64, max_per_dim: u32) -> (u32, u32) {
     (x as u32, y as u32)
 }
 
-/// The one launch path: binds each block whole, sets the immediates, dispatches `threads`
-/// invocations (in workgroups of `WORKGROUP`) in the device's open compute pass.
+/// Launches `threads` invocations of a 1-D kernel (workgroups of `WORKGROUP`).
 pub(crate) fn launch(
     kernel: Kernel,
     blocks: &[&DeviceBlock],
@@ -169,15 +184,35 @@ pub(crate) fn launch(
         .expect("a kernel binds at least one block")
         .device();
     let g = device.gpu().expect("launch is for GPU devices");
+    let max = g.info.limits.max_compute_workgroups_per_dimension;
+    let (x, y) = grid(threads, max);
+    launch_groups(kernel, blocks, immediates, (x, y))
+}
+
+/// The one launch path: binds each block whole (bind groups cached), sets the immediates and
+/// dispatches `groups` workgroups in the device's open compute pass.
+pub(crate) fn launch_groups(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    groups: (u32, u32),
+) -> Result<()> {
+    let device = blocks
+        .first()
+        .expect("a kernel binds at least one block")
+        .device();
+    let g = device.gpu().expect("launch is for GPU devices");
     g.check("launch")?;
     let limits = &g.info.limits;
-    let (x, y) = grid(threads, limits.max_compute_workgroups_per_dimension);
-    if y > limits.max_compute_workgroups_per_dimension {
+    let (x, y) = groups;
+    if x > limits.max_compute_workgroups_per_dimension
+        || y > limits.max_compute_workgroups_per_dimension
+    {
         return Err(Error::TooLarge {
             op: "launch",
-            size_bytes: threads,
+            size_bytes: x as u64 * y as u64,
             limit_bytes: limits.max_compute_workgroups_per_dimension as u64,
-            what: "too many invocations for one dispatch",
+            what: "too many workgroups for one dispatch",
         });
     }
     let bindings = blocks
@@ -185,19 +220,12 @@ pub(crate) fn launch(
         .map(|b| b.binding(limits.max_storage_buffer_binding_size))
         .collect::<Result<Vec<_>>>()?;
     let compiled = crate::device::lock(&g.kernels).get(&g.device, kernel);
-    let entries: Vec<wgpu::BindGroupEntry> = bindings
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry {
-            binding: i as u32,
-            resource: wgpu::BindingResource::Buffer(b.clone()),
-        })
-        .collect();
-    let bind_group = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &compiled.layout,
-        entries: &entries,
-    });
+    let bind_group = crate::device::lock(&g.bind_groups).get_or_create(
+        &g.device,
+        kernel,
+        &compiled.layout,
+        &bindings,
+    );
     let mut stream = crate::device::lock(&g.stream);
     let pass = stream.pass(&g.device);
     pass.set_pipeline(&compiled.pipeline);

@@ -7,6 +7,8 @@ pub struct ReduceKernel {
     pub input: DType,
     pub output: DType,
     pub contiguous: bool,
+    /// Contiguous rows of whole vec4s: 16-byte loads.
+    pub vector: bool,
 }
 
 fn wgsl_type(d: DType) -> &'static str {
@@ -35,9 +37,28 @@ impl ReduceKernel {
              o += (rem % n) * p.stride[q][r];\n        rem = rem / n;\n    }\n    return o;"
         };
         let f16 = self.input == DType::F16 || self.output == DType::F16;
+        let ti = wgsl_type(self.input);
+        let (ti, zero, load, hsum) = if self.vector {
+            (
+                format!("vec4<{ti}>"),
+                "vec4<f32>()",
+                "vec4<f32>(x[p.off + row * p.inner + j])",
+                "s.x + s.y + s.z + s.w",
+            )
+        } else {
+            (
+                ti.to_string(),
+                "0.0",
+                "f32(x[offset(row * p.inner + j)])",
+                "s",
+            )
+        };
         include_str!("../../shaders/reduce_sum.wgsl")
             .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
-            .replace("{{TI}}", wgsl_type(self.input))
+            .replace("{{TI}}", &ti)
+            .replace("{{ZERO}}", zero)
+            .replace("{{LOAD}}", load)
+            .replace("{{HSUM}}", hsum)
             .replace("{{TO}}", wgsl_type(self.output))
             .replace("{{OFFSET}}", offset)
     }
@@ -50,11 +71,12 @@ impl ReduceKernel {
             (DType::F16, DType::F32),
             (DType::F32, DType::F16),
         ] {
-            for contiguous in [true, false] {
+            for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
                 v.push(ReduceKernel {
                     input,
                     output,
                     contiguous,
+                    vector,
                 });
             }
         }

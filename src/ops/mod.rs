@@ -8,7 +8,7 @@ pub use elementwise::{BinaryOp, UnaryOp};
 
 use crate::cpu;
 use crate::device::Device;
-use crate::kernels::{launch, ElementwiseKernel, Form, Kernel, PER_THREAD};
+use crate::kernels::{launch, launch_groups, ElementwiseKernel, Form, Kernel, PER_THREAD};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
 use crate::{Error, Result};
 
@@ -45,6 +45,7 @@ fn check_supported(form: Form, dtype: DType, op: &'static str) -> Result<Element
         form,
         dtype,
         contiguous: false,
+        vector: false,
     };
     if k.expr().is_none() && !(dtype == DType::Bool && form == Form::Unary(UnaryOp::Identity)) {
         return Err(Error::UnsupportedDType {
@@ -91,20 +92,50 @@ fn gpu_elementwise(
         });
     }
     let contiguous = shape.len() <= 1 && strides.iter().all(|s| s.first().is_none_or(|&x| x == 1));
+    let n = out.numel();
+    // A copy of a 2-D transpose: the tiled kernel keeps reads and writes coalesced.
+    let tiles_fit =
+        shape.len() == 2 && shape[0].div_ceil(32) <= 65535 && shape[1].div_ceil(32) <= 65535;
+    if form == Form::Unary(UnaryOp::Identity)
+        && tiles_fit
+        && strides[0][0] == 1
+        && strides[2][1] == 1
+    {
+        let (rows, cols) = (u32_of(op, shape[0])?, u32_of(op, shape[1])?);
+        let imm = [
+            rows,
+            cols,
+            u32_of(op, a.layout.offset)?,
+            u32_of(op, strides[0][1])?,
+        ];
+        return launch_groups(
+            Kernel::Transpose(a.dtype),
+            &[&a.storage.block, &out.storage.block],
+            &imm,
+            (rows.div_ceil(32), cols.div_ceil(32)),
+        );
+    }
+    let vector = contiguous
+        && n.is_multiple_of(4)
+        && a.layout.offset.is_multiple_of(4)
+        && b.is_none_or(|b| b.layout.offset.is_multiple_of(4));
+    // The vec4 form counts elements and offsets in vec4s.
+    let unit = if vector { 4 } else { 1 };
     let kernel = ElementwiseKernel {
         contiguous,
+        vector,
         ..check_supported(form, a.dtype, op)?
     };
     let off_b = match (b, scalar) {
-        (Some(b), _) => u32_of(op, b.layout.offset)?,
+        (Some(b), _) => u32_of(op, b.layout.offset / unit)?,
         (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
         (None, Some(s)) => s as i64 as u32,
         (None, None) => 0,
     };
     let mut imm = vec![
-        u32_of(op, out.numel())?,
+        u32_of(op, n / unit)?,
         shape.len() as u32,
-        u32_of(op, a.layout.offset)?,
+        u32_of(op, a.layout.offset / unit)?,
         off_b,
     ];
     for field in [&shape, &strides[0], &strides[1]] {
@@ -123,7 +154,7 @@ fn gpu_elementwise(
         Kernel::Elementwise(kernel),
         &blocks,
         &imm,
-        (out.numel() as u64).div_ceil(PER_THREAD as u64),
+        ((n / unit) as u64).div_ceil(PER_THREAD as u64),
     )
 }
 

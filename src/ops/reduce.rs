@@ -33,6 +33,9 @@ fn gpu_sum_rows(
         });
     }
     let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
+    let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
+    // The vec4 form counts in vec4s.
+    let unit = if vector { 4 } else { 1 };
     let first_out = if chunks == 1 { out.dtype } else { DType::F32 };
     let partial = if chunks == 1 {
         None
@@ -42,11 +45,11 @@ fn gpu_sum_rows(
     let target = partial.as_ref().unwrap_or(out);
     let mut imm = vec![
         u32_of(op, rows)?,
-        u32_of(op, inner)?,
+        u32_of(op, inner / unit)?,
         chunks as u32,
-        u32_of(op, inner.div_ceil(chunks))?,
+        u32_of(op, (inner / unit).div_ceil(chunks))?,
         shape.len() as u32,
-        u32_of(op, xp.layout.offset)?,
+        u32_of(op, xp.layout.offset / unit)?,
         if chunks == 1 {
             scale.to_bits()
         } else {
@@ -65,6 +68,7 @@ fn gpu_sum_rows(
         input: xp.dtype,
         output: first_out,
         contiguous,
+        vector,
     };
     let groups = (rows * chunks) as u64 * WORKGROUP as u64;
     launch(
