@@ -28,6 +28,11 @@ fn offset(e: u32) -> u32 {
     {{OFFSET}}
 }
 
+// Element (or vec4) e of x, widened to the accumulator type.
+fn load(e: u32) -> {{ACC}} {
+    return {{LOAD}};
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let w = wid.x + wid.y * nw.x;
@@ -37,10 +42,23 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     let row = w / p.chunks;
     let start = (w % p.chunks) * p.chunk_len;
     let end = min(start + p.chunk_len, p.inner);
-    var s = {{ZERO}};
-    for (var j = start + t; j < end; j += 256u) {
-        s += {{LOAD}};
+    // Four independent accumulators: four loads in flight per invocation.
+    let base = row * p.inner;
+    var s0 = {{ACC}}();
+    var s1 = {{ACC}}();
+    var s2 = {{ACC}}();
+    var s3 = {{ACC}}();
+    var j = start + t;
+    for (; j + 768u < end; j += 1024u) {
+        s0 += load(base + j);
+        s1 += load(base + j + 256u);
+        s2 += load(base + j + 512u);
+        s3 += load(base + j + 768u);
     }
+    for (; j < end; j += 256u) {
+        s0 += load(base + j);
+    }
+    let s = (s0 + s1) + (s2 + s3);
     acc[t] = {{HSUM}};
     workgroupBarrier();
     for (var k = 128u; k > 0u; k >>= 1u) {

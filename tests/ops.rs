@@ -359,3 +359,38 @@ fn empty_cache_really_frees_memory_bound_by_cached_bind_groups() {
         );
     }
 }
+
+/// The tiled transpose at sizes with partial tiles on both edges, against the CPU.
+#[test]
+fn large_transposed_copies_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (r, c) in [(1000usize, 777usize), (33, 2049), (4096, 31)] {
+            let values = random(r * c, (r * c) as u64, -1.0, 1.0);
+            let g = Tensor::from_f64_slice(&values, &[r, c], DType::F32, &dev).unwrap();
+            let h = Tensor::from_f64_slice(&values, &[r, c], DType::F32, &cpu).unwrap();
+            let got = g.t().unwrap().contiguous().unwrap().to_f64_vec().unwrap();
+            let want = h.t().unwrap().contiguous().unwrap().to_f64_vec().unwrap();
+            assert_eq!(got, want, "{dev:?} {r}x{c}");
+            // A transposed slice: offset and leading dimension differ from the shape.
+            let s = g
+                .narrow(0, 3, r - 5)
+                .unwrap()
+                .narrow(1, 2, c - 3)
+                .unwrap()
+                .t()
+                .unwrap();
+            let sh = h
+                .narrow(0, 3, r - 5)
+                .unwrap()
+                .narrow(1, 2, c - 3)
+                .unwrap()
+                .t()
+                .unwrap();
+            assert_eq!(
+                s.contiguous().unwrap().to_f64_vec().unwrap(),
+                sh.contiguous().unwrap().to_f64_vec().unwrap()
+            );
+        }
+    }
+}

@@ -38,25 +38,20 @@ impl ReduceKernel {
         };
         let f16 = self.input == DType::F16 || self.output == DType::F16;
         let ti = wgsl_type(self.input);
-        let (ti, zero, load, hsum) = if self.vector {
+        let (ti, acc, load, hsum) = if self.vector {
             (
                 format!("vec4<{ti}>"),
-                "vec4<f32>()",
-                "vec4<f32>(x[p.off + row * p.inner + j])",
+                "vec4<f32>",
+                "vec4<f32>(x[p.off + e])",
                 "s.x + s.y + s.z + s.w",
             )
         } else {
-            (
-                ti.to_string(),
-                "0.0",
-                "f32(x[offset(row * p.inner + j)])",
-                "s",
-            )
+            (ti.to_string(), "f32", "f32(x[offset(e)])", "s")
         };
         include_str!("../../shaders/reduce_sum.wgsl")
             .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
             .replace("{{TI}}", &ti)
-            .replace("{{ZERO}}", zero)
+            .replace("{{ACC}}", acc)
             .replace("{{LOAD}}", load)
             .replace("{{HSUM}}", hsum)
             .replace("{{TO}}", wgsl_type(self.output))
