@@ -317,3 +317,28 @@ fn wgpu_errors_and_device_loss_become_kiln_errors() {
         assert!(matches!(block.read(), Err(Error::DeviceLost { .. })));
     }
 }
+
+#[test]
+fn gpu_time_measures_queued_work_with_timestamps() {
+    for dev in devices() {
+        let block = dev.allocate(16 << 20).unwrap();
+        let t = kiln::device::gpu_time(&dev, || {
+            for _ in 0..4 {
+                block.fill_u32(1)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let stamps = dev
+            .adapter_info()
+            .is_some_and(|a| a.features.timestamp_query);
+        match t {
+            Some(secs) => assert!(secs > 0.0 && secs < 10.0, "{dev:?}: {secs}"),
+            None => assert!(
+                !stamps || dev.is_cpu(),
+                "{dev:?} has timestamps but gpu_time gave none"
+            ),
+        }
+        assert_eq!(words(&block.read().unwrap())[0], 1);
+    }
+}

@@ -6,10 +6,12 @@ mod block;
 pub(crate) mod gpu;
 mod memory;
 pub(crate) mod stream;
+mod timer;
 mod wgpu_source;
 
 pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
+pub use timer::gpu_time;
 
 use crate::alloc::{
     memory_summary, AllocatorConfig, CachingAllocator, HistoryContext, HistoryEnabled,
