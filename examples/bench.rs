@@ -183,6 +183,8 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     let a = Tensor::full(&[n], 0.5, DType::F32, dev)?;
     let m = Tensor::full(&[side, side], 1.0, DType::F32, dev)?;
     let mt = m.t()?;
+    let sm_side = if software { 1024 } else { 4096 };
+    let sm = Tensor::full(&[sm_side, sm_side], 0.5, DType::F32, dev)?;
     let log2 = n.trailing_zeros();
     type Case<'a> = (String, usize, Box<dyn Fn() -> kiln::Result<Tensor> + 'a>);
     let cases: Vec<Case> = vec![
@@ -197,6 +199,11 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             format!("transpose {side}^2 contiguous"),
             2 * 4 * side * side,
             Box::new(|| mt.contiguous()),
+        ),
+        (
+            format!("softmax {sm_side}^2 (dim -1)"),
+            2 * 4 * sm_side * sm_side,
+            Box::new(|| sm.softmax(-1)),
         ),
     ];
     for (name, bytes, f) in cases {

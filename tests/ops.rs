@@ -394,3 +394,65 @@ fn large_transposed_copies_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn softmax_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            let values = random(216, 17, -6.0, 6.0);
+            for ((name, g), (_, c)) in views(&values, dtype, &dev)
+                .into_iter()
+                .zip(views(&values, dtype, &cpu))
+            {
+                for d in [-1isize, 0] {
+                    for log in [false, true] {
+                        let f = |t: &Tensor| if log { t.log_softmax(d) } else { t.softmax(d) };
+                        let (got, want) = (f(&g).unwrap(), f(&c).unwrap());
+                        assert_eq!(got.shape(), want.shape(), "{name}");
+                        close(
+                            &got.to_f64_vec().unwrap(),
+                            &want.to_f64_vec().unwrap(),
+                            rtol.max(1e-5) * 10.0,
+                            atol * 10.0,
+                            &format!("{dev:?} {dtype} {name} dim {d} log {log}"),
+                        );
+                    }
+                }
+            }
+        }
+        // Large values: stable (no overflow), rows of -inf give NaN as in PyTorch.
+        let t = Tensor::from_slice(
+            &[1000.0f32, 1001.0, 1002.0, f32::NEG_INFINITY],
+            &[1, 4],
+            &dev,
+        )
+        .unwrap();
+        let s = t.softmax(-1).unwrap().to_vec::<f32>().unwrap();
+        let want = [0.090_030_57f32, 0.244_728_48, 0.665_240_94, 0.0];
+        for (a, b) in s.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{dev:?}: {s:?}");
+        }
+        let scalar = Tensor::from_slice(&[3.0f32], &[], &dev).unwrap();
+        assert_eq!(scalar.softmax(0).unwrap().shape(), &[] as &[usize]);
+        assert_eq!(scalar.log_softmax(-1).unwrap().item::<f32>().unwrap(), 0.0);
+        let long = Tensor::from_f64_slice(
+            &random(4096 * 3, 3, -3.0, 3.0),
+            &[3, 4096],
+            DType::F32,
+            &dev,
+        )
+        .unwrap();
+        let sums = long
+            .softmax(1)
+            .unwrap()
+            .sum(&[1], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert!(
+            sums.iter().all(|s| (s - 1.0).abs() < 1e-4),
+            "{dev:?}: {sums:?}"
+        );
+    }
+}

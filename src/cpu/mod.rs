@@ -113,3 +113,22 @@ pub(crate) fn sum_rows(x: &Tensor, out: &Tensor, inner: usize, scale: f64) {
         store(out, out.layout.offset + r, s * scale);
     }
 }
+
+/// softmax (or log_softmax) of each row of `inner` trailing elements of `x` into contiguous
+/// `out`, in f64 with the max subtracted.
+pub(crate) fn softmax_rows(x: &Tensor, out: &Tensor, inner: usize, log: bool) {
+    let offs = offsets(&x.layout);
+    for (r, row) in offs.chunks(inner).enumerate() {
+        let v: Vec<f64> = row.iter().map(|&o| load(x, o)).collect();
+        let m = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = v.iter().map(|&a| (a - m).exp()).sum();
+        for (j, &a) in v.iter().enumerate() {
+            let y = if log {
+                a - m - sum.ln()
+            } else {
+                (a - m).exp() / sum
+            };
+            store(out, out.layout.offset + r * inner + j, y);
+        }
+    }
+}

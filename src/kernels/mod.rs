@@ -4,10 +4,12 @@
 mod bind_cache;
 mod elementwise;
 mod reduce;
+mod softmax;
 
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use reduce::ReduceKernel;
+pub use softmax::SoftmaxKernel;
 
 use crate::device::DeviceBlock;
 use crate::tensor::DType;
@@ -27,6 +29,8 @@ pub enum Kernel {
     ReduceSum(ReduceKernel),
     /// `shaders/transpose.wgsl` for one dtype: a 2-D transposed copy through shared memory.
     Transpose(DType),
+    /// `shaders/softmax.wgsl`, specialised.
+    Softmax(SoftmaxKernel),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -43,6 +47,7 @@ impl Kernel {
             )
             .chain(ReduceKernel::all().into_iter().map(Kernel::ReduceSum))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
+            .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .collect()
     }
 
@@ -59,6 +64,7 @@ impl Kernel {
                     )
                     .replace("{{T}}", d.name()),
             ),
+            Kernel::Softmax(k) => Cow::Owned(k.source()),
         }
     }
 
@@ -68,6 +74,7 @@ impl Kernel {
             Kernel::Elementwise(k) => Cow::Owned(k.name()),
             Kernel::ReduceSum(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
+            Kernel::Softmax(k) => Cow::Owned(k.name()),
         }
     }
 
@@ -76,7 +83,7 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
-            Kernel::ReduceSum(_) | Kernel::Transpose(_) => 2,
+            Kernel::ReduceSum(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
         }
     }
 
@@ -87,6 +94,7 @@ impl Kernel {
             Kernel::Elementwise(_) => 112,
             Kernel::ReduceSum(_) => 96,
             Kernel::Transpose(_) => 16,
+            Kernel::Softmax(_) => 96,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod elementwise;
 mod reduce;
+mod softmax;
 
 pub use elementwise::{BinaryOp, UnaryOp};
 

@@ -1,0 +1,60 @@
+//! Specialises `shaders/softmax.wgsl` per (dtype, vec4 or strided rows).
+
+use crate::tensor::DType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SoftmaxKernel {
+    pub dtype: DType,
+    /// Contiguous rows of whole vec4s.
+    pub vector: bool,
+}
+
+impl SoftmaxKernel {
+    pub fn name(&self) -> String {
+        format!(
+            "softmax_{}_{}",
+            self.dtype,
+            if self.vector { "vec4" } else { "strided" }
+        )
+    }
+
+    pub fn source(&self) -> String {
+        let t = if self.dtype == DType::F16 {
+            "f16"
+        } else {
+            "f32"
+        };
+        let (tx, load, store) = if self.vector {
+            (
+                format!("vec4<{t}>"),
+                "return vec4<f32>(x[p.off + e]);".to_string(),
+                format!("out[e] = vec4<{t}>(v);"),
+            )
+        } else {
+            (
+                t.to_string(),
+                "return vec4<f32>(f32(x[offset(e)]), NEG, NEG, NEG);".to_string(),
+                format!("out[e] = {t}(v.x);"),
+            )
+        };
+        include_str!("../../shaders/softmax.wgsl")
+            .replace(
+                "{{ENABLES}}",
+                if self.dtype == DType::F16 {
+                    "enable f16;"
+                } else {
+                    ""
+                },
+            )
+            .replace("{{TX}}", &tx)
+            .replace("{{LOAD}}", &load)
+            .replace("{{STORE}}", &store)
+    }
+
+    pub fn all() -> Vec<SoftmaxKernel> {
+        [DType::F32, DType::F16]
+            .iter()
+            .flat_map(|&dtype| [true, false].map(|vector| SoftmaxKernel { dtype, vector }))
+            .collect()
+    }
+}

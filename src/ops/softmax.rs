@@ -1,0 +1,101 @@
+//! softmax and log_softmax along one dim: numerically stable (max subtracted), one pass per row
+//! on the GPU with an online max and sum; f64 on the CPU reference.
+
+use super::u32_of;
+use crate::kernels::{launch, Kernel, SoftmaxKernel, WORKGROUP};
+use crate::tensor::{dim, Layout, Tensor};
+use crate::{Error, Result};
+
+fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    if !x.dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype,
+            why: "(a float op)".into(),
+        });
+    }
+    // A 0-d tensor is a row of one (PyTorch accepts dim 0 and -1 for it).
+    let scalar = x.rank() == 0;
+    let d = dim(op, d, x.rank().max(1))?;
+    let x = if scalar { x.reshape(&[1])? } else { x.clone() };
+    // The softmax dim last; rows are then `inner` consecutive elements of the permuted view.
+    let mut order: Vec<isize> = (0..x.rank() as isize)
+        .filter(|&i| i != d as isize)
+        .collect();
+    order.push(d as isize);
+    let xp = x.permute(&order)?;
+    let inner = x.shape()[d];
+    let out = Tensor::empty(xp.shape(), x.dtype, x.device())?;
+    if out.numel() > 0 {
+        let rows = out.numel() / inner;
+        if x.device().is_cpu() {
+            crate::cpu::softmax_rows(&xp, &out, inner, log);
+        } else {
+            let mut strides = vec![xp.layout.strides.clone()];
+            let shape = Layout::coalesce(xp.shape(), &mut strides);
+            if shape.len() > 8 {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "{} dims that cannot be merged; kernels index at most 8",
+                        shape.len()
+                    ),
+                });
+            }
+            let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
+            let vector =
+                contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
+            let unit = if vector { 4 } else { 1 };
+            let mut imm = vec![
+                u32_of(op, rows)?,
+                u32_of(op, inner / unit)?,
+                shape.len() as u32,
+                u32_of(op, xp.layout.offset / unit)?,
+                log as u32,
+                0,
+                0,
+                0,
+            ];
+            for field in [&shape, &strides[0]] {
+                let mut packed = [0u32; 8];
+                for (slot, &v) in packed.iter_mut().zip(field.iter()) {
+                    *slot = u32_of(op, v)?;
+                }
+                imm.extend_from_slice(&packed);
+            }
+            let kernel = Kernel::Softmax(SoftmaxKernel {
+                dtype: x.dtype,
+                vector,
+            });
+            launch(
+                kernel,
+                &[&xp.storage.block, &out.storage.block],
+                &imm,
+                rows as u64 * WORKGROUP as u64,
+            )?;
+        }
+    }
+    // Back to the input's dim order, contiguous as PyTorch returns it.
+    let mut inverse = vec![0isize; order.len()];
+    for (i, &o) in order.iter().enumerate() {
+        inverse[o as usize] = i as isize;
+    }
+    let result = out.permute(&inverse)?.contiguous()?;
+    if scalar {
+        return result.reshape(&[]);
+    }
+    Ok(result)
+}
+
+impl Tensor {
+    /// softmax along `dim`.
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        softmax_impl(self, dim, false)
+    }
+
+    /// log_softmax along `dim` (x - max - log(sum(exp(x - max)))).
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        softmax_impl(self, dim, true)
+    }
+}
