@@ -456,3 +456,83 @@ fn softmax_matches_the_cpu() {
         );
     }
 }
+
+/// In-place ops write through any view, bump the version shared by all views, and refuse
+/// writes PyTorch refuses.
+#[test]
+fn inplace_ops_write_through_views_and_bump_versions() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus().into_iter().chain([cpu.clone()]) {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            let values = random(216, 23, -2.0, 2.0);
+            let other = random(216, 29, -2.0, 2.0);
+            // The same in-place sequence on the device and on the CPU, through a transposed
+            // narrow view of a bigger tensor: only the view's elements may change.
+            let run = |d: &Device| {
+                let base = Tensor::from_f64_slice(&values, &[6, 36], dtype, d).unwrap();
+                let view = base.narrow(1, 2, 30).unwrap().t().unwrap(); // [30, 6], strided
+                let o = Tensor::from_f64_slice(&other[..30], &[30, 1], dtype, d).unwrap();
+                let v0 = base.version();
+                view.mul_scalar_(3.0).unwrap();
+                view.add_(&o).unwrap(); // broadcast along the columns
+                view.relu_().unwrap();
+                view.clamp_(0.1, 4.0).unwrap();
+                assert_eq!(base.version(), v0 + 5, "views share the version counter");
+                let contiguous = Tensor::from_f64_slice(&values, &[216], dtype, d).unwrap();
+                contiguous.sub_scalar_(1.0).unwrap(); // vec4 in-place path
+                contiguous.narrow(0, 1, 100).unwrap().fill_(7.0).unwrap(); // offset, not vec4
+                (base.to_f64_vec().unwrap(), contiguous.to_f64_vec().unwrap())
+            };
+            let (got, want) = (run(&dev), run(&cpu));
+            close(
+                &got.0,
+                &want.0,
+                rtol,
+                atol,
+                &format!("{dev:?} {dtype} strided in-place"),
+            );
+            close(
+                &got.1,
+                &want.1,
+                rtol,
+                atol,
+                &format!("{dev:?} {dtype} contiguous in-place"),
+            );
+            let first = Tensor::from_f64_slice(&values[..1], &[1], dtype, &cpu).unwrap();
+            assert_eq!(
+                got.0[0],
+                first.to_f64_vec().unwrap()[0],
+                "outside the view: untouched"
+            );
+        }
+        let t = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
+        t.fill_(2.5).unwrap();
+        t.narrow(1, 1, 2).unwrap().zero_().unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap()[..4], [2.5, 0.0, 0.0, 2.5]);
+        let src = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4], &dev).unwrap();
+        t.copy_(&src).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0].repeat(3));
+        // Refusals: a broadcast view, a partially overlapping input, a shape that would grow.
+        let row = Tensor::zeros(&[4], DType::F32, &dev)
+            .unwrap()
+            .expand(&[3, 4])
+            .unwrap();
+        assert!(matches!(
+            row.add_scalar_(1.0),
+            Err(kiln::Error::InvalidArgument { .. })
+        ));
+        let sq = Tensor::zeros(&[4, 4], DType::F32, &dev).unwrap();
+        let e = sq.add_(&sq.t().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("single memory location"), "{e}");
+        sq.add_(&sq).unwrap(); // the same view is fine
+        assert!(matches!(
+            src.add_(&t),
+            Err(kiln::Error::ShapeMismatch { .. })
+        ));
+        let v = src.version();
+        assert!(src
+            .add_(&Tensor::zeros(&[4], DType::I32, &dev).unwrap())
+            .is_err());
+        assert_eq!(src.version(), v, "a refused op leaves the version alone");
+    }
+}

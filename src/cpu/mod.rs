@@ -64,9 +64,10 @@ fn store(t: &Tensor, i: usize, v: f64) {
     };
 }
 
+/// `out` may be `x` itself (in place): each element is read before it is written.
 pub(crate) fn unary(x: &Tensor, out: &Tensor, op: UnaryOp) {
-    for (i, off) in offsets(&x.layout).into_iter().enumerate() {
-        store(out, out.layout.offset + i, op.cpu(load(x, off)));
+    for (ix, io) in offsets(&x.layout).into_iter().zip(offsets(&out.layout)) {
+        store(out, io, op.cpu(load(x, ix)));
     }
 }
 
@@ -78,25 +79,21 @@ fn binary_value(op: BinaryOp, dtype: DType, x: f64, y: f64) -> f64 {
     }
 }
 
-/// `a` and `b` already broadcast to `out`'s shape.
+/// `a` and `b` already broadcast to `out`'s shape; `out` may be `a` (in place).
 pub(crate) fn binary(a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) {
-    let (oa, ob) = (offsets(&a.layout), offsets(&b.layout));
-    for (i, (ia, ib)) in oa.into_iter().zip(ob).enumerate() {
+    let (oa, ob, oo) = (offsets(&a.layout), offsets(&b.layout), offsets(&out.layout));
+    for ((ia, ib), io) in oa.into_iter().zip(ob).zip(oo) {
         store(
             out,
-            out.layout.offset + i,
+            io,
             binary_value(op, out.dtype, load(a, ia), load(b, ib)),
         );
     }
 }
 
 pub(crate) fn binary_scalar(a: &Tensor, s: f64, out: &Tensor, op: BinaryOp) {
-    for (i, ia) in offsets(&a.layout).into_iter().enumerate() {
-        store(
-            out,
-            out.layout.offset + i,
-            binary_value(op, out.dtype, load(a, ia), s),
-        );
+    for (ia, io) in offsets(&a.layout).into_iter().zip(offsets(&out.layout)) {
+        store(out, io, binary_value(op, out.dtype, load(a, ia), s));
     }
 }
 

@@ -25,6 +25,9 @@ pub struct ElementwiseKernel {
     /// Contiguous, with element counts and offsets divisible by 4: each invocation moves
     /// `vec4`s (16 bytes per f32 load), enough bytes in flight to saturate HBM.
     pub vector: bool,
+    /// Store back into `a`'s own elements (PyTorch's trailing-underscore ops) instead of a fresh
+    /// contiguous output.
+    pub inplace: bool,
 }
 
 fn wgsl_type(d: DType) -> &'static str {
@@ -72,14 +75,16 @@ impl ElementwiseKernel {
             (true, false) => "contig",
             _ => "strided",
         };
-        format!("{form}_{op}_{}_{layout}", self.dtype)
+        let inplace = if self.inplace { "_inplace" } else { "" };
+        format!("{form}_{op}_{}_{layout}{inplace}", self.dtype)
     }
 
     pub fn bindings(&self) -> u32 {
-        match self.form {
-            Form::Binary(_) => 3,
-            Form::Unary(_) | Form::Scalar(_) => 2,
-        }
+        let inputs = match self.form {
+            Form::Binary(_) => 2,
+            Form::Unary(_) | Form::Scalar(_) => 1,
+        };
+        inputs + !self.inplace as u32
     }
 
     /// The WGSL of this variant. Panics only for a variant `expr` refuses (never dispatched).
@@ -90,22 +95,31 @@ impl ElementwiseKernel {
         let t: &str = if self.vector { &vector_t } else { scalar_t };
         let expr = self.expr().expect("variant exists");
         let binary = matches!(self.form, Form::Binary(_));
-        let bindings = if binary {
-            format!(
-                "@group(0) @binding(0) var<storage, read_write> a: array<{t}>;\n\
-                 @group(0) @binding(1) var<storage, read_write> b: array<{t}>;\n\
-                 @group(0) @binding(2) var<storage, read_write> out: array<{t}>;"
-            )
-        } else {
-            format!(
-                "@group(0) @binding(0) var<storage, read_write> a: array<{t}>;\n\
-                 @group(0) @binding(1) var<storage, read_write> out: array<{t}>;"
-            )
-        };
+        let mut names = vec!["a"];
+        if binary {
+            names.push("b");
+        }
+        if !self.inplace {
+            names.push("out");
+        }
+        let bindings: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                format!("@group(0) @binding({i}) var<storage, read_write> {n}: array<{t}>;")
+            })
+            .collect();
+        let bindings = bindings.join("\n");
         let (ia, ib) = if self.contiguous {
             ("p.off_a + i".to_string(), "p.off_b + i".to_string())
         } else {
             ("o.x".to_string(), "o.y".to_string())
+        };
+        // In place, each element goes back where it was read from.
+        let dst = if self.inplace {
+            format!("a[{ia}]")
+        } else {
+            "out[i]".to_string()
         };
         let y = match self.form {
             Form::Binary(_) if self.vector => format!("let y = {c}(vb[k4]);"),
@@ -123,7 +137,7 @@ impl ElementwiseKernel {
             format!(
                 "let va = a[{ia}];\n        {vb}\n        var r: {t};\n        \
                  for (var k4 = 0u; k4 < 4u; k4++) {{\n            let x = {c}(va[k4]);\n            \
-                 {y}\n            r[k4] = {scalar_t}({expr});\n        }}\n        out[i] = r;"
+                 {y}\n            r[k4] = {scalar_t}({expr});\n        }}\n        {dst} = r;"
             )
         } else {
             let o = if self.contiguous {
@@ -131,7 +145,7 @@ impl ElementwiseKernel {
             } else {
                 "let o = offsets(i);\n        "
             };
-            format!("{o}let x = {c}(a[{ia}]);\n        {y}\n        out[i] = {t}({expr});")
+            format!("{o}let x = {c}(a[{ia}]);\n        {y}\n        {dst} = {t}({expr});")
         };
         let enables = if self.dtype == DType::F16 {
             "enable f16;"
@@ -162,14 +176,17 @@ impl ElementwiseKernel {
         for form in forms {
             for dtype in [DType::F32, DType::F16, DType::I32, DType::U32] {
                 for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
-                    let k = ElementwiseKernel {
-                        form,
-                        dtype,
-                        contiguous,
-                        vector,
-                    };
-                    if k.expr().is_some() {
-                        v.push(k);
+                    for inplace in [false, true] {
+                        let k = ElementwiseKernel {
+                            form,
+                            dtype,
+                            contiguous,
+                            vector,
+                            inplace,
+                        };
+                        if k.expr().is_some() {
+                            v.push(k);
+                        }
                     }
                 }
             }

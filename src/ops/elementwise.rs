@@ -33,6 +33,8 @@ pub enum BinaryOp {
     Pow,
     Maximum,
     Minimum,
+    /// The second operand: `copy_` and `fill_`.
+    Right,
 }
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -153,7 +155,7 @@ impl UnaryOp {
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] = [
+    pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -161,6 +163,7 @@ impl BinaryOp {
         BinaryOp::Pow,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
+        BinaryOp::Right,
     ];
 
     pub fn name(self) -> &'static str {
@@ -172,6 +175,7 @@ impl BinaryOp {
             BinaryOp::Pow => "pow",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::Right => "copy",
         }
     }
 
@@ -184,6 +188,7 @@ impl BinaryOp {
             BinaryOp::Pow => "k_pow(x, y)",
             BinaryOp::Maximum => "k_max(x, y)",
             BinaryOp::Minimum => "k_min(x, y)",
+            BinaryOp::Right => "y",
         }
     }
 
@@ -196,12 +201,14 @@ impl BinaryOp {
             BinaryOp::Mul => Some("x * y"),
             BinaryOp::Maximum => Some("max(x, y)"),
             BinaryOp::Minimum => Some("min(x, y)"),
+            BinaryOp::Right => Some("y"),
             BinaryOp::Div | BinaryOp::Pow => None,
         }
     }
 
     pub fn cpu(self, x: f64, y: f64) -> f64 {
         match self {
+            BinaryOp::Right => y,
             BinaryOp::Add => x + y,
             BinaryOp::Sub => x - y,
             BinaryOp::Mul => x * y,
@@ -232,6 +239,7 @@ impl BinaryOp {
             BinaryOp::Mul => x.wrapping_mul(y),
             BinaryOp::Maximum => x.max(y),
             BinaryOp::Minimum => x.min(y),
+            BinaryOp::Right => y,
             BinaryOp::Div | BinaryOp::Pow => unreachable!("refused before dispatch"),
         }
     }

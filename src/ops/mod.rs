@@ -2,10 +2,12 @@
 //! keeps its forward in one file; backward formulas arrive with autograd.
 
 mod elementwise;
+mod inplace;
 mod reduce;
 mod softmax;
 
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use inplace::{binary_, binary_scalar_, unary_};
 
 use crate::cpu;
 use crate::device::Device;
@@ -47,6 +49,7 @@ fn check_supported(form: Form, dtype: DType, op: &'static str) -> Result<Element
         dtype,
         contiguous: false,
         vector: false,
+        inplace: false,
     };
     if k.expr().is_none() && !(dtype == DType::Bool && form == Form::Unary(UnaryOp::Identity)) {
         return Err(Error::UnsupportedDType {
@@ -74,9 +77,12 @@ fn gpu_elementwise(
     a: &Tensor,
     b: Option<&Tensor>,
     scalar: Option<f64>,
-    out: &Tensor,
+    out: Option<&Tensor>,
     op: &'static str,
 ) -> Result<()> {
+    // In place (`out` None), the result goes back into `a`'s own elements.
+    let inplace = out.is_none();
+    let out = out.unwrap_or(a);
     let mut strides = vec![
         a.layout.strides.clone(),
         b.map_or_else(|| a.layout.strides.clone(), |b| b.layout.strides.clone()),
@@ -97,7 +103,8 @@ fn gpu_elementwise(
     // A copy of a 2-D transpose: the tiled kernel keeps reads and writes coalesced.
     let tiles_fit =
         shape.len() == 2 && shape[0].div_ceil(32) <= 65535 && shape[1].div_ceil(32) <= 65535;
-    if form == Form::Unary(UnaryOp::Identity)
+    if !inplace
+        && form == Form::Unary(UnaryOp::Identity)
         && tiles_fit
         && strides[0][0] == 1
         && strides[2][1] == 1
@@ -125,6 +132,7 @@ fn gpu_elementwise(
     let kernel = ElementwiseKernel {
         contiguous,
         vector,
+        inplace,
         ..check_supported(form, a.dtype, op)?
     };
     let off_b = match (b, scalar) {
@@ -150,7 +158,9 @@ fn gpu_elementwise(
     if let Some(b) = b {
         blocks.push(&b.storage.block);
     }
-    blocks.push(&out.storage.block);
+    if !inplace {
+        blocks.push(&out.storage.block);
+    }
     launch(
         Kernel::Elementwise(kernel),
         &blocks,
@@ -177,7 +187,7 @@ pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
                 why: "in GPU kernels yet".into(),
             });
         }
-        gpu_elementwise(Form::Unary(op), x, None, None, &out, name)?;
+        gpu_elementwise(Form::Unary(op), x, None, None, Some(&out), name)?;
     }
     Ok(out)
 }
@@ -221,7 +231,7 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
     if a.device().is_cpu() {
         cpu::binary(&a, &b, &out, op);
     } else {
-        gpu_elementwise(Form::Binary(op), &a, Some(&b), None, &out, name)?;
+        gpu_elementwise(Form::Binary(op), &a, Some(&b), None, Some(&out), name)?;
     }
     Ok(out)
 }
@@ -252,7 +262,7 @@ pub fn binary_scalar(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
         };
         cpu::binary_scalar(a, s, &out, op);
     } else {
-        gpu_elementwise(Form::Scalar(op), a, None, Some(s), &out, name)?;
+        gpu_elementwise(Form::Scalar(op), a, None, Some(s), Some(&out), name)?;
     }
     Ok(out)
 }

@@ -198,6 +198,9 @@ impl Tensor {
     pub fn version(&self) -> u64 {
         self.storage.version.load(Ordering::Acquire)
     }
+    pub(crate) fn bump_version(&self) {
+        self.storage.version.fetch_add(1, Ordering::AcqRel);
+    }
     /// Whether two tensors share storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
