@@ -3,6 +3,10 @@
 //! release-and-retry cascade and the out-of-memory report. It talks to memory only through a
 //! `SegmentSource`. See Note [Caching allocator] in ARCHITECTURE.md.
 
+mod invariants;
+mod release;
+mod slab;
+
 use super::config::{AllocatorConfig, MIB};
 use super::history::{
     now_us, Frames, History, HistoryContext, HistoryEnabled, HistoryStacks, TraceAction, TraceEntry,
@@ -13,6 +17,7 @@ use super::stats::{DeviceStats, PoolKind};
 use super::vaspace::VaSpace;
 use crate::{Error, Result};
 use rustc_hash::FxHashMap;
+use slab::Slab;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Every block size is a multiple of this (PyTorch's kMinBlockSize).
@@ -91,55 +96,6 @@ pub struct BlockRef<H> {
     /// The caller's size.
     pub requested_size: u64,
     pub segment: H,
-}
-
-/// A slab of values addressed by index, with reuse of freed slots.
-pub(crate) struct Slab<T> {
-    items: Vec<Option<T>>,
-    vacant: Vec<usize>,
-}
-
-impl<T> Slab<T> {
-    fn new() -> Self {
-        Slab {
-            items: Vec::new(),
-            vacant: Vec::new(),
-        }
-    }
-    fn insert(&mut self, v: T) -> usize {
-        match self.vacant.pop() {
-            Some(i) => {
-                self.items[i] = Some(v);
-                i
-            }
-            None => {
-                self.items.push(Some(v));
-                self.items.len() - 1
-            }
-        }
-    }
-    fn remove(&mut self, i: usize) -> T {
-        self.vacant.push(i);
-        self.items[i].take().expect("slab slot is occupied")
-    }
-    fn iter(&self) -> impl Iterator<Item = (usize, &T)> {
-        self.items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| v.as_ref().map(|v| (i, v)))
-    }
-}
-
-impl<T> std::ops::Index<usize> for Slab<T> {
-    type Output = T;
-    fn index(&self, i: usize) -> &T {
-        self.items[i].as_ref().expect("slab slot is occupied")
-    }
-}
-impl<T> std::ops::IndexMut<usize> for Slab<T> {
-    fn index_mut(&mut self, i: usize) -> &mut T {
-        self.items[i].as_mut().expect("slab slot is occupied")
-    }
 }
 
 /// PyTorch's caching allocator for one device, generic over where segments come from.
@@ -648,149 +604,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    /// Waits for every outstanding event and frees the blocks they held.
-    fn synchronize_and_free_events(&mut self) {
-        self.stats.num_sync_all_streams += 1;
-        // The source waits for all queued work too: on wgpu a released buffer's memory returns
-        // only once the GPU is done with it, and the retry that follows needs it back.
-        self.source.synchronize();
-        while let Some((_, id)) = self.pending_events.pop_front() {
-            self.complete_event(id);
-        }
-    }
-
-    /// Returns a wholly free segment to the source (`cudaFree`).
-    fn release_block(&mut self, id: BlockId) {
-        let b = &self.blocks[id];
-        debug_assert!(!b.is_split() && !b.allocated);
-        let (pool, size, addr, stream, key, seg) =
-            (b.pool, b.size, b.addr, b.stream, b.free_key(), b.segment);
-        self.pool_mut(pool).free.remove(&key);
-        self.blocks.remove(id);
-        let segment = self.segments.remove(seg);
-        self.va.release(segment.base, segment.size);
-        self.source.release(segment.handle);
-        self.stats.num_device_free += 1;
-        self.trace(TraceAction::SegmentFree, Some(addr), size, stream, None);
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
-    }
-
-    /// Releases every wholly free segment of one pool, in free-set order.
-    fn release_blocks(&mut self, pool: PoolKind) {
-        let whole: Vec<BlockId> = self
-            .pool_mut(pool)
-            .free
-            .values()
-            .copied()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter(|&id| !self.blocks[id].is_split())
-            .collect();
-        for id in whole {
-            self.release_block(id);
-        }
-    }
-
-    /// PyTorch's `release_cached_blocks`: sync all events, then free every free segment.
-    fn release_cached_blocks(&mut self) {
-        self.synchronize_and_free_events();
-        self.release_blocks(PoolKind::Large);
-        self.release_blocks(PoolKind::Small);
-    }
-
-    /// With `max_split_size` set: free the smallest oversize cached block that covers the
-    /// request, or else oversize blocks from the largest down until enough is released.
-    fn release_available_cached_blocks(&mut self, pool: PoolKind, stream: u64, size: u64) -> bool {
-        let max_split = self.config.max_split_size;
-        if max_split == u64::MAX {
-            return false;
-        }
-        let key_size = size.max(max_split);
-        let p = self.pool_mut(pool);
-        let hit = p
-            .free
-            .range((stream, key_size, 0)..)
-            .next()
-            .filter(|(k, _)| k.0 == stream)
-            .map(|(_, &id)| id);
-        if let Some(id) = hit {
-            // Oversize blocks are never split, so a free one is a whole segment.
-            if self.blocks[id].is_split() {
-                return false;
-            }
-            self.release_block(id);
-            return true;
-        }
-        let candidates: Vec<(u64, BlockId)> = p
-            .free
-            .range(..(stream, key_size, 0))
-            .rev()
-            .take_while(|(k, _)| k.0 == stream && k.1 >= max_split)
-            .map(|(k, &id)| (k.1, id))
-            .collect();
-        let mut released = 0;
-        for (bsize, id) in candidates {
-            if released >= key_size {
-                break;
-            }
-            if !self.blocks[id].is_split() {
-                self.release_block(id);
-                released += bsize;
-            }
-        }
-        released >= key_size
-    }
-
-    /// With a limit and `garbage_collection_threshold` set: above threshold·limit reserved,
-    /// free unsplit large cached blocks of at least average age until under the threshold.
-    fn garbage_collect_cached_blocks(&mut self) {
-        let Some(limit) = self.limit else { return };
-        let threshold = (self.config.garbage_collection_threshold * limit as f64) as u64;
-        let reserved = self.stats.reserved_bytes.all().current as u64;
-        if reserved <= threshold {
-            return;
-        }
-        let target = reserved - threshold;
-        let calls = self.large.get_free_blocks_call_count;
-        let age = |b: &Block| calls - b.gc_count_base;
-        let freeable: Vec<BlockId> = self
-            .large
-            .free
-            .values()
-            .copied()
-            .filter(|&id| !self.blocks[id].is_split())
-            .collect();
-        let mut total_age: u64 = freeable.iter().map(|&id| age(&self.blocks[id])).sum();
-        let mut count = freeable.len() as u64;
-        let mut reclaimed = 0;
-        let mut freed_any = true;
-        while reclaimed < target && freed_any && count > 0 {
-            let mean = total_age as f64 / count as f64;
-            freed_any = false;
-            let old: Vec<BlockId> = self
-                .large
-                .free
-                .values()
-                .copied()
-                .filter(|&id| {
-                    let b = &self.blocks[id];
-                    !b.is_split() && age(b) as f64 >= mean
-                })
-                .collect();
-            for id in old {
-                freed_any = true;
-                reclaimed += self.blocks[id].size;
-                total_age -= age(&self.blocks[id]);
-                count -= 1;
-                self.release_block(id);
-            }
-        }
-    }
-
     fn out_of_memory(
         &mut self,
         requested: u64,
@@ -928,95 +741,5 @@ impl<S: SegmentSource> CachingAllocator<S> {
             user_metadata: String::new(),
             frames,
         });
-    }
-
-    /// Walks the blocks of every segment, in address order; for snapshots and invariants.
-    pub(crate) fn segment_blocks(&self) -> Vec<(SegmentId, Vec<BlockId>)> {
-        let mut segs: Vec<(SegmentId, Vec<BlockId>)> = self
-            .segments
-            .iter()
-            .map(|(sid, seg)| {
-                let mut ids = Vec::new();
-                let mut cur = Some(seg.head);
-                while let Some(id) = cur {
-                    ids.push(id);
-                    cur = self.blocks[id].next;
-                }
-                (sid, ids)
-            })
-            .collect();
-        segs.sort_by_key(|(sid, _)| self.segments[*sid].base);
-        segs
-    }
-
-    /// Checks the structural invariants and recounts the statistics from the blocks.
-    /// Returns a description of the first violation. Used by property tests.
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut allocated = [0u64; 2];
-        let mut active = [0u64; 2];
-        let mut reserved = [0u64; 2];
-        let mut inactive_split = [0u64; 2];
-        let idx = |p: PoolKind| (p == PoolKind::Large) as usize;
-        for (sid, ids) in self.segment_blocks() {
-            let seg = &self.segments[sid];
-            reserved[idx(seg.pool)] += seg.size;
-            let mut addr = seg.base;
-            let mut prev_free = false;
-            for &id in &ids {
-                let b = &self.blocks[id];
-                if b.addr != addr {
-                    return Err(format!(
-                        "segment {:#x}: gap or overlap at {:#x}",
-                        seg.base, addr
-                    ));
-                }
-                addr += b.size;
-                let free = !b.allocated && b.event_count == 0;
-                if free && prev_free {
-                    return Err(format!("two free neighbours unmerged at {:#x}", b.addr));
-                }
-                prev_free = free;
-                if b.allocated {
-                    allocated[idx(b.pool)] += b.size;
-                }
-                if b.allocated || b.event_count > 0 {
-                    active[idx(b.pool)] += b.size;
-                } else if ids.len() > 1 {
-                    inactive_split[idx(b.pool)] += b.size;
-                }
-            }
-            if addr != seg.base + seg.size {
-                return Err(format!("segment {:#x}: blocks do not tile it", seg.base));
-            }
-        }
-        let s = &self.stats;
-        for (name, arr, want) in [
-            ("allocated_bytes", &s.allocated_bytes, allocated),
-            ("active_bytes", &s.active_bytes, active),
-            ("reserved_bytes", &s.reserved_bytes, reserved),
-            (
-                "inactive_split_bytes",
-                &s.inactive_split_bytes,
-                inactive_split,
-            ),
-        ] {
-            for pool in [PoolKind::Small, PoolKind::Large] {
-                let got = arr.pool(pool).current as u64;
-                if got != want[idx(pool)] {
-                    return Err(format!(
-                        "{name}.{}: stat {got}, recount {}",
-                        pool.name(),
-                        want[idx(pool)]
-                    ));
-                }
-            }
-            if arr.all().current as u64 != want[0] + want[1] {
-                return Err(format!("{name}.all disagrees with its pools"));
-            }
-        }
-        if s.allocated_bytes.all().current > s.reserved_bytes.all().current {
-            return Err("allocated > reserved".into());
-        }
-        Ok(())
     }
 }
