@@ -219,6 +219,26 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             );
         }
     }
+    let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+    let sizes: &[usize] = if software { &[256] } else { &[1024, 4096] };
+    for &size in sizes {
+        for dtype in [DType::F32, DType::F16] {
+            if dtype == DType::F16 && (!f16 || (size < 4096 && !software)) {
+                continue;
+            }
+            let a = Tensor::full(&[size, size], 0.01, dtype, dev)?;
+            let b = Tensor::full(&[size, size], 0.02, dtype, dev)?;
+            let reps = if software { 2 } else { 10 };
+            let (t, stamped) = gpu_time(dev, reps, || a.matmul(&b))?;
+            let clock = if stamped { "timestamps" } else { "wall clock" };
+            let flops = 2.0 * (size as f64).powi(3);
+            push(
+                format!("matmul {dtype} {size} ({clock})"),
+                flops / t / 1e12,
+                "TFLOP/s",
+            );
+        }
+    }
     let tiny = Tensor::full(&[1], 1.0, DType::F32, dev)?;
     let t = wall_time(dev, 2000, || tiny.add_scalar(1.0))?;
     push(

@@ -536,3 +536,82 @@ fn inplace_ops_write_through_views_and_bump_versions() {
         assert_eq!(src.version(), v, "a refused op leaves the version alone");
     }
 }
+
+/// matmul with PyTorch's shape rules, transposed and sliced inputs read through their strides,
+/// broadcast batches, against the CPU (f64) reference.
+#[test]
+fn matmul_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let cases: &[(&[usize], &[usize], &[usize])] = &[
+        (&[37], &[37], &[]),
+        (&[37, 53], &[53, 29], &[37, 29]),
+        (&[53], &[53, 29], &[29]),
+        (&[37, 53], &[53], &[37]),
+        (&[2, 1, 17, 9], &[3, 9, 70], &[2, 3, 17, 70]),
+        (&[5, 65, 130], &[130, 66], &[5, 65, 66]),
+        (&[4, 0], &[0, 3], &[4, 3]),
+        (&[1, 1], &[1, 1], &[1, 1]),
+    ];
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            for (i, &(sa, sb, want_shape)) in cases.iter().enumerate() {
+                let na: usize = sa.iter().product();
+                let nb: usize = sb.iter().product();
+                let (va, vb) = (
+                    random(na, 31 + i as u64, -1.0, 1.0),
+                    random(nb, 37 + i as u64, -1.0, 1.0),
+                );
+                let on = |d: &Device| {
+                    (
+                        Tensor::from_f64_slice(&va, sa, dtype, d).unwrap(),
+                        Tensor::from_f64_slice(&vb, sb, dtype, d).unwrap(),
+                    )
+                };
+                let ((ga, gb), (ca, cb)) = (on(&dev), on(&cpu));
+                let got = ga.matmul(&gb).unwrap();
+                let want = ca.matmul(&cb).unwrap();
+                assert_eq!(got.shape(), want_shape, "{sa:?} @ {sb:?}");
+                assert_eq!(want.shape(), want_shape);
+                let k = sa[sa.len() - 1] as f64;
+                close(
+                    &got.to_f64_vec().unwrap(),
+                    &want.to_f64_vec().unwrap(),
+                    rtol * 10.0,
+                    atol * k.max(1.0),
+                    &format!("{dev:?} {dtype} {sa:?} @ {sb:?}"),
+                );
+            }
+            // Transposed and sliced operands, read through their strides.
+            let va = random(80 * 90, 41, -1.0, 1.0);
+            let on = |d: &Device| Tensor::from_f64_slice(&va, &[80, 90], dtype, d).unwrap();
+            let (g, c) = (on(&dev), on(&cpu));
+            let f = |t: &Tensor| {
+                t.narrow(1, 5, 70)
+                    .unwrap()
+                    .t()
+                    .unwrap()
+                    .matmul(&t.narrow(1, 1, 33).unwrap())
+                    .unwrap()
+            };
+            let (got, want) = (f(&g), f(&c));
+            assert_eq!(got.shape(), &[70, 33]);
+            close(
+                &got.to_f64_vec().unwrap(),
+                &want.to_f64_vec().unwrap(),
+                rtol * 10.0,
+                atol * 70.0,
+                &format!("{dev:?} {dtype} transposed"),
+            );
+        }
+        let a = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
+        assert!(matches!(
+            a.matmul(&a),
+            Err(kiln::Error::ShapeMismatch { op: "matmul", .. })
+        ));
+        let i = Tensor::zeros(&[4, 4], DType::I32, &dev).unwrap();
+        assert!(matches!(
+            i.matmul(&i),
+            Err(kiln::Error::UnsupportedDType { .. })
+        ));
+    }
+}

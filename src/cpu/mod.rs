@@ -129,3 +129,30 @@ pub(crate) fn softmax_rows(x: &Tensor, out: &Tensor, inner: usize, log: bool) {
         }
     }
 }
+
+/// Batched matmul in f64: `dims` = [m, n, k, batch]; strides (batch, row, col) per operand in
+/// elements; `out` contiguous [batch, m, n].
+pub(crate) fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    dims: [usize; 4],
+    sa: [usize; 3],
+    sb: [usize; 3],
+) {
+    let [m, n, k, batch] = dims;
+    let (oa, ob) = (a.layout.offset, b.layout.offset);
+    for bt in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k)
+                    .map(|kk| {
+                        load(a, oa + bt * sa[0] + i * sa[1] + kk * sa[2])
+                            * load(b, ob + bt * sb[0] + kk * sb[1] + j * sb[2])
+                    })
+                    .sum();
+                store(out, out.layout.offset + (bt * m + i) * n + j, s);
+            }
+        }
+    }
+}

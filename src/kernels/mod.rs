@@ -31,6 +31,8 @@ pub enum Kernel {
     Transpose(DType),
     /// `shaders/softmax.wgsl`, specialised.
     Softmax(SoftmaxKernel),
+    /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
+    Matmul(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -48,6 +50,7 @@ impl Kernel {
             .chain(ReduceKernel::all().into_iter().map(Kernel::ReduceSum))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
+            .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .collect()
     }
 
@@ -65,6 +68,14 @@ impl Kernel {
                     .replace("{{T}}", d.name()),
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
+            Kernel::Matmul(d) => Cow::Owned(
+                include_str!("../../shaders/matmul.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
         }
     }
 
@@ -75,6 +86,7 @@ impl Kernel {
             Kernel::ReduceSum(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
+            Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
         }
     }
 
@@ -84,6 +96,7 @@ impl Kernel {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::ReduceSum(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
+            Kernel::Matmul(_) => 3,
         }
     }
 
@@ -95,6 +108,7 @@ impl Kernel {
             Kernel::ReduceSum(_) => 96,
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
+            Kernel::Matmul(_) => 48,
         }
     }
 }
@@ -194,7 +208,7 @@ pub(crate) fn launch(
     let g = device.gpu().expect("launch is for GPU devices");
     let max = g.info.limits.max_compute_workgroups_per_dimension;
     let (x, y) = grid(threads, max);
-    launch_groups(kernel, blocks, immediates, (x, y))
+    launch_groups(kernel, blocks, immediates, (x, y, 1))
 }
 
 /// The one launch path: binds each block whole (bind groups cached), sets the immediates and
@@ -203,7 +217,7 @@ pub(crate) fn launch_groups(
     kernel: Kernel,
     blocks: &[&DeviceBlock],
     immediates: &[u32],
-    groups: (u32, u32),
+    groups: (u32, u32, u32),
 ) -> Result<()> {
     let device = blocks
         .first()
@@ -212,13 +226,14 @@ pub(crate) fn launch_groups(
     let g = device.gpu().expect("launch is for GPU devices");
     g.check("launch")?;
     let limits = &g.info.limits;
-    let (x, y) = groups;
-    if x > limits.max_compute_workgroups_per_dimension
-        || y > limits.max_compute_workgroups_per_dimension
+    let (x, y, z) = groups;
+    if [x, y, z]
+        .iter()
+        .any(|&g| g > limits.max_compute_workgroups_per_dimension)
     {
         return Err(Error::TooLarge {
             op: "launch",
-            size_bytes: x as u64 * y as u64,
+            size_bytes: x as u64 * y as u64 * z as u64,
             limit_bytes: limits.max_compute_workgroups_per_dimension as u64,
             what: "too many workgroups for one dispatch",
         });
@@ -239,7 +254,7 @@ pub(crate) fn launch_groups(
     pass.set_pipeline(&compiled.pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.set_immediates(0, bytemuck::cast_slice(immediates));
-    pass.dispatch_workgroups(x, y, 1);
+    pass.dispatch_workgroups(x, y, z);
     stream.recorded(&g.queue);
     Ok(())
 }

@@ -3,11 +3,13 @@
 
 mod elementwise;
 mod inplace;
+mod matmul;
 mod reduce;
 mod softmax;
 
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use inplace::{binary_, binary_scalar_, unary_};
+pub use matmul::matmul;
 
 use crate::cpu;
 use crate::device::Device;
@@ -120,7 +122,7 @@ fn gpu_elementwise(
             Kernel::Transpose(a.dtype),
             &[&a.storage.block, &out.storage.block],
             &imm,
-            (rows.div_ceil(32), cols.div_ceil(32)),
+            (rows.div_ceil(32), cols.div_ceil(32), 1),
         );
     }
     let vector = contiguous

@@ -1,0 +1,85 @@
+// Batched matmul out[b] = a[b] @ b[b] over any strides (transposed inputs are read through
+// their strides, no copy), f32 accumulation. Each workgroup computes a 64x64 tile of `out`
+// through 16-deep slices of a and b staged in shared memory; each of its 16x16 invocations
+// owns a 4x4 sub-tile strided by 16 (rows l.y + 16i, columns l.x + 16j), so shared-memory reads
+// are broadcast (a) or consecutive (b), and the stores are coalesced.
+{{ENABLES}}
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    off_a: u32,
+    sab: u32,
+    sam: u32,
+    sak: u32,
+    off_b: u32,
+    sbb: u32,
+    sbk: u32,
+    sbn: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
+
+var<workgroup> tile_a: array<array<f32, 64>, 16>;
+var<workgroup> tile_b: array<array<f32, 64>, 16>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let bt = wg.z;
+    let m0 = wg.y * 64u;
+    let n0 = wg.x * 64u;
+    let a_base = p.off_a + bt * p.sab;
+    let b_base = p.off_b + bt * p.sbb;
+    var acc: array<array<f32, 4>, 4>;
+    for (var k0 = 0u; k0 < p.k; k0 += 16u) {
+        for (var r = 0u; r < 4u; r++) {
+            let e = li + r * 256u;
+            let mm = e / 16u;
+            let kk = e % 16u;
+            var v = 0.0;
+            if m0 + mm < p.m && k0 + kk < p.k {
+                v = f32(a[a_base + (m0 + mm) * p.sam + (k0 + kk) * p.sak]);
+            }
+            tile_a[kk][mm] = v;
+        }
+        for (var r = 0u; r < 4u; r++) {
+            let e = li + r * 256u;
+            let kk = e / 64u;
+            let nn = e % 64u;
+            var v = 0.0;
+            if k0 + kk < p.k && n0 + nn < p.n {
+                v = f32(b[b_base + (k0 + kk) * p.sbk + (n0 + nn) * p.sbn]);
+            }
+            tile_b[kk][nn] = v;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 16u; kk++) {
+            var av: array<f32, 4>;
+            var bv: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                av[i] = tile_a[kk][l.y + 16u * i];
+                bv[i] = tile_b[kk][l.x + 16u * i];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] += av[i] * bv[j];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        for (var j = 0u; j < 4u; j++) {
+            let gm = m0 + l.y + 16u * i;
+            let gn = n0 + l.x + 16u * j;
+            if gm < p.m && gn < p.n {
+                out[(bt * p.m + gm) * p.n + gn] = {{T}}(acc[i][j]);
+            }
+        }
+    }
+}

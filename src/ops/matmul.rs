@@ -1,0 +1,170 @@
+//! matmul with PyTorch's rules: 1-D operands are promoted (and the added dim removed after),
+//! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
+
+use super::{same_device, u32_of};
+use crate::kernels::{launch_groups, Kernel};
+use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
+use crate::{Error, Result};
+
+/// Batched operands with one batch dim: (batch, stride) per operand after coalescing.
+struct Batched {
+    a: Tensor,
+    b: Tensor,
+    batch: usize,
+    sab: usize,
+    sbb: usize,
+}
+
+/// Brings `a` [.., m, k] and `b` [.., k, n] (already broadcast to one batch shape) to a single
+/// batch dim: by coalescing strides where the layout allows, else by copying.
+fn flatten_batch(a: Tensor, b: Tensor, batch_shape: &[usize]) -> Result<Batched> {
+    let nb = batch_shape.len();
+    let batch: usize = batch_shape.iter().product();
+    let mut strides = vec![
+        a.strides()[..nb].to_vec(),
+        b.strides()[..nb].to_vec(),
+        contiguous_strides(batch_shape),
+    ];
+    let shape = Layout::coalesce(batch_shape, &mut strides);
+    if shape.len() <= 1 {
+        let first = |s: &Vec<usize>| s.first().copied().unwrap_or(0);
+        let (sab, sbb) = (first(&strides[0]), first(&strides[1]));
+        return Ok(Batched {
+            a,
+            b,
+            batch,
+            sab,
+            sbb,
+        });
+    }
+    let (m, k, n) = (a.shape()[nb], a.shape()[nb + 1], b.shape()[nb + 1]);
+    let a = a.reshape(&[batch as isize, m as isize, k as isize])?;
+    let b = b.reshape(&[batch as isize, k as isize, n as isize])?;
+    let (sab, sbb) = (a.strides()[0], b.strides()[0]);
+    Ok(Batched {
+        a,
+        b,
+        batch,
+        sab,
+        sbb,
+    })
+}
+
+/// `a @ b`.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "matmul";
+    same_device(OP, a, b)?;
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    if !a.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: a.dtype(),
+            why: "(a float op, as on CUDA)".into(),
+        });
+    }
+    if a.rank() == 0 || b.rank() == 0 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: "both arguments to matmul need to be at least 1D".into(),
+        });
+    }
+    let a2 = if a.rank() == 1 {
+        a.unsqueeze(0)?
+    } else {
+        a.clone()
+    };
+    let b2 = if b.rank() == 1 {
+        b.unsqueeze(1)?
+    } else {
+        b.clone()
+    };
+    let (ra, rb) = (a2.rank(), b2.rank());
+    let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
+    let (k2, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
+    if k != k2 {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
+    let full = |tail: [usize; 2]| {
+        batch_shape
+            .iter()
+            .copied()
+            .chain(tail)
+            .collect::<Vec<usize>>()
+    };
+    let a3 = a2.expand(&full([m, k]))?;
+    let b3 = b2.expand(&full([k, n]))?;
+    let out = Tensor::empty(&full([m, n]), a.dtype(), a.device())?;
+    if out.numel() > 0 && k == 0 {
+        // An empty contraction sums nothing: zeros, as in PyTorch.
+        out.storage.block.fill_u32(0)?;
+    } else if out.numel() > 0 {
+        let flat = flatten_batch(a3, b3, &batch_shape)?;
+        let (fa, fb) = (&flat.a, &flat.b);
+        let (ra, rb) = (fa.rank(), fb.rank());
+        let (sam, sak) = (fa.strides()[ra - 2], fa.strides()[ra - 1]);
+        let (sbk, sbn) = (fb.strides()[rb - 2], fb.strides()[rb - 1]);
+        if a.device().is_cpu() {
+            crate::cpu::matmul(
+                fa,
+                fb,
+                &out,
+                [m, n, k, flat.batch],
+                [flat.sab, sam, sak],
+                [flat.sbb, sbk, sbn],
+            );
+        } else {
+            let imm = [
+                u32_of(OP, m)?,
+                u32_of(OP, n)?,
+                u32_of(OP, k)?,
+                u32_of(OP, flat.batch)?,
+                u32_of(OP, fa.layout().offset)?,
+                u32_of(OP, flat.sab)?,
+                u32_of(OP, sam)?,
+                u32_of(OP, sak)?,
+                u32_of(OP, fb.layout().offset)?,
+                u32_of(OP, flat.sbb)?,
+                u32_of(OP, sbk)?,
+                u32_of(OP, sbn)?,
+            ];
+            let groups = (
+                n.div_ceil(64) as u32,
+                m.div_ceil(64) as u32,
+                u32_of(OP, flat.batch)?,
+            );
+            launch_groups(
+                Kernel::Matmul(a.dtype()),
+                &[&fa.storage.block, &fb.storage.block, &out.storage.block],
+                &imm,
+                groups,
+            )?;
+        }
+    }
+    // Remove the dims that promoting 1-D operands added.
+    let mut shape: Vec<isize> = batch_shape.iter().map(|&d| d as isize).collect();
+    if a.rank() > 1 {
+        shape.push(m as isize);
+    }
+    if b.rank() > 1 {
+        shape.push(n as isize);
+    }
+    out.reshape(&shape)
+}
+
+impl Tensor {
+    /// `self @ other` with PyTorch's broadcasting rules.
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        matmul(self, other)
+    }
+}
