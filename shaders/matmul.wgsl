@@ -2,7 +2,8 @@
 // their strides, no copy), f32 accumulation. Each workgroup computes a 64x64 tile of `out`
 // through 16-deep slices of a and b staged in shared memory; each of its 16x16 invocations
 // owns a 4x4 sub-tile strided by 16 (rows l.y + 16i, columns l.x + 16j), so shared-memory reads
-// are broadcast (a) or consecutive (b), and the stores are coalesced.
+// are broadcast (a) or consecutive (b), and the stores are coalesced. Built as a trusted
+// module: every index below is guarded explicitly.
 {{ENABLES}}
 struct Params {
     m: u32,
@@ -28,6 +29,19 @@ var<immediate> p: Params;
 var<workgroup> tile_a: array<array<f32, 64>, 16>;
 var<workgroup> tile_b: array<array<f32, 64>, 16>;
 
+// Columns n, n + 16, n + 32, n + 48 of row m.
+fn store_row(bt: u32, m: u32, n: u32, v: vec4<f32>) {
+    if m >= p.m {
+        return;
+    }
+    let base = (bt * p.m + m) * p.n;
+    for (var j = 0u; j < 4u; j++) {
+        if n + 16u * j < p.n {
+            out[base + n + 16u * j] = {{T}}(v[j]);
+        }
+    }
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let bt = wg.z;
@@ -35,7 +49,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
     let n0 = wg.x * 64u;
     let a_base = p.off_a + bt * p.sab;
     let b_base = p.off_b + bt * p.sbb;
-    var acc: array<array<f32, 4>, 4>;
+    // Row i of this invocation's 4x4 sub-tile is acc_i; its columns are the vec4 components.
+    var acc0 = vec4<f32>();
+    var acc1 = vec4<f32>();
+    var acc2 = vec4<f32>();
+    var acc3 = vec4<f32>();
     for (var k0 = 0u; k0 < p.k; k0 += 16u) {
         for (var r = 0u; r < 4u; r++) {
             let e = li + r * 256u;
@@ -59,27 +77,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                av[i] = tile_a[kk][l.y + 16u * i];
-                bv[i] = tile_b[kk][l.x + 16u * i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] += av[i] * bv[j];
-                }
-            }
+            let av = vec4<f32>(tile_a[kk][l.y], tile_a[kk][l.y + 16u], tile_a[kk][l.y + 32u], tile_a[kk][l.y + 48u]);
+            let bv = vec4<f32>(tile_b[kk][l.x], tile_b[kk][l.x + 16u], tile_b[kk][l.x + 32u], tile_b[kk][l.x + 48u]);
+            acc0 += av.x * bv;
+            acc1 += av.y * bv;
+            acc2 += av.z * bv;
+            acc3 += av.w * bv;
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            let gm = m0 + l.y + 16u * i;
-            let gn = n0 + l.x + 16u * j;
-            if gm < p.m && gn < p.n {
-                out[(bt * p.m + gm) * p.n + gn] = {{T}}(acc[i][j]);
-            }
-        }
-    }
+    store_row(bt, m0 + l.y, n0 + l.x, acc0);
+    store_row(bt, m0 + l.y + 16u, n0 + l.x, acc1);
+    store_row(bt, m0 + l.y + 32u, n0 + l.x, acc2);
+    store_row(bt, m0 + l.y + 48u, n0 + l.x, acc3);
 }

@@ -100,6 +100,12 @@ impl Kernel {
         }
     }
 
+    /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
+    /// every index is guarded in the WGSL).
+    fn trusted(&self) -> bool {
+        matches!(self, Kernel::Matmul(_))
+    }
+
     /// Bytes of immediates.
     pub fn immediate_size(&self) -> u32 {
         match self {
@@ -170,10 +176,18 @@ fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
         bind_group_layouts: &[Some(&layout)],
         immediate_size: kernel.immediate_size(),
     });
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(&name),
         source: wgpu::ShaderSource::Wgsl(kernel.source()),
-    });
+    };
+    let module = if kernel.trusted() {
+        // SAFETY: a trusted kernel guards every index itself (tests cover ragged edges); the
+        // driver's robustBufferAccess still bounds storage accesses. Without naga's clamps and
+        // loop-bounding counters the compiler unrolls the inner loops into registers.
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    } else {
+        device.create_shader_module(desc)
+    };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&name),
         layout: Some(&pipeline_layout),
