@@ -615,3 +615,114 @@ fn matmul_matches_the_cpu() {
         ));
     }
 }
+
+/// Comparisons, casts, where and masked_fill against the CPU, bools one byte each.
+#[test]
+fn comparisons_casts_and_where_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        let mut kinds = vec![DType::F32, DType::I32, DType::U32];
+        if dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+            kinds.push(DType::F16);
+        }
+        for &dtype in &kinds {
+            // Small integers so every dtype holds them exactly, with ties for eq/le/ge.
+            let a = random(216, 51, 0.0, 6.0)
+                .iter()
+                .map(|v| v.floor())
+                .collect::<Vec<_>>();
+            let b = random(216, 53, 0.0, 6.0)
+                .iter()
+                .map(|v| v.floor())
+                .collect::<Vec<_>>();
+            let on = |d: &Device| {
+                let ta = Tensor::from_f64_slice(&a, &[6, 36], dtype, d).unwrap();
+                let tb = Tensor::from_f64_slice(&b[..36], &[36], dtype, d).unwrap();
+                (ta, tb)
+            };
+            let ((ga, gb), (ca, cb)) = (on(&dev), on(&cpu));
+            for op in kiln::ops::CmpOp::ALL {
+                let got =
+                    kiln::ops::compare(&ga.t().unwrap(), &gb.unsqueeze(1).unwrap(), op).unwrap();
+                let want =
+                    kiln::ops::compare(&ca.t().unwrap(), &cb.unsqueeze(1).unwrap(), op).unwrap();
+                assert_eq!(got.dtype(), DType::Bool);
+                assert_eq!(
+                    got.to_vec::<bool>().unwrap(),
+                    want.to_vec::<bool>().unwrap(),
+                    "{dev:?} {dtype} {}",
+                    op.name()
+                );
+                let got =
+                    kiln::ops::compare_scalar(&ga.narrow(1, 1, 33).unwrap(), 3.0, op).unwrap();
+                let want =
+                    kiln::ops::compare_scalar(&ca.narrow(1, 1, 33).unwrap(), 3.0, op).unwrap();
+                assert_eq!(
+                    got.to_vec::<bool>().unwrap(),
+                    want.to_vec::<bool>().unwrap(),
+                    "{dev:?} {dtype} {}_scalar",
+                    op.name()
+                );
+            }
+            // Casts to every dtype the device has, through a transposed view.
+            for &to in kinds.iter().chain([&DType::Bool]) {
+                let got = ga.t().unwrap().to_dtype(to).unwrap();
+                let want = ca.t().unwrap().to_dtype(to).unwrap();
+                assert_eq!(got.dtype(), to);
+                assert_eq!(
+                    got.to_f64_vec().unwrap(),
+                    want.to_f64_vec().unwrap(),
+                    "{dev:?} {dtype} -> {to}"
+                );
+            }
+            // where and masked_fill, with broadcasting.
+            let (gm, cm) = (ga.gt_scalar(2.0).unwrap(), ca.gt_scalar(2.0).unwrap());
+            let got = kiln::ops::where_(&gm, &ga, &gb).unwrap();
+            let want = kiln::ops::where_(&cm, &ca, &cb).unwrap();
+            assert_eq!(
+                got.to_f64_vec().unwrap(),
+                want.to_f64_vec().unwrap(),
+                "{dev:?} {dtype} where"
+            );
+            let row_mask = gm.narrow(0, 0, 1).unwrap(); // [1, 36] broadcast over rows
+            let got = ga.masked_fill(&row_mask, 9.0).unwrap();
+            let want = ca.masked_fill(&cm.narrow(0, 0, 1).unwrap(), 9.0).unwrap();
+            assert_eq!(
+                got.to_f64_vec().unwrap(),
+                want.to_f64_vec().unwrap(),
+                "{dev:?} {dtype} masked_fill"
+            );
+        }
+        // Bool views copy on the GPU too; bools cast back to numbers.
+        let bools =
+            Tensor::from_slice(&[true, false, false, true, true, false], &[2, 3], &dev).unwrap();
+        assert_eq!(
+            bools
+                .t()
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .to_vec::<bool>()
+                .unwrap(),
+            vec![true, true, false, true, false, false]
+        );
+        assert_eq!(
+            bools.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+            vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+        );
+        let nan = Tensor::from_slice(&[f32::NAN, 0.0, -0.0, 2.5], &[4], &dev).unwrap();
+        assert_eq!(
+            nan.to_dtype(DType::Bool).unwrap().to_vec::<bool>().unwrap(),
+            vec![true, false, false, true]
+        );
+        assert_eq!(
+            nan.eq(&nan).unwrap().to_vec::<bool>().unwrap(),
+            vec![false, true, true, true]
+        );
+        let f = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
+        assert!(matches!(
+            kiln::ops::where_(&f, &f, &f),
+            Err(kiln::Error::DTypeMismatch { .. })
+        ));
+    }
+}

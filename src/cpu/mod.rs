@@ -156,3 +156,37 @@ pub(crate) fn matmul(
         }
     }
 }
+
+/// `a OP b` (or `a OP s` when `b` is `None`) into the bool tensor `out`.
+pub(crate) fn compare(
+    a: &Tensor,
+    b: Option<&Tensor>,
+    s: f64,
+    out: &Tensor,
+    op: crate::kernels::CmpOp,
+) {
+    let oa = offsets(&a.layout);
+    let ob = b.map(|b| offsets(&b.layout));
+    for (i, (ia, io)) in oa.into_iter().zip(offsets(&out.layout)).enumerate() {
+        let y = match (b, &ob) {
+            (Some(b), Some(ob)) => load(b, ob[i]),
+            _ => s,
+        };
+        store(out, io, op.cpu(load(a, ia), y) as u8 as f64);
+    }
+}
+
+/// Where `cond` holds, `out` takes `value`'s element (or `s`).
+pub(crate) fn select(out: &Tensor, cond: &Tensor, value: Option<&Tensor>, s: f64) {
+    let oc = offsets(&cond.layout);
+    let ov = value.map(|v| offsets(&v.layout));
+    for (i, (ic, io)) in oc.into_iter().zip(offsets(&out.layout)).enumerate() {
+        if load(cond, ic) != 0.0 {
+            let v = match (value, &ov) {
+                (Some(v), Some(ov)) => load(v, ov[i]),
+                _ => s,
+            };
+            store(out, io, v);
+        }
+    }
+}

@@ -3,11 +3,13 @@
 
 mod bind_cache;
 mod elementwise;
+mod predicate;
 mod reduce;
 mod softmax;
 
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
+pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
 pub use reduce::ReduceKernel;
 pub use softmax::SoftmaxKernel;
 
@@ -33,6 +35,8 @@ pub enum Kernel {
     Softmax(SoftmaxKernel),
     /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
     Matmul(DType),
+    /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
+    Predicate(PredicateKernel),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -51,6 +55,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
+            .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .collect()
     }
 
@@ -68,6 +73,7 @@ impl Kernel {
                     .replace("{{T}}", d.name()),
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
+            Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Matmul(d) => Cow::Owned(
                 include_str!("../../shaders/matmul.wgsl")
                     .replace(
@@ -87,6 +93,7 @@ impl Kernel {
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
+            Kernel::Predicate(k) => Cow::Owned(k.name()),
         }
     }
 
@@ -97,6 +104,7 @@ impl Kernel {
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::ReduceSum(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
             Kernel::Matmul(_) => 3,
+            Kernel::Predicate(k) => k.bindings(),
         }
     }
 
@@ -115,6 +123,7 @@ impl Kernel {
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) => 48,
+            Kernel::Predicate(_) => 112,
         }
     }
 }

@@ -4,12 +4,15 @@
 mod elementwise;
 mod inplace;
 mod matmul;
+mod predicate;
 mod reduce;
 mod softmax;
 
+pub use crate::kernels::CmpOp;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use inplace::{binary_, binary_scalar_, unary_};
 pub use matmul::matmul;
+pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
 use crate::cpu;
 use crate::device::Device;
@@ -183,13 +186,11 @@ pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
         cpu::unary(x, &out, op);
     } else {
         if x.dtype == DType::Bool {
-            return Err(Error::UnsupportedDType {
-                op: name,
-                dtype: DType::Bool,
-                why: "in GPU kernels yet".into(),
-            });
+            // Only the copy takes bools (check_supported); bytes go through the cast kernel.
+            predicate::cast_into(x, &out)?;
+        } else {
+            gpu_elementwise(Form::Unary(op), x, None, None, Some(&out), name)?;
         }
-        gpu_elementwise(Form::Unary(op), x, None, None, Some(&out), name)?;
     }
     Ok(out)
 }
