@@ -2,6 +2,8 @@
 //! (integers). It is the oracle for tests and the fallback where there is no GPU; it knows
 //! nothing of the GPU.
 
+pub(crate) mod random;
+
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::tensor::{DType, Element, Layout, Tensor};
 

@@ -35,7 +35,12 @@ pub struct Device(Arc<Inner>);
 struct Inner {
     spec: String,
     backend: Backend,
+    /// The generator: (seed, offset of the next draw).
+    rng: Mutex<(u64, u64)>,
 }
+
+/// PyTorch's default seed (c10's `default_rng_seed_val`).
+const DEFAULT_SEED: u64 = 67_280_421_310_721;
 
 enum Backend {
     Cpu(Box<Mutex<CachingAllocator<HostSource>>>),
@@ -80,6 +85,7 @@ impl Device {
         let config = AllocatorConfig::from_env()?;
         Ok(Device(Arc::new(Inner {
             spec: "cpu".into(),
+            rng: Mutex::new((DEFAULT_SEED, 0)),
             backend: Backend::Cpu(Box::new(Mutex::new(CachingAllocator::new(
                 HostSource::new(None, "CPU"),
                 config,
@@ -147,6 +153,7 @@ impl Device {
         Ok(Device(Arc::new(Inner {
             spec,
             backend: Backend::Gpu(Box::new(gpu)),
+            rng: Mutex::new((DEFAULT_SEED, 0)),
         })))
     }
 
@@ -189,6 +196,24 @@ impl Device {
             Some(g) => g.synchronize(),
             None => Ok(()),
         }
+    }
+
+    /// Seeds this device's generator (`torch.manual_seed`); the next draws restart from it.
+    pub fn manual_seed(&self, seed: u64) {
+        *lock(&self.0.rng) = (seed, 0);
+    }
+
+    /// The seed of this device's generator.
+    pub fn initial_seed(&self) -> u64 {
+        lock(&self.0.rng).0
+    }
+
+    /// (seed, offset) for a draw of `counters` counters, advancing the offset.
+    pub(crate) fn advance_rng(&self, counters: u64) -> (u64, u64) {
+        let mut rng = lock(&self.0.rng);
+        let at = *rng;
+        rng.1 = rng.1.wrapping_add(counters);
+        at
     }
 
     // ---- memory: PyTorch's API, PyTorch's names ----

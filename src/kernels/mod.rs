@@ -37,6 +37,8 @@ pub enum Kernel {
     Matmul(DType),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
+    /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
+    Random(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -56,6 +58,7 @@ impl Kernel {
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
+            .chain([DType::F32, DType::F16].map(Kernel::Random))
             .collect()
     }
 
@@ -74,6 +77,14 @@ impl Kernel {
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
+            Kernel::Random(d) => Cow::Owned(
+                include_str!("../../shaders/random.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
             Kernel::Matmul(d) => Cow::Owned(
                 include_str!("../../shaders/matmul.wgsl")
                     .replace(
@@ -94,6 +105,7 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::Predicate(k) => Cow::Owned(k.name()),
+            Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
         }
     }
 
@@ -105,6 +117,7 @@ impl Kernel {
             Kernel::ReduceSum(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
             Kernel::Matmul(_) => 3,
             Kernel::Predicate(k) => k.bindings(),
+            Kernel::Random(_) => 1,
         }
     }
 
@@ -124,6 +137,7 @@ impl Kernel {
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) => 48,
             Kernel::Predicate(_) => 112,
+            Kernel::Random(_) => 32,
         }
     }
 }

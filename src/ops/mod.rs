@@ -1,10 +1,12 @@
 //! Ops: checks (shape, dtype, device), then the CPU reference or one GPU launch. Each op family
 //! keeps its forward in one file; backward formulas arrive with autograd.
 
+mod composite;
 mod elementwise;
 mod inplace;
 mod matmul;
 mod predicate;
+mod random;
 mod reduce;
 mod softmax;
 

@@ -1,0 +1,96 @@
+//! `rand`, `randn` and friends from the device's counter-based generator (`manual_seed` as in
+//! PyTorch). A draw reads (seed, offset) and advances the offset, so consecutive draws differ
+//! and a reseeded run repeats exactly, on every adapter.
+
+use super::u32_of;
+use crate::kernels::{launch, Kernel};
+use crate::tensor::{DType, Tensor};
+use crate::{Device, Error, Result};
+
+fn draw(
+    shape: &[usize],
+    dtype: DType,
+    device: &Device,
+    normal: bool,
+    a: f64,
+    b: f64,
+) -> Result<Tensor> {
+    let op = if normal { "randn" } else { "rand" };
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            why: "(random floats)".into(),
+        });
+    }
+    let out = Tensor::empty(shape, dtype, device)?;
+    let n = out.numel();
+    let (seed, offset) = device.advance_rng(if normal { 2 * n as u64 } else { n as u64 });
+    if n == 0 {
+        return Ok(out);
+    }
+    if device.is_cpu() {
+        let values: Vec<f64> = (0..n as u32)
+            .map(|e| {
+                crate::cpu::random::sample(seed, offset as u32, e, normal, a as f32, b as f32)
+                    as f64
+            })
+            .collect();
+        let filled = Tensor::from_f64_slice(&values, shape, dtype, device)?;
+        return Ok(filled);
+    }
+    let imm = [
+        u32_of(op, n)?,
+        seed as u32,
+        (seed >> 32) as u32,
+        offset as u32,
+        normal as u32,
+        (a as f32).to_bits(),
+        (b as f32).to_bits(),
+        0,
+    ];
+    launch(Kernel::Random(dtype), &[&out.storage.block], &imm, n as u64)?;
+    Ok(out)
+}
+
+impl Tensor {
+    /// Uniform numbers in [0, 1).
+    pub fn rand(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        draw(shape, dtype, device, false, 0.0, 1.0)
+    }
+
+    /// Standard normal numbers.
+    pub fn randn(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        draw(shape, dtype, device, true, 0.0, 1.0)
+    }
+
+    /// Uniform numbers in [low, high).
+    pub fn uniform(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        draw(shape, dtype, device, false, low, high)
+    }
+
+    /// Normal numbers with `mean` and `std`.
+    pub fn normal(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        draw(shape, dtype, device, true, mean, std)
+    }
+
+    pub fn rand_like(&self) -> Result<Tensor> {
+        Self::rand(self.shape(), self.dtype, self.device())
+    }
+
+    pub fn randn_like(&self) -> Result<Tensor> {
+        Self::randn(self.shape(), self.dtype, self.device())
+    }
+}
