@@ -20,11 +20,16 @@ fn k_pow(x: f32, y: f32) -> f32 {
     return pow(x, y);
 }
 
+// NaN from the bits: `x != x` may be folded away under WGSL's floating-point rules.
+fn k_isnan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // maximum/minimum propagate NaN, as in PyTorch.
 fn k_max(x: f32, y: f32) -> f32 {
-    return select(select(max(x, y), x, x != x), y, y != y);
+    return select(select(max(x, y), x, k_isnan(x)), y, k_isnan(y));
 }
 
 fn k_min(x: f32, y: f32) -> f32 {
-    return select(select(min(x, y), x, x != x), y, y != y);
+    return select(select(min(x, y), x, k_isnan(x)), y, k_isnan(y));
 }

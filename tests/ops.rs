@@ -726,3 +726,118 @@ fn comparisons_casts_and_where_match_the_cpu() {
         ));
     }
 }
+
+/// prod, amax, amin and max/min with indices: ties take the first index and NaN wins, as in
+/// PyTorch; strided views and long (two-pass) rows against the CPU.
+#[test]
+fn extreme_and_product_reductions_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            // Small integers (many ties); values near 1 for prod.
+            let ints = random(216, 61, -4.0, 4.0)
+                .iter()
+                .map(|v| v.floor())
+                .collect::<Vec<_>>();
+            let near1 = random(216, 67, 0.9, 1.1);
+            for ((name, g), (_, c)) in views(&ints, dtype, &dev)
+                .into_iter()
+                .zip(views(&ints, dtype, &cpu))
+            {
+                if g.numel() == 0 {
+                    assert!(
+                        g.amax(&[], false).is_err(),
+                        "max of nothing has no identity"
+                    );
+                    continue;
+                }
+                for d in [-1isize, 0] {
+                    let what = format!("{dev:?} {dtype} {name} dim {d}");
+                    let f = |t: &Tensor| {
+                        (
+                            t.amax(&[d], false).unwrap(),
+                            t.amin(&[d], true).unwrap(),
+                            t.max_dim(d, false).unwrap(),
+                            t.min_dim(d, true).unwrap(),
+                        )
+                    };
+                    let (ga, gi, (gv, gx), (gmv, gmx)) = f(&g);
+                    let (ca, ci, (cv, cx), (cmv, cmx)) = f(&c);
+                    assert_eq!(
+                        ga.to_f64_vec().unwrap(),
+                        ca.to_f64_vec().unwrap(),
+                        "{what} amax"
+                    );
+                    assert_eq!(
+                        gi.to_f64_vec().unwrap(),
+                        ci.to_f64_vec().unwrap(),
+                        "{what} amin"
+                    );
+                    assert_eq!(
+                        gv.to_f64_vec().unwrap(),
+                        cv.to_f64_vec().unwrap(),
+                        "{what} max values"
+                    );
+                    assert_eq!(
+                        gx.to_vec::<i32>().unwrap(),
+                        cx.to_vec::<i32>().unwrap(),
+                        "{what} argmax (first of ties)"
+                    );
+                    assert_eq!(
+                        gmv.to_f64_vec().unwrap(),
+                        cmv.to_f64_vec().unwrap(),
+                        "{what} min values"
+                    );
+                    assert_eq!(
+                        gmx.to_vec::<i32>().unwrap(),
+                        cmx.to_vec::<i32>().unwrap(),
+                        "{what} argmin"
+                    );
+                }
+            }
+            for ((name, g), (_, c)) in views(&near1, dtype, &dev)
+                .into_iter()
+                .zip(views(&near1, dtype, &cpu))
+            {
+                let (gp, cp) = (g.prod(&[-1], false).unwrap(), c.prod(&[-1], false).unwrap());
+                close(
+                    &gp.to_f64_vec().unwrap(),
+                    &cp.to_f64_vec().unwrap(),
+                    rtol * 10.0,
+                    atol * 10.0,
+                    &format!("{dev:?} {dtype} {name} prod"),
+                );
+            }
+        }
+        // NaN wins max and min, at its first position; two-pass long rows.
+        let t = Tensor::from_slice(&[1.0f32, f32::NAN, 3.0, f32::NAN], &[1, 4], &dev).unwrap();
+        let (v, i) = t.max_dim(1, false).unwrap();
+        assert!(v.to_vec::<f32>().unwrap()[0].is_nan());
+        assert_eq!(i.to_vec::<i32>().unwrap(), vec![1]);
+        assert!(t.amin(&[], false).unwrap().item::<f32>().unwrap().is_nan());
+        let m = t.maximum_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
+        assert!(
+            m[0] == 2.0 && m[1].is_nan() && m[2] == 3.0 && m[3].is_nan(),
+            "{dev:?}: maximum keeps NaN: {m:?}"
+        );
+        let r = t.neg().unwrap().relu().unwrap().to_vec::<f32>().unwrap();
+        assert!(
+            r[0] == 0.0 && r[1].is_nan(),
+            "{dev:?}: relu keeps NaN: {r:?}"
+        );
+        let n = 1 << 20;
+        let values = random(n, 71, -1.0, 1.0);
+        let big = Tensor::from_f64_slice(&values, &[n], DType::F32, &dev).unwrap();
+        let want = values
+            .iter()
+            .map(|&v| v as f32)
+            .fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(big.amax(&[], false).unwrap().item::<f32>().unwrap(), want);
+        let at = values
+            .iter()
+            .map(|&v| v as f32)
+            .position(|v| v == want)
+            .unwrap() as i32;
+        assert_eq!(big.argmax(0, false).unwrap().item::<i32>().unwrap(), at);
+    }
+}

@@ -99,17 +99,55 @@ pub(crate) fn binary_scalar(a: &Tensor, s: f64, out: &Tensor, op: BinaryOp) {
     }
 }
 
-/// Sums `x` (already permuted so the reduced dims are the trailing `inner` elements of each
-/// row) into `out`, one row per output element. Accumulates in f64.
-pub(crate) fn sum_rows(x: &Tensor, out: &Tensor, inner: usize, scale: f64) {
+/// Folds each row of `inner` trailing elements of `x` (reduced dims last) with `f` from
+/// `identity` into contiguous `out`, scaled by `scale`. In f64.
+pub(crate) fn reduce_rows(
+    x: &Tensor,
+    out: &Tensor,
+    inner: usize,
+    scale: f64,
+    f: impl Fn(f64, f64) -> f64,
+    identity: f64,
+) {
     let offs = offsets(&x.layout);
-    let rows = offs.len().checked_div(inner).unwrap_or(out.numel());
-    for r in 0..rows {
-        let s: f64 = offs[r * inner..(r + 1) * inner]
-            .iter()
-            .map(|&o| load(x, o))
-            .sum();
-        store(out, out.layout.offset + r, s * scale);
+    for (r, row) in offs.chunks(inner).enumerate() {
+        let v = row.iter().fold(identity, |acc, &o| f(acc, load(x, o)));
+        store(out, out.layout.offset + r, v * scale);
+    }
+}
+
+/// The first extreme of each row (NaN counts as the extreme) and its index.
+pub(crate) fn arg_reduce_rows(
+    x: &Tensor,
+    values: &Tensor,
+    indices: &Tensor,
+    inner: usize,
+    is_min: bool,
+) {
+    let offs = offsets(&x.layout);
+    for (r, row) in offs.chunks(inner).enumerate() {
+        let mut best: Option<(f64, usize)> = None;
+        for (j, &o) in row.iter().enumerate() {
+            let v = load(x, o);
+            let take = match best {
+                None => true,
+                Some((b, _)) if b.is_nan() => false,
+                Some(_) if v.is_nan() => true,
+                Some((b, _)) => {
+                    if is_min {
+                        v < b
+                    } else {
+                        v > b
+                    }
+                }
+            };
+            if take {
+                best = Some((v, j));
+            }
+        }
+        let (v, j) = best.expect("rows are not empty");
+        store(values, r, v);
+        store(indices, r, j as f64);
     }
 }
 

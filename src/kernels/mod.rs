@@ -10,7 +10,7 @@ mod softmax;
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
-pub use reduce::ReduceKernel;
+pub use reduce::{ReduceKernel, ReduceOp};
 pub use softmax::SoftmaxKernel;
 
 use crate::device::DeviceBlock;
@@ -27,8 +27,8 @@ pub enum Kernel {
     Fill,
     /// `shaders/elementwise.wgsl`, specialised.
     Elementwise(ElementwiseKernel),
-    /// `shaders/reduce_sum.wgsl`, specialised.
-    ReduceSum(ReduceKernel),
+    /// `shaders/reduce.wgsl`, specialised (sum, prod, max, min).
+    Reduce(ReduceKernel),
     /// `shaders/transpose.wgsl` for one dtype: a 2-D transposed copy through shared memory.
     Transpose(DType),
     /// `shaders/softmax.wgsl`, specialised.
@@ -39,6 +39,8 @@ pub enum Kernel {
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
     Random(DType),
+    /// `shaders/argreduce.wgsl` for one float dtype: max/min with indices.
+    ArgReduce(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -53,12 +55,13 @@ impl Kernel {
                     .into_iter()
                     .map(Kernel::Elementwise),
             )
-            .chain(ReduceKernel::all().into_iter().map(Kernel::ReduceSum))
+            .chain(ReduceKernel::all().into_iter().map(Kernel::Reduce))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
+            .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
             .collect()
     }
 
@@ -66,7 +69,7 @@ impl Kernel {
         match self {
             Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
             Kernel::Elementwise(k) => Cow::Owned(k.source()),
-            Kernel::ReduceSum(k) => Cow::Owned(k.source()),
+            Kernel::Reduce(k) => Cow::Owned(k.source()),
             Kernel::Transpose(d) => Cow::Owned(
                 include_str!("../../shaders/transpose.wgsl")
                     .replace(
@@ -77,6 +80,14 @@ impl Kernel {
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
+            Kernel::ArgReduce(d) => Cow::Owned(
+                include_str!("../../shaders/argreduce.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
             Kernel::Random(d) => Cow::Owned(
                 include_str!("../../shaders/random.wgsl")
                     .replace(
@@ -100,12 +111,13 @@ impl Kernel {
         match self {
             Kernel::Fill => Cow::Borrowed("fill"),
             Kernel::Elementwise(k) => Cow::Owned(k.name()),
-            Kernel::ReduceSum(k) => Cow::Owned(k.name()),
+            Kernel::Reduce(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::Predicate(k) => Cow::Owned(k.name()),
             Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
+            Kernel::ArgReduce(d) => Cow::Owned(format!("argreduce_{d}")),
         }
     }
 
@@ -114,10 +126,11 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
-            Kernel::ReduceSum(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
+            Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
             Kernel::Matmul(_) => 3,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
+            Kernel::ArgReduce(_) => 3,
         }
     }
 
@@ -132,12 +145,13 @@ impl Kernel {
         match self {
             Kernel::Fill => 8,
             Kernel::Elementwise(_) => 112,
-            Kernel::ReduceSum(_) => 96,
+            Kernel::Reduce(_) => 96,
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) => 48,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
+            Kernel::ArgReduce(_) => 96,
         }
     }
 }

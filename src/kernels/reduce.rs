@@ -1,9 +1,74 @@
-//! Specialises `shaders/reduce_sum.wgsl` per (input dtype, output dtype, contiguity).
+//! Specialises `shaders/reduce.wgsl` per (op, input dtype, output dtype, layout).
 
 use crate::tensor::DType;
 
+/// Associative reductions (so that rows can be split across workgroups and merged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "amax",
+            ReduceOp::Min => "amin",
+        }
+    }
+
+    /// The identity, as WGSL evaluated at run time (naga refuses infinite constants).
+    fn identity(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "0.0",
+            ReduceOp::Prod => "1.0",
+            ReduceOp::Max => "bitcast<f32>(0xff800000u | p.pad)",
+            ReduceOp::Min => "bitcast<f32>(0x7f800000u | p.pad)",
+        }
+    }
+
+    /// `a op b` in WGSL, with `nan` the NaN test for the operand type (`nan1` for f32, `nan4`
+    /// for vec4<f32>; built-ins and `select` work per component). max and min propagate NaN.
+    fn combine(self, nan: &str) -> String {
+        match self {
+            ReduceOp::Sum => "a + b".into(),
+            ReduceOp::Prod => "a * b".into(),
+            ReduceOp::Max => format!("select(select(max(a, b), a, {nan}(a)), b, {nan}(b))"),
+            ReduceOp::Min => format!("select(select(min(a, b), a, {nan}(a)), b, {nan}(b))"),
+        }
+    }
+
+    /// The CPU reference's fold (f64).
+    pub fn cpu(self, a: f64, b: f64) -> f64 {
+        match self {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Prod => a * b,
+            ReduceOp::Max if a.is_nan() || b.is_nan() => f64::NAN,
+            ReduceOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
+            ReduceOp::Max => a.max(b),
+            ReduceOp::Min => a.min(b),
+        }
+    }
+
+    pub fn cpu_identity(self) -> f64 {
+        match self {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max => f64::NEG_INFINITY,
+            ReduceOp::Min => f64::INFINITY,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReduceKernel {
+    pub op: ReduceOp,
     pub input: DType,
     pub output: DType,
     pub contiguous: bool,
@@ -20,12 +85,12 @@ fn wgsl_type(d: DType) -> &'static str {
 
 impl ReduceKernel {
     pub fn name(&self) -> String {
-        format!(
-            "sum_{}_{}_{}",
-            self.input,
-            self.output,
-            if self.contiguous { "contig" } else { "strided" }
-        )
+        let layout = match (self.contiguous, self.vector) {
+            (true, true) => "vec4",
+            (true, false) => "contig",
+            _ => "strided",
+        };
+        format!("{}_{}_{}_{layout}", self.op.name(), self.input, self.output)
     }
 
     pub fn source(&self) -> String {
@@ -43,36 +108,45 @@ impl ReduceKernel {
                 format!("vec4<{ti}>"),
                 "vec4<f32>",
                 "vec4<f32>(x[p.off + e])",
-                "s.x + s.y + s.z + s.w",
+                "combine1(combine1(s.x, s.y), combine1(s.z, s.w))",
             )
         } else {
             (ti.to_string(), "f32", "f32(x[offset(e)])", "s")
         };
-        include_str!("../../shaders/reduce_sum.wgsl")
+        include_str!("../../shaders/reduce.wgsl")
             .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
             .replace("{{TI}}", &ti)
             .replace("{{ACC}}", acc)
             .replace("{{LOAD}}", load)
             .replace("{{HSUM}}", hsum)
+            .replace("{{IDENTITY}}", self.op.identity())
+            .replace("{{COMBINE1}}", &self.op.combine("nan1"))
+            .replace(
+                "{{COMBINE}}",
+                &self.op.combine(if self.vector { "nan4" } else { "nan1" }),
+            )
             .replace("{{TO}}", wgsl_type(self.output))
             .replace("{{OFFSET}}", offset)
     }
 
     pub fn all() -> Vec<ReduceKernel> {
         let mut v = Vec::new();
-        for (input, output) in [
-            (DType::F32, DType::F32),
-            (DType::F16, DType::F16),
-            (DType::F16, DType::F32),
-            (DType::F32, DType::F16),
-        ] {
-            for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
-                v.push(ReduceKernel {
-                    input,
-                    output,
-                    contiguous,
-                    vector,
-                });
+        for op in ReduceOp::ALL {
+            for (input, output) in [
+                (DType::F32, DType::F32),
+                (DType::F16, DType::F16),
+                (DType::F16, DType::F32),
+                (DType::F32, DType::F16),
+            ] {
+                for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
+                    v.push(ReduceKernel {
+                        op,
+                        input,
+                        output,
+                        contiguous,
+                        vector,
+                    });
+                }
             }
         }
         v

@@ -99,7 +99,8 @@ impl UnaryOp {
             // Clamped: some drivers compute tanh as a ratio of exponentials that overflows.
             UnaryOp::Tanh => "tanh(clamp(x, -10.0, 10.0))",
             UnaryOp::Sigmoid => "1.0 / (1.0 + exp(-x))",
-            UnaryOp::Relu => "select(x, 0.0, x < 0.0)",
+            // NaN stays NaN (PyTorch); GL gives no NaN promise for `<`, hence the bit test.
+            UnaryOp::Relu => "select(x, 0.0, x < 0.0 && !k_isnan(x))",
             UnaryOp::Gelu => "0.5 * x * (1.0 + k_erf(x * 0.70710678118654752))",
             UnaryOp::GeluTanh => {
                 "0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0)))"

@@ -1,26 +1,19 @@
-//! Reductions over any set of dims, with `keepdim`: sum and mean (accumulated in f32 on the
-//! GPU, f64 on the CPU reference).
+//! Reductions over any set of dims, with `keepdim`: sum, mean, prod, amax/amin (associative,
+//! split across workgroups when rows are long; f32 accumulation on the GPU, f64 on the CPU),
+//! and max/min with their indices (argmax/argmin).
 
 use super::u32_of;
 use crate::cpu;
-use crate::kernels::{launch, Kernel, ReduceKernel, WORKGROUP};
+use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
 use crate::tensor::{dim, DType, Layout, Tensor};
 use crate::{Error, Result};
 
-/// Elements one workgroup sums before the work is split across workgroups.
+/// Elements one workgroup reduces before the work is split across workgroups.
 const PER_WORKGROUP: usize = 4096;
 const MAX_CHUNKS: usize = 1024;
 
-/// Sums `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`.
-fn gpu_sum_rows(
-    xp: &Tensor,
-    out: &Tensor,
-    inner: usize,
-    scale: f32,
-    op: &'static str,
-) -> Result<()> {
-    let rows = out.numel();
-    let chunks = inner.div_ceil(PER_WORKGROUP).clamp(1, MAX_CHUNKS);
+/// The layout of `xp` (reduced dims last) coalesced for a kernel: (contiguous, shape, strides).
+fn kernel_layout(xp: &Tensor, op: &'static str) -> Result<(bool, Vec<usize>, Vec<usize>)> {
     let mut strides = vec![xp.layout.strides.clone()];
     let shape = Layout::coalesce(xp.shape(), &mut strides);
     if shape.len() > 8 {
@@ -33,6 +26,32 @@ fn gpu_sum_rows(
         });
     }
     let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
+    Ok((contiguous, shape, strides.pop().expect("one stride vector")))
+}
+
+fn pack(imm: &mut Vec<u32>, fields: [&[usize]; 2], op: &'static str) -> Result<()> {
+    for field in fields {
+        let mut packed = [0u32; 8];
+        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
+            *slot = u32_of(op, v)?;
+        }
+        imm.extend_from_slice(&packed);
+    }
+    Ok(())
+}
+
+/// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`.
+fn gpu_reduce_rows(
+    rop: ReduceOp,
+    xp: &Tensor,
+    out: &Tensor,
+    inner: usize,
+    scale: f32,
+    op: &'static str,
+) -> Result<()> {
+    let rows = out.numel();
+    let chunks = inner.div_ceil(PER_WORKGROUP).clamp(1, MAX_CHUNKS);
+    let (contiguous, shape, strides) = kernel_layout(xp, op)?;
     let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
     // The vec4 form counts in vec4s.
     let unit = if vector { 4 } else { 1 };
@@ -43,6 +62,11 @@ fn gpu_sum_rows(
         Some(Tensor::empty(&[rows * chunks], DType::F32, xp.device())?)
     };
     let target = partial.as_ref().unwrap_or(out);
+    let scale_bits = if chunks == 1 {
+        scale.to_bits()
+    } else {
+        1f32.to_bits()
+    };
     let mut imm = vec![
         u32_of(op, rows)?,
         u32_of(op, inner / unit)?,
@@ -50,113 +74,205 @@ fn gpu_sum_rows(
         u32_of(op, (inner / unit).div_ceil(chunks))?,
         shape.len() as u32,
         u32_of(op, xp.layout.offset / unit)?,
-        if chunks == 1 {
-            scale.to_bits()
-        } else {
-            1f32.to_bits()
-        },
+        scale_bits,
         0,
     ];
-    for field in [&shape, &strides[0]] {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(op, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
+    pack(&mut imm, [&shape, &strides], op)?;
     let kernel = ReduceKernel {
+        op: rop,
         input: xp.dtype,
         output: first_out,
         contiguous,
         vector,
     };
-    let groups = (rows * chunks) as u64 * WORKGROUP as u64;
+    let threads = (rows * chunks) as u64 * WORKGROUP as u64;
     launch(
-        Kernel::ReduceSum(kernel),
+        Kernel::Reduce(kernel),
         &[&xp.storage.block, &target.storage.block],
         &imm,
-        groups,
+        threads,
     )?;
     if let Some(partial) = partial {
-        gpu_sum_rows(
-            &Tensor {
-                layout: Layout::contiguous(&[rows, chunks]),
-                ..partial
-            },
-            out,
-            chunks,
-            scale,
-            op,
-        )?;
+        let partial = Tensor {
+            layout: Layout::contiguous(&[rows, chunks]),
+            ..partial
+        };
+        gpu_reduce_rows(rop, &partial, out, chunks, scale, op)?;
     }
     Ok(())
 }
 
-fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, mean: bool) -> Result<Tensor> {
-    let op = if mean { "mean" } else { "sum" };
-    if !x.dtype.is_float() {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype: x.dtype,
-            why: "yet (PyTorch sums integers into int64, which kiln lacks)".into(),
-        });
-    }
+/// `x` permuted so the reduced dims come last, the row length, and the output shape.
+fn rows_layout(
+    x: &Tensor,
+    dims: &[isize],
+    keepdim: bool,
+    op: &'static str,
+) -> Result<(Tensor, usize, Vec<usize>)> {
     let rank = x.rank();
-    let mut reduced = vec![false; rank];
-    if dims.is_empty() {
-        reduced.iter_mut().for_each(|r| *r = true);
-    }
+    let mut reduced = vec![dims.is_empty(); rank];
     for &d in dims {
         reduced[dim(op, d, rank)?] = true;
     }
     let kept: Vec<usize> = (0..rank).filter(|&i| !reduced[i]).collect();
     let gone: Vec<usize> = (0..rank).filter(|&i| reduced[i]).collect();
     let order: Vec<isize> = kept.iter().chain(&gone).map(|&i| i as isize).collect();
-    let xp = x.permute(&order)?;
-    let inner: usize = gone.iter().map(|&i| x.shape()[i]).product();
-    let out_shape: Vec<usize> = if keepdim {
+    let inner = gone.iter().map(|&i| x.shape()[i]).product();
+    let out_shape = if keepdim {
         (0..rank)
             .map(|i| if reduced[i] { 1 } else { x.shape()[i] })
             .collect()
     } else {
         kept.iter().map(|&i| x.shape()[i]).collect()
     };
+    Ok((x.permute(&order)?, inner, out_shape))
+}
+
+fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, rop: ReduceOp, mean: bool) -> Result<Tensor> {
+    let op = if mean { "mean" } else { rop.name() };
+    if !x.dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype,
+            why: "yet (PyTorch reduces integers into int64, which kiln lacks)".into(),
+        });
+    }
+    let (xp, inner, out_shape) = rows_layout(x, dims, keepdim, op)?;
     let out = Tensor::empty(&out_shape, x.dtype, x.device())?;
     if out.numel() == 0 {
         return Ok(out);
     }
-    let scale = if mean { 1.0 / inner as f64 } else { 1.0 };
     if inner == 0 {
-        // Sum of nothing is 0; mean of nothing is NaN (as in PyTorch).
-        let word = match (mean, x.dtype) {
-            (false, _) => 0,
-            (true, DType::F16) => 0x7e00_7e00, // two f16 NaNs
-            (true, _) => f32::NAN.to_bits(),
+        let value = match (mean, rop) {
+            (true, _) => f64::NAN,
+            (false, ReduceOp::Sum) => 0.0,
+            (false, ReduceOp::Prod) => 1.0,
+            (false, _) => {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: "cannot reduce over a dimension of size 0 (no identity)".into(),
+                })
+            }
         };
-        out.storage.block.fill_u32(word)?;
+        out.fill_(value)?;
         return Ok(out);
     }
+    let scale = if mean { 1.0 / inner as f64 } else { 1.0 };
     if x.device().is_cpu() {
-        cpu::sum_rows(&xp, &out, inner, scale);
+        cpu::reduce_rows(
+            &xp,
+            &out,
+            inner,
+            scale,
+            |a, b| rop.cpu(a, b),
+            rop.cpu_identity(),
+        );
     } else {
-        gpu_sum_rows(&xp, &out, inner, scale as f32, op)?;
+        gpu_reduce_rows(rop, &xp, &out, inner, scale as f32, op)?;
     }
     Ok(out)
+}
+
+/// max or min along `d` with the index of the first extreme (NaN counts as the extreme).
+fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tensor, Tensor)> {
+    let op = if is_min { "min" } else { "max" };
+    if !x.dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype,
+            why: "yet".into(),
+        });
+    }
+    let (xp, inner, out_shape) = rows_layout(x, &[d], keepdim, op)?;
+    let values = Tensor::empty(&out_shape, x.dtype, x.device())?;
+    let indices = Tensor::empty(&out_shape, DType::I32, x.device())?;
+    if values.numel() == 0 {
+        return Ok((values, indices));
+    }
+    if inner == 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "cannot reduce over a dimension of size 0".into(),
+        });
+    }
+    if x.device().is_cpu() {
+        cpu::arg_reduce_rows(&xp, &values, &indices, inner, is_min);
+    } else {
+        let (_, shape, strides) = kernel_layout(&xp, op)?;
+        let mut imm = vec![
+            u32_of(op, values.numel())?,
+            u32_of(op, inner)?,
+            shape.len() as u32,
+            u32_of(op, xp.layout.offset)?,
+            is_min as u32,
+            0,
+            0,
+            0,
+        ];
+        pack(&mut imm, [&shape, &strides], op)?;
+        let blocks = [
+            &xp.storage.block,
+            &values.storage.block,
+            &indices.storage.block,
+        ];
+        launch(
+            Kernel::ArgReduce(x.dtype),
+            &blocks,
+            &imm,
+            values.numel() as u64 * WORKGROUP as u64,
+        )?;
+    }
+    Ok((values, indices))
 }
 
 impl Tensor {
     /// Sum over `dims` (all dims when empty), keeping them as size 1 with `keepdim`.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        reduce(self, dims, keepdim, false)
+        reduce(self, dims, keepdim, ReduceOp::Sum, false)
     }
 
     /// Mean over `dims` (all dims when empty).
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        reduce(self, dims, keepdim, true)
+        reduce(self, dims, keepdim, ReduceOp::Sum, true)
     }
 
     /// Sum of every element, as a 0-d tensor.
     pub fn sum_all(&self) -> Result<Tensor> {
-        reduce(self, &[], false, false)
+        reduce(self, &[], false, ReduceOp::Sum, false)
+    }
+
+    /// Product over `dims` (all dims when empty).
+    pub fn prod(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        reduce(self, dims, keepdim, ReduceOp::Prod, false)
+    }
+
+    /// Maximum over `dims` (all when empty); NaN propagates (`torch.amax`).
+    pub fn amax(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        reduce(self, dims, keepdim, ReduceOp::Max, false)
+    }
+
+    /// Minimum over `dims` (all when empty); NaN propagates (`torch.amin`).
+    pub fn amin(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        reduce(self, dims, keepdim, ReduceOp::Min, false)
+    }
+
+    /// `(values, indices)` of the maximum along `dim` (indices are i32; PyTorch's are int64).
+    pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        arg_reduce(self, dim, keepdim, false)
+    }
+
+    /// `(values, indices)` of the minimum along `dim`.
+    pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        arg_reduce(self, dim, keepdim, true)
+    }
+
+    /// Index of the first maximum along `dim`.
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        Ok(arg_reduce(self, dim, keepdim, false)?.1)
+    }
+
+    /// Index of the first minimum along `dim`.
+    pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        Ok(arg_reduce(self, dim, keepdim, true)?.1)
     }
 }

@@ -1,6 +1,7 @@
-// Row sums: output element w of `rows * chunks` sums elements [chunk * chunk_len, ...) of row
-// `w / chunks` (a row is `inner` consecutive elements of x in row-major order, x any strided
-// view with the reduced dims last). Accumulates in f32; multiplies by `scale` (1/n for mean).
+// Row reductions (sum, prod, max, min): output element w of `rows * chunks` reduces elements
+// [chunk * chunk_len, ...) of row `w / chunks` (a row is `inner` consecutive elements of x in
+// row-major order, x any strided view with the reduced dims last). Accumulates in f32;
+// multiplies by `scale` (1/n for mean, else 1). max/min propagate NaN, as in PyTorch.
 // With chunks > 1 the outputs are f32 partials that a second launch (chunks = 1) reduces.
 // The vec4 form counts `inner`, `off` and `chunk_len` in vec4s.
 {{ENABLES}}
@@ -33,6 +34,28 @@ fn load(e: u32) -> {{ACC}} {
     return {{LOAD}};
 }
 
+// The identity of the op (built at run time: naga refuses infinite constants).
+fn identity() -> f32 {
+    return {{IDENTITY}};
+}
+
+// NaN from the bits (per component for vec4): `x != x` may be folded away.
+fn nan1(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn nan4(x: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
+
+fn combine1(a: f32, b: f32) -> f32 {
+    return {{COMBINE1}};
+}
+
+fn combine(a: {{ACC}}, b: {{ACC}}) -> {{ACC}} {
+    return {{COMBINE}};
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let w = wid.x + wid.y * nw.x;
@@ -44,26 +67,26 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     let end = min(start + p.chunk_len, p.inner);
     // Four independent accumulators: four loads in flight per invocation.
     let base = row * p.inner;
-    var s0 = {{ACC}}();
-    var s1 = {{ACC}}();
-    var s2 = {{ACC}}();
-    var s3 = {{ACC}}();
+    var s0 = {{ACC}}(identity());
+    var s1 = s0;
+    var s2 = s0;
+    var s3 = s0;
     var j = start + t;
     for (; j + 768u < end; j += 1024u) {
-        s0 += load(base + j);
-        s1 += load(base + j + 256u);
-        s2 += load(base + j + 512u);
-        s3 += load(base + j + 768u);
+        s0 = combine(s0, load(base + j));
+        s1 = combine(s1, load(base + j + 256u));
+        s2 = combine(s2, load(base + j + 512u));
+        s3 = combine(s3, load(base + j + 768u));
     }
     for (; j < end; j += 256u) {
-        s0 += load(base + j);
+        s0 = combine(s0, load(base + j));
     }
-    let s = (s0 + s1) + (s2 + s3);
+    let s = combine(combine(s0, s1), combine(s2, s3));
     acc[t] = {{HSUM}};
     workgroupBarrier();
     for (var k = 128u; k > 0u; k >>= 1u) {
         if t < k {
-            acc[t] += acc[t + k];
+            acc[t] = combine1(acc[t], acc[t + k]);
         }
         workgroupBarrier();
     }
