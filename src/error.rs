@@ -90,6 +90,12 @@ pub enum Error {
     #[error("device lost ({reason}): {msg}")]
     DeviceLost { reason: String, msg: String },
 
+    /// A kernel found bad input while it ran (an index out of range), reported at the next sync
+    /// point as CUDA reports a device-side assert; the offending elements were written as 0.
+    /// Unlike CUDA's, the device stays usable.
+    #[error("{ops}: {msg} (detected on the device; reported at this sync point)")]
+    DeviceAssert { ops: String, msg: String },
+
     /// `KILN_REQUIRE_GPU=1` is set and no GPU adapter (software ones count) was found.
     #[error("KILN_REQUIRE_GPU is set but wgpu found no GPU adapter")]
     GpuRequired,

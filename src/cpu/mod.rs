@@ -230,3 +230,32 @@ pub(crate) fn select(out: &Tensor, cond: &Tensor, value: Option<&Tensor>, s: f64
         }
     }
 }
+
+/// `out[c] = x[c with coordinate d replaced by index[c]]`; `Err(bad index)` if one is out of
+/// range.
+pub(crate) fn gather(x: &Tensor, d: usize, index: &Tensor, out: &Tensor) -> Result<(), i64> {
+    let size = x.layout.shape[d] as i64;
+    let (oi, oo) = (offsets(&index.layout), offsets(&out.layout));
+    let rank = out.layout.rank();
+    let mut coord = vec![0usize; rank];
+    for (ii, io) in oi.into_iter().zip(oo) {
+        let i = load(index, ii) as i64;
+        if i < 0 || i >= size {
+            return Err(i);
+        }
+        let mut off = x.layout.offset;
+        for k in 0..rank {
+            let c = if k == d { i as usize } else { coord[k] };
+            off += c * x.layout.strides[k];
+        }
+        store(out, io, load(x, off));
+        for k in (0..rank).rev() {
+            coord[k] += 1;
+            if coord[k] < out.layout.shape[k] {
+                break;
+            }
+            coord[k] = 0;
+        }
+    }
+    Ok(())
+}

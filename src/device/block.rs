@@ -299,6 +299,7 @@ impl DeviceBlock {
                         msg: e.to_string(),
                     })?;
                 g.check("read")?;
+                g.check_asserts()?;
                 let view = staging
                     .slice(..)
                     .get_mapped_range()

@@ -23,6 +23,10 @@ pub(crate) struct GpuDevice {
     /// wgpu errors no scope caught, reported at the next sync point.
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<(String, String)>>>,
+    /// Device-side assert flag (one u32, 0 = fine), raised by kernels that check their input
+    /// (see `kernels::Kernel::checks_input`), and the ops launched since it was last read.
+    pub assert_flag: wgpu::Buffer,
+    pub pending_asserts: Mutex<Vec<&'static str>>,
     /// Set by both handlers: lets `check` skip the locks on the hot path.
     troubled: Arc<AtomicBool>,
 }
@@ -58,6 +62,14 @@ impl GpuDevice {
             *lock(&sink) = Some((format!("{reason:?}"), msg));
             flag.store(true, Ordering::Release);
         });
+        let assert_flag = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln assert flag"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let stream = Arc::new(Mutex::new(Stream::new()));
         let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
         let source = WgpuSource {
@@ -79,6 +91,8 @@ impl GpuDevice {
             bind_groups,
             errors,
             lost,
+            assert_flag,
+            pending_asserts: Mutex::default(),
             troubled,
         })
     }
@@ -100,6 +114,49 @@ impl GpuDevice {
         Err(Error::Wgpu { op, msg })
     }
 
+    /// Reads and clears the assert flag if a checking kernel ran since the last read: an
+    /// `Error::DeviceAssert` naming those ops if one found bad input. A sync point.
+    pub fn check_asserts(&self) -> Result<()> {
+        let ops = std::mem::take(&mut *lock(&self.pending_asserts));
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln assert readback"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let err = |e: &dyn std::fmt::Display| Error::Wgpu {
+            op: "check_asserts",
+            msg: e.to_string(),
+        };
+        let mut stream = lock(&self.stream);
+        let enc = stream.copy_encoder(&self.device);
+        enc.copy_buffer_to_buffer(&self.assert_flag, 0, &readback, 0, 16);
+        enc.clear_buffer(&self.assert_flag, 0, None);
+        let event = stream.submit(&self.queue);
+        readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        stream
+            .wait(&self.device, &self.queue, event)
+            .map_err(|e| err(&e))?;
+        drop(stream);
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| err(&e))?;
+        let view = readback.slice(..).get_mapped_range().map_err(|e| err(&e))?;
+        let raised = u32::from_le_bytes([view[0], view[1], view[2], view[3]]);
+        if raised != 0 {
+            let mut names: Vec<&str> = ops.clone();
+            names.dedup();
+            return Err(Error::DeviceAssert {
+                ops: names.join(", "),
+                msg: "index out of range".into(),
+            });
+        }
+        Ok(())
+    }
+
     pub fn synchronize(&self) -> Result<()> {
         self.check("synchronize")?;
         let mut stream = lock(&self.stream);
@@ -111,6 +168,7 @@ impl GpuDevice {
                 msg: e.to_string(),
             })?;
         drop(stream);
-        self.check("synchronize")
+        self.check("synchronize")?;
+        self.check_asserts()
     }
 }

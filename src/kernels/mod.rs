@@ -41,6 +41,8 @@ pub enum Kernel {
     Random(DType),
     /// `shaders/argreduce.wgsl` for one float dtype: max/min with indices.
     ArgReduce(DType),
+    /// `shaders/gather.wgsl` for one dtype: gather along a dim (checks its indices).
+    Gather(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -62,6 +64,7 @@ impl Kernel {
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
+            .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Gather))
             .collect()
     }
 
@@ -80,6 +83,14 @@ impl Kernel {
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
+            Kernel::Gather(d) => Cow::Owned(
+                include_str!("../../shaders/gather.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
             Kernel::ArgReduce(d) => Cow::Owned(
                 include_str!("../../shaders/argreduce.wgsl")
                     .replace(
@@ -118,6 +129,7 @@ impl Kernel {
             Kernel::Predicate(k) => Cow::Owned(k.name()),
             Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
             Kernel::ArgReduce(d) => Cow::Owned(format!("argreduce_{d}")),
+            Kernel::Gather(d) => Cow::Owned(format!("gather_{d}")),
         }
     }
 
@@ -131,7 +143,21 @@ impl Kernel {
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
+            Kernel::Gather(_) => 4,
         }
+    }
+
+    /// The user-facing op a checking kernel serves (for the assert message).
+    fn op_name(&self) -> &'static str {
+        match self {
+            Kernel::Gather(_) => "gather/index_select/embedding",
+            _ => "kernel",
+        }
+    }
+
+    /// Whether the kernel checks its input and binds the device's assert flag last.
+    fn checks_input(&self) -> bool {
+        matches!(self, Kernel::Gather(_))
     }
 
     /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
@@ -152,6 +178,7 @@ impl Kernel {
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,
+            Kernel::Gather(_) => 128,
         }
     }
 }
@@ -289,10 +316,21 @@ pub(crate) fn launch_groups(
             what: "too many workgroups for one dispatch",
         });
     }
-    let bindings = blocks
+    let mut bindings = blocks
         .iter()
         .map(|b| b.binding(limits.max_storage_buffer_binding_size))
         .collect::<Result<Vec<_>>>()?;
+    if kernel.checks_input() {
+        bindings.push(wgpu::BufferBinding {
+            buffer: &g.assert_flag,
+            offset: 0,
+            size: None,
+        });
+        let mut pending = crate::device::lock(&g.pending_asserts);
+        if !pending.contains(&kernel.op_name()) {
+            pending.push(kernel.op_name());
+        }
+    }
     let compiled = crate::device::lock(&g.kernels).get(&g.device, kernel);
     let bind_group = crate::device::lock(&g.bind_groups).get_or_create(
         &g.device,

@@ -3,6 +3,7 @@
 
 mod composite;
 mod elementwise;
+mod index;
 mod inplace;
 mod matmul;
 mod predicate;
@@ -12,6 +13,7 @@ mod softmax;
 
 pub use crate::kernels::CmpOp;
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use index::{embedding, gather, index_select, one_hot};
 pub use inplace::{binary_, binary_scalar_, unary_};
 pub use matmul::matmul;
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};

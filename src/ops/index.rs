@@ -1,0 +1,165 @@
+//! Indexing: gather, index_select, embedding, one_hot. Indices are i32 (PyTorch's are int64).
+//! An index out of range is an error: at once on the CPU; on a GPU, at the next sync point
+//! (`Error::DeviceAssert`, the element written as 0), as CUDA reports device-side asserts but
+//! without poisoning the device. See Note [Device asserts] in ARCHITECTURE.md.
+
+use super::{same_device, u32_of};
+use crate::kernels::{launch, Kernel};
+use crate::tensor::{dim, DType, Layout, Tensor};
+use crate::{Error, Result};
+
+fn check_index_dtype(op: &'static str, index: &Tensor) -> Result<()> {
+    if index.dtype() != DType::I32 {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::I32,
+            got: index.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// `out[c] = x[c with coordinate d replaced by index[c]]`; `out` has the index's shape.
+pub fn gather(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
+    const OP: &str = "gather";
+    same_device(OP, x, index)?;
+    check_index_dtype(OP, index)?;
+    let d = dim(OP, d, x.rank())?;
+    let fits = index.rank() == x.rank()
+        && (0..x.rank()).all(|i| i == d || index.shape()[i] <= x.shape()[i]);
+    if !fits {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: x.shape().to_vec(),
+            rhs: index.shape().to_vec(),
+        });
+    }
+    if x.rank() > 8 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("{} dims; kernels index at most 8", x.rank()),
+        });
+    }
+    if x.dtype() == DType::Bool {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: DType::Bool,
+            why: "yet".into(),
+        });
+    }
+    let out = Tensor::empty(index.shape(), x.dtype(), x.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let size = x.shape()[d];
+    if x.device().is_cpu() {
+        crate::cpu::gather(x, d, index, &out).map_err(|bad| Error::IndexOutOfRange {
+            op: OP,
+            index: bad,
+            size,
+            what: "index",
+        })?;
+        return Ok(out);
+    }
+    let mut imm = vec![
+        u32_of(OP, out.numel())?,
+        x.rank() as u32,
+        d as u32,
+        u32_of(OP, x.layout().offset)?,
+        u32_of(OP, index.layout().offset)?,
+        u32_of(OP, size)?,
+        0,
+        0,
+    ];
+    for field in [index.shape(), x.strides(), index.strides()] {
+        let mut packed = [0u32; 8];
+        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
+            *slot = u32_of(OP, v)?;
+        }
+        imm.extend_from_slice(&packed);
+    }
+    launch(
+        Kernel::Gather(x.dtype()),
+        &[&x.storage.block, &index.storage.block, &out.storage.block],
+        &imm,
+        out.numel() as u64,
+    )?;
+    Ok(out)
+}
+
+/// The entries of `x` at positions `index` (1-D) along `d`.
+pub fn index_select(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
+    const OP: &str = "index_select";
+    check_index_dtype(OP, index)?;
+    if index.rank() != 1 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("index must be 1-D, got shape {:?}", index.shape()),
+        });
+    }
+    let d = dim(OP, d, x.rank())?;
+    let mut shape = x.shape().to_vec();
+    shape[d] = index.shape()[0];
+    // The index seen with the output's shape: stride 0 everywhere but along `d`.
+    let mut strides = vec![0; shape.len()];
+    strides[d] = index.strides()[0];
+    let view = Tensor {
+        layout: Layout {
+            shape,
+            strides,
+            offset: index.layout().offset,
+        },
+        ..index.clone()
+    };
+    gather(x, d as isize, &view)
+}
+
+/// Rows of `weight` [num_embeddings, dim] for each id: shape `ids.shape + [dim]`.
+pub fn embedding(weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    if weight.rank() != 2 {
+        return Err(Error::InvalidArgument {
+            op: "embedding",
+            msg: format!("weight must be 2-D, got shape {:?}", weight.shape()),
+        });
+    }
+    let flat = ids.reshape(&[-1])?;
+    let rows = index_select(weight, 0, &flat)?;
+    let shape: Vec<isize> = ids
+        .shape()
+        .iter()
+        .chain([&weight.shape()[1]])
+        .map(|&s| s as isize)
+        .collect();
+    rows.reshape(&shape)
+}
+
+/// One-hot i32 encoding with `num_classes` classes (a sync point: the ids are checked on the
+/// host first, as PyTorch's one_hot also does).
+pub fn one_hot(ids: &Tensor, num_classes: usize) -> Result<Tensor> {
+    const OP: &str = "one_hot";
+    check_index_dtype(OP, ids)?;
+    if let Some(&bad) = ids
+        .to_vec::<i32>()?
+        .iter()
+        .find(|&&i| i < 0 || i as usize >= num_classes)
+    {
+        return Err(Error::IndexOutOfRange {
+            op: OP,
+            index: bad as i64,
+            size: num_classes,
+            what: "class value",
+        });
+    }
+    let classes = Tensor::arange(0.0, num_classes as f64, 1.0, DType::I32, ids.device())?;
+    ids.unsqueeze(-1)?.eq(&classes)?.to_dtype(DType::I32)
+}
+
+impl Tensor {
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        gather(self, dim, index)
+    }
+
+    pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        index_select(self, dim, index)
+    }
+}
