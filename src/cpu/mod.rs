@@ -243,11 +243,13 @@ pub(crate) fn gather(x: &Tensor, d: usize, index: &Tensor, out: &Tensor) -> Resu
         if i < 0 || i >= size {
             return Err(i);
         }
-        let mut off = x.layout.offset;
-        for k in 0..rank {
-            let c = if k == d { i as usize } else { coord[k] };
-            off += c * x.layout.strides[k];
-        }
+        let off = x.layout.offset
+            + coord
+                .iter()
+                .zip(&x.layout.strides)
+                .enumerate()
+                .map(|(k, (&c, &s))| if k == d { i as usize * s } else { c * s })
+                .sum::<usize>();
         store(out, io, load(x, off));
         for k in (0..rank).rev() {
             coord[k] += 1;
