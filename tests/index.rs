@@ -47,7 +47,7 @@ fn gather_index_select_embedding_one_hot() {
         assert_eq!(oh.to_vec::<i32>().unwrap(), vec![0, 0, 1, 1, 0, 0]);
         // Random gathers against the CPU, f32 and i32 values.
         let values: Vec<i32> = (0..300).map(|i| (i * 7919 % 1000) - 500).collect();
-        let picks: Vec<i32> = (0..150).map(|i| (i * 31 % 15) as i32).collect();
+        let picks: Vec<i32> = (0..150).map(|i| i * 31 % 15).collect();
         let run = |d: &Device| {
             let v = Tensor::from_slice(&values, &[20, 15], d).unwrap();
             let p = Tensor::from_slice(&picks, &[10, 15], d).unwrap();
