@@ -261,3 +261,117 @@ pub(crate) fn gather(x: &Tensor, d: usize, index: &Tensor, out: &Tensor) -> Resu
     }
     Ok(())
 }
+
+/// Direct convolution over contiguous NCHW `x` and [C_out, C_in/g, KH, KW] `w`, in f64.
+pub(crate) fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    p: crate::ops::Conv2dParams,
+) {
+    let [n, cin, h, wd] = [
+        x.layout.shape[0],
+        x.layout.shape[1],
+        x.layout.shape[2],
+        x.layout.shape[3],
+    ];
+    let [cout, cin_g, kh, kw] = [
+        w.layout.shape[0],
+        w.layout.shape[1],
+        w.layout.shape[2],
+        w.layout.shape[3],
+    ];
+    let [oh, ow] = [out.layout.shape[2], out.layout.shape[3]];
+    let cout_g = cout / p.groups;
+    let mut e = out.layout.offset;
+    for b in 0..n {
+        for co in 0..cout {
+            let g = co / cout_g;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = bias.map_or(0.0, |bt| load(bt, bt.layout.offset + co));
+                    for ci in 0..cin_g {
+                        let c = g * cin_g + ci;
+                        for ky in 0..kh {
+                            let iy = (oy * p.stride.0 + ky * p.dilation.0) as isize
+                                - p.padding.0 as isize;
+                            for kx in 0..kw {
+                                let ix = (ox * p.stride.1 + kx * p.dilation.1) as isize
+                                    - p.padding.1 as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let xv = load(
+                                    x,
+                                    x.layout.offset
+                                        + ((b * cin + c) * h + iy as usize) * wd
+                                        + ix as usize,
+                                );
+                                let wv = load(
+                                    w,
+                                    w.layout.offset + ((co * cin_g + ci) * kh + ky) * kw + kx,
+                                );
+                                acc += xv * wv;
+                            }
+                        }
+                    }
+                    store(out, e, acc);
+                    e += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Max (NaN propagates, padding ignored) or average (whole window) pooling, in f64.
+pub(crate) fn pool2d(
+    x: &Tensor,
+    out: &Tensor,
+    k: (usize, usize),
+    s: (usize, usize),
+    pad: (usize, usize),
+    is_max: bool,
+) {
+    let [nc, h, w] = [
+        x.layout.shape[0] * x.layout.shape[1],
+        x.layout.shape[2],
+        x.layout.shape[3],
+    ];
+    let [oh, ow] = [out.layout.shape[2], out.layout.shape[3]];
+    let mut e = out.layout.offset;
+    for plane in 0..nc {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let (mut best, mut sum) = (f64::NEG_INFINITY, 0.0);
+                for ky in 0..k.0 {
+                    for kx in 0..k.1 {
+                        let iy = (oy * s.0 + ky) as isize - pad.0 as isize;
+                        let ix = (ox * s.1 + kx) as isize - pad.1 as isize;
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            continue;
+                        }
+                        let v = load(
+                            x,
+                            x.layout.offset + (plane * h + iy as usize) * w + ix as usize,
+                        );
+                        sum += v;
+                        if v.is_nan() || (!best.is_nan() && v > best) {
+                            best = v;
+                        }
+                    }
+                }
+                store(
+                    out,
+                    e,
+                    if is_max {
+                        best
+                    } else {
+                        sum / (k.0 * k.1) as f64
+                    },
+                );
+                e += 1;
+            }
+        }
+    }
+}

@@ -43,6 +43,10 @@ pub enum Kernel {
     ArgReduce(DType),
     /// `shaders/gather.wgsl` for one dtype: gather along a dim (checks its indices).
     Gather(DType),
+    /// `shaders/conv2d.wgsl` for one float dtype: direct convolution.
+    Conv2d(DType),
+    /// `shaders/pool2d.wgsl` for one float dtype: max and average pooling.
+    Pool2d(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -65,6 +69,8 @@ impl Kernel {
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Gather))
+            .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
+            .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
             .collect()
     }
 
@@ -83,6 +89,22 @@ impl Kernel {
             ),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
+            Kernel::Conv2d(d) => Cow::Owned(
+                include_str!("../../shaders/conv2d.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
+            Kernel::Pool2d(d) => Cow::Owned(
+                include_str!("../../shaders/pool2d.wgsl")
+                    .replace(
+                        "{{ENABLES}}",
+                        if *d == DType::F16 { "enable f16;" } else { "" },
+                    )
+                    .replace("{{T}}", d.name()),
+            ),
             Kernel::Gather(d) => Cow::Owned(
                 include_str!("../../shaders/gather.wgsl")
                     .replace(
@@ -130,6 +152,8 @@ impl Kernel {
             Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
             Kernel::ArgReduce(d) => Cow::Owned(format!("argreduce_{d}")),
             Kernel::Gather(d) => Cow::Owned(format!("gather_{d}")),
+            Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
+            Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
         }
     }
 
@@ -143,7 +167,8 @@ impl Kernel {
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
-            Kernel::Gather(_) => 4,
+            Kernel::Gather(_) | Kernel::Conv2d(_) => 4,
+            Kernel::Pool2d(_) => 2,
         }
     }
 
@@ -179,6 +204,8 @@ impl Kernel {
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,
             Kernel::Gather(_) => 128,
+            Kernel::Conv2d(_) => 80,
+            Kernel::Pool2d(_) => 64,
         }
     }
 }

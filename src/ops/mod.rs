@@ -2,6 +2,7 @@
 //! keeps its forward in one file; backward formulas arrive with autograd.
 
 mod composite;
+mod conv;
 mod elementwise;
 mod index;
 mod inplace;
@@ -12,6 +13,7 @@ mod reduce;
 mod softmax;
 
 pub use crate::kernels::CmpOp;
+pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use index::{embedding, gather, index_select, one_hot};
 pub use inplace::{binary_, binary_scalar_, unary_};

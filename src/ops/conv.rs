@@ -1,0 +1,244 @@
+//! 2-D convolution and pooling over NCHW tensors, with PyTorch's parameters and output sizes.
+
+use super::{same_device, u32_of};
+use crate::kernels::{launch, Kernel};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// Stride, padding and dilation per spatial dim (height, width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams {
+            stride: (1, 1),
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        }
+    }
+}
+
+/// PyTorch's output size: floor((in + 2p - d(k - 1) - 1) / s) + 1, or `None` if not positive.
+fn out_size(input: usize, k: usize, s: usize, p: usize, d: usize) -> Option<usize> {
+    let span = d * (k.checked_sub(1)?) + 1;
+    (input + 2 * p).checked_sub(span).map(|r| r / s + 1)
+}
+
+fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.rank() != 4 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "expected a 4-D (N, C, H, W) tensor, got shape {:?}",
+                t.shape()
+            ),
+        });
+    }
+    if !t.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+            why: "(a float op)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `conv2d(x [N, C_in, H, W], weight [C_out, C_in / groups, KH, KW], bias [C_out])`.
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: Conv2dParams,
+) -> Result<Tensor> {
+    const OP: &str = "conv2d";
+    check_4d(OP, x)?;
+    check_4d(OP, weight)?;
+    same_device(OP, x, weight)?;
+    let (n, cin, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let (cout, cin_g, kh, kw) = (
+        weight.shape()[0],
+        weight.shape()[1],
+        weight.shape()[2],
+        weight.shape()[3],
+    );
+    let bad = |msg: String| Error::InvalidArgument { op: OP, msg };
+    if p.groups == 0 || cin % p.groups != 0 || cout % p.groups != 0 || cin_g * p.groups != cin {
+        return Err(bad(format!(
+            "input {:?} and weight {:?} do not fit groups={}",
+            x.shape(),
+            weight.shape(),
+            p.groups
+        )));
+    }
+    if p.stride.0 == 0 || p.stride.1 == 0 || p.dilation.0 == 0 || p.dilation.1 == 0 {
+        return Err(bad("stride and dilation must be positive".into()));
+    }
+    if let Some(b) = bias {
+        same_device(OP, x, b)?;
+        if b.shape() != [cout] {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: vec![cout],
+                rhs: b.shape().to_vec(),
+            });
+        }
+    }
+    for t in [Some(weight), bias].into_iter().flatten() {
+        if t.dtype() != x.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: x.dtype(),
+                got: t.dtype(),
+            });
+        }
+    }
+    let oh = out_size(h, kh, p.stride.0, p.padding.0, p.dilation.0);
+    let ow = out_size(w, kw, p.stride.1, p.padding.1, p.dilation.1);
+    let (Some(oh), Some(ow)) = (oh, ow) else {
+        return Err(bad(format!(
+            "kernel {kh}x{kw} (dilated) is larger than the padded input {h}x{w}"
+        )));
+    };
+    let out = Tensor::empty(&[n, cout, oh, ow], x.dtype(), x.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let (x, weight) = (x.contiguous()?, weight.contiguous()?);
+    let bias = bias.map(|b| b.contiguous()).transpose()?;
+    if x.device().is_cpu() {
+        crate::cpu::conv2d(&x, &weight, bias.as_ref(), &out, p);
+        return Ok(out);
+    }
+    let b = bias.as_ref().unwrap_or(&weight);
+    let imm = [
+        n,
+        cin,
+        h,
+        w,
+        cout,
+        oh,
+        ow,
+        kh,
+        kw,
+        p.stride.0,
+        p.stride.1,
+        p.padding.0,
+        p.padding.1,
+        p.dilation.0,
+        p.dilation.1,
+        p.groups,
+        bias.is_some() as usize,
+        x.layout().offset,
+        weight.layout().offset,
+        b.layout().offset,
+    ]
+    .iter()
+    .map(|&v| u32_of(OP, v))
+    .collect::<Result<Vec<u32>>>()?;
+    let blocks = [
+        &x.storage.block,
+        &weight.storage.block,
+        &b.storage.block,
+        &out.storage.block,
+    ];
+    launch(Kernel::Conv2d(x.dtype()), &blocks, &imm, out.numel() as u64)?;
+    Ok(out)
+}
+
+fn pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+    is_max: bool,
+) -> Result<Tensor> {
+    let op = if is_max { "max_pool2d" } else { "avg_pool2d" };
+    check_4d(op, x)?;
+    let (n, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    if stride.0 == 0 || stride.1 == 0 || kernel.0 == 0 || kernel.1 == 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "kernel and stride must be positive".into(),
+        });
+    }
+    if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: "pad should be at most half of the kernel size".into(),
+        });
+    }
+    let (Some(oh), Some(ow)) = (
+        out_size(h, kernel.0, stride.0, padding.0, 1),
+        out_size(w, kernel.1, stride.1, padding.1, 1),
+    ) else {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!("kernel {kernel:?} is larger than the padded input {h}x{w}"),
+        });
+    };
+    let out = Tensor::empty(&[n, c, oh, ow], x.dtype(), x.device())?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let x = x.contiguous()?;
+    if x.device().is_cpu() {
+        crate::cpu::pool2d(&x, &out, kernel, stride, padding, is_max);
+        return Ok(out);
+    }
+    let imm = [
+        n * c,
+        h,
+        w,
+        oh,
+        ow,
+        kernel.0,
+        kernel.1,
+        stride.0,
+        stride.1,
+        padding.0,
+        padding.1,
+        1,
+        1,
+        is_max as usize,
+        x.layout().offset,
+        0,
+    ]
+    .iter()
+    .map(|&v| u32_of(op, v))
+    .collect::<Result<Vec<u32>>>()?;
+    launch(
+        Kernel::Pool2d(x.dtype()),
+        &[&x.storage.block, &out.storage.block],
+        &imm,
+        out.numel() as u64,
+    )?;
+    Ok(out)
+}
+
+/// Max pooling (padding is ignored; NaN propagates).
+pub fn max_pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor> {
+    pool2d(x, kernel, stride, padding, true)
+}
+
+/// Average pooling, dividing by the whole window (count_include_pad=True).
+pub fn avg_pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor> {
+    pool2d(x, kernel, stride, padding, false)
+}

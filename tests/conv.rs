@@ -1,0 +1,160 @@
+//! conv2d and pooling on every adapter against the CPU device, with PyTorch's output sizes,
+//! a hand-checked case, and the errors for shapes that do not fit.
+
+use kiln::ops::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
+use kiln::{DType, Device, Tensor};
+
+fn gpus() -> Vec<Device> {
+    let d = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    d.into_iter().filter(|d| !d.is_cpu()).collect()
+}
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    (0..n)
+        .map(|i| (((i as u64 + 1) * (seed * 2654435761 + 97)) % 1000) as f64 / 500.0 - 1.0)
+        .collect()
+}
+
+fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: element {i}: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn conv2d_matches_the_cpu_and_pytorch() {
+    let cpu = Device::cpu().unwrap();
+    // torch.nn.functional.conv2d(torch.arange(16.).view(1,1,4,4), torch.ones(1,1,2,2)) ->
+    // [[10, 14, 18], [26, 30, 34], [42, 46, 50]]
+    for dev in gpus().into_iter().chain([cpu.clone()]) {
+        let x = Tensor::arange(0.0, 16.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .view(&[1, 1, 4, 4])
+            .unwrap();
+        let w = Tensor::ones(&[1, 1, 2, 2], DType::F32, &dev).unwrap();
+        let y = conv2d(&x, &w, None, Conv2dParams::default()).unwrap();
+        assert_eq!(y.shape(), &[1, 1, 3, 3]);
+        assert_eq!(
+            y.to_vec::<f32>().unwrap(),
+            vec![10.0, 14.0, 18.0, 26.0, 30.0, 34.0, 42.0, 46.0, 50.0]
+        );
+    }
+    let cases = [
+        ([2, 4, 9, 7], [6, 4, 3, 3], Conv2dParams::default(), true),
+        (
+            [1, 4, 9, 7],
+            [6, 2, 3, 2],
+            Conv2dParams {
+                stride: (2, 1),
+                padding: (1, 2),
+                dilation: (1, 2),
+                groups: 2,
+            },
+            true,
+        ),
+        (
+            [3, 3, 8, 8],
+            [5, 3, 1, 1],
+            Conv2dParams {
+                stride: (3, 3),
+                ..Default::default()
+            },
+            false,
+        ),
+    ];
+    for dev in gpus() {
+        let mut dtypes = vec![(DType::F32, 1e-5)];
+        if dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+            dtypes.push((DType::F16, 2e-2));
+        }
+        for (dtype, tol) in dtypes {
+            for (i, (xs, ws, p, bias)) in cases.iter().enumerate() {
+                let (nx, nw) = (xs.iter().product(), ws.iter().product());
+                let run = |d: &Device| {
+                    let x =
+                        Tensor::from_f64_slice(&values(nx, i as u64 + 1), xs, dtype, d).unwrap();
+                    let w =
+                        Tensor::from_f64_slice(&values(nw, i as u64 + 7), ws, dtype, d).unwrap();
+                    let b = Tensor::from_f64_slice(&values(ws[0], 3), &[ws[0]], dtype, d).unwrap();
+                    conv2d(&x, &w, bias.then_some(&b), *p).unwrap()
+                };
+                let (got, want) = (run(&dev), run(&cpu));
+                assert_eq!(got.shape(), want.shape());
+                close(
+                    &got.to_f64_vec().unwrap(),
+                    &want.to_f64_vec().unwrap(),
+                    tol,
+                    &format!("{dev:?} {dtype} case {i}"),
+                );
+            }
+        }
+        let x = Tensor::zeros(&[1, 3, 4, 4], DType::F32, &dev).unwrap();
+        let w = Tensor::zeros(&[2, 2, 3, 3], DType::F32, &dev).unwrap();
+        assert!(
+            conv2d(&x, &w, None, Conv2dParams::default()).is_err(),
+            "channels do not fit"
+        );
+        let big = Tensor::zeros(&[2, 3, 5, 5], DType::F32, &dev).unwrap();
+        assert!(
+            conv2d(&x, &big, None, Conv2dParams::default()).is_err(),
+            "kernel larger than input"
+        );
+    }
+}
+
+#[test]
+fn pooling_matches_the_cpu_and_pytorch() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus().into_iter().chain([cpu.clone()]) {
+        // F.max_pool2d(torch.arange(16.).view(1,1,4,4), 2) -> [[5, 7], [13, 15]]; avg -> [[2.5, 4.5], [10.5, 12.5]]
+        let x = Tensor::arange(0.0, 16.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .view(&[1, 1, 4, 4])
+            .unwrap();
+        assert_eq!(
+            max_pool2d(&x, (2, 2), (2, 2), (0, 0))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![5.0, 7.0, 13.0, 15.0]
+        );
+        assert_eq!(
+            avg_pool2d(&x, (2, 2), (2, 2), (0, 0))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![2.5, 4.5, 10.5, 12.5]
+        );
+        assert!(
+            max_pool2d(&x, (2, 2), (2, 2), (2, 2)).is_err(),
+            "padding over half the kernel"
+        );
+    }
+    for dev in gpus() {
+        let run = |d: &Device, is_max: bool| {
+            let x =
+                Tensor::from_f64_slice(&values(2 * 3 * 11 * 9, 5), &[2, 3, 11, 9], DType::F32, d)
+                    .unwrap();
+            let x = x.transpose(2, 3).unwrap(); // a non-contiguous input
+            if is_max {
+                max_pool2d(&x, (3, 2), (2, 2), (1, 1)).unwrap()
+            } else {
+                avg_pool2d(&x, (3, 3), (1, 2), (1, 0)).unwrap()
+            }
+        };
+        for is_max in [true, false] {
+            let (got, want) = (run(&dev, is_max), run(&cpu, is_max));
+            assert_eq!(got.shape(), want.shape());
+            close(
+                &got.to_f64_vec().unwrap(),
+                &want.to_f64_vec().unwrap(),
+                1e-6,
+                &format!("{dev:?} max {is_max}"),
+            );
+        }
+    }
+}
