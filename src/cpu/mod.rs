@@ -375,3 +375,33 @@ pub(crate) fn pool2d(
         }
     }
 }
+
+/// `out[c with coordinate d replaced by index[c]] += src[e]` for each coordinate c (element e)
+/// of the index, `src` contiguous in the index's shape; `Err(bad index)` when out of range.
+pub(crate) fn scatter_add(out: &Tensor, d: usize, index: &Tensor, src: &Tensor) -> Result<(), i64> {
+    let size = out.layout.shape[d] as i64;
+    let rank = index.layout.rank();
+    let mut coord = vec![0usize; rank];
+    for (e, ii) in offsets(&index.layout).into_iter().enumerate() {
+        let i = load(index, ii) as i64;
+        if i < 0 || i >= size {
+            return Err(i);
+        }
+        let off = out.layout.offset
+            + coord
+                .iter()
+                .zip(&out.layout.strides)
+                .enumerate()
+                .map(|(k, (&c, &s))| if k == d { i as usize * s } else { c * s })
+                .sum::<usize>();
+        store(out, off, load(out, off) + load(src, src.layout.offset + e));
+        for k in (0..rank).rev() {
+            coord[k] += 1;
+            if coord[k] < index.layout.shape[k] {
+                break;
+            }
+            coord[k] = 0;
+        }
+    }
+    Ok(())
+}

@@ -47,6 +47,8 @@ pub enum Kernel {
     Conv2d(DType),
     /// `shaders/pool2d.wgsl` for one float dtype: max and average pooling.
     Pool2d(DType),
+    /// `shaders/scatter_add.wgsl` for f32 or i32 (checks its indices).
+    ScatterAdd(DType),
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -71,6 +73,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Gather))
             .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
+            .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
             .collect()
     }
 
@@ -97,6 +100,25 @@ impl Kernel {
                     )
                     .replace("{{T}}", d.name()),
             ),
+            Kernel::ScatterAdd(d) => {
+                let (atomic, add) = if *d == DType::I32 {
+                    ("i32", "atomicAdd(&out[at], src[e]);")
+                } else {
+                    (
+                        "u32",
+                        "var old = atomicLoad(&out[at]);\n    loop {\n        \
+                         let sum = bitcast<u32>(bitcast<f32>(old) + src[e]);\n        \
+                         let r = atomicCompareExchangeWeak(&out[at], old, sum);\n        \
+                         if r.exchanged {\n            break;\n        }\n        old = r.old_value;\n    }",
+                    )
+                };
+                Cow::Owned(
+                    include_str!("../../shaders/scatter_add.wgsl")
+                        .replace("{{T}}", d.name())
+                        .replace("{{ATOMIC}}", atomic)
+                        .replace("{{ADD}}", add),
+                )
+            }
             Kernel::Pool2d(d) => Cow::Owned(
                 include_str!("../../shaders/pool2d.wgsl")
                     .replace(
@@ -154,6 +176,7 @@ impl Kernel {
             Kernel::Gather(d) => Cow::Owned(format!("gather_{d}")),
             Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
+            Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
         }
     }
 
@@ -167,7 +190,7 @@ impl Kernel {
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
-            Kernel::Gather(_) | Kernel::Conv2d(_) => 4,
+            Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::Pool2d(_) => 2,
         }
     }
@@ -176,13 +199,14 @@ impl Kernel {
     fn op_name(&self) -> &'static str {
         match self {
             Kernel::Gather(_) => "gather/index_select/embedding",
+            Kernel::ScatterAdd(_) => "scatter_add",
             _ => "kernel",
         }
     }
 
     /// Whether the kernel checks its input and binds the device's assert flag last.
     fn checks_input(&self) -> bool {
-        matches!(self, Kernel::Gather(_))
+        matches!(self, Kernel::Gather(_) | Kernel::ScatterAdd(_))
     }
 
     /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
@@ -206,6 +230,7 @@ impl Kernel {
             Kernel::Gather(_) => 128,
             Kernel::Conv2d(_) => 80,
             Kernel::Pool2d(_) => 64,
+            Kernel::ScatterAdd(_) => 128,
         }
     }
 }

@@ -163,3 +163,91 @@ impl Tensor {
         index_select(self, dim, index)
     }
 }
+
+/// A copy of `x` with `src` added at `index` along `d` (`x.scatter_add(d, index, src)`):
+/// `out[c with coordinate d replaced by index[c]] += src[c]` for every coordinate c of `index`.
+/// f32 and i32; colliding indices accumulate (atomically on a GPU, so f32 sums may differ from
+/// a sequential order in the last bits).
+pub fn scatter_add(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    const OP: &str = "scatter_add";
+    same_device(OP, x, index)?;
+    same_device(OP, x, src)?;
+    check_index_dtype(OP, index)?;
+    if src.dtype() != x.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            expected: x.dtype(),
+            got: src.dtype(),
+        });
+    }
+    if !matches!(x.dtype(), DType::F32 | DType::I32) {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: x.dtype(),
+            why: "(f32 and i32 only: WGSL atomics)".into(),
+        });
+    }
+    let d = dim(OP, d, x.rank())?;
+    let fits = index.rank() == x.rank()
+        && src.rank() == x.rank()
+        && (0..x.rank()).all(|i| {
+            index.shape()[i] <= src.shape()[i] && (i == d || index.shape()[i] <= x.shape()[i])
+        });
+    if !fits || x.rank() > 8 {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: x.shape().to_vec(),
+            rhs: index.shape().to_vec(),
+        });
+    }
+    let out = super::copy(x)?;
+    if index.numel() == 0 {
+        return Ok(out);
+    }
+    // src restricted to the index's shape, contiguous: element e of the index reads src[e].
+    let mut src = src.clone();
+    for (i, &n) in index.shape().iter().enumerate() {
+        src = src.narrow(i as isize, 0, n)?;
+    }
+    let src = super::copy(&src)?;
+    let size = x.shape()[d];
+    if x.device().is_cpu() {
+        crate::cpu::scatter_add(&out, d, index, &src).map_err(|bad| Error::IndexOutOfRange {
+            op: OP,
+            index: bad,
+            size,
+            what: "index",
+        })?;
+        return Ok(out);
+    }
+    let mut imm = vec![
+        u32_of(OP, index.numel())?,
+        x.rank() as u32,
+        d as u32,
+        0,
+        u32_of(OP, index.layout().offset)?,
+        u32_of(OP, size)?,
+        0,
+        0,
+    ];
+    for field in [index.shape(), out.strides(), index.strides()] {
+        let mut packed = [0u32; 8];
+        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
+            *slot = u32_of(OP, v)?;
+        }
+        imm.extend_from_slice(&packed);
+    }
+    launch(
+        Kernel::ScatterAdd(x.dtype()),
+        &[&src.storage.block, &index.storage.block, &out.storage.block],
+        &imm,
+        index.numel() as u64,
+    )?;
+    Ok(out)
+}
+
+impl Tensor {
+    pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        scatter_add(self, dim, index, src)
+    }
+}
