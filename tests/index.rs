@@ -126,7 +126,7 @@ fn scatter_add_accumulates_collisions_like_pytorch() {
             "the input is untouched"
         );
         // Heavy collisions (a histogram of 10000 values into 7 bins), f32 and i32, against the CPU.
-        let bins: Vec<i32> = (0..10_000).map(|i| (i * 7919 % 7) as i32).collect();
+        let bins: Vec<i32> = (0..10_000).map(|i| i * 7919 % 7).collect();
         for dtype in [DType::F32, DType::I32] {
             let run = |d: &Device| {
                 let hist = Tensor::zeros(&[7], dtype, d).unwrap();
