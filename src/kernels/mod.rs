@@ -82,24 +82,10 @@ impl Kernel {
             Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
             Kernel::Elementwise(k) => Cow::Owned(k.source()),
             Kernel::Reduce(k) => Cow::Owned(k.source()),
-            Kernel::Transpose(d) => Cow::Owned(
-                include_str!("../../shaders/transpose.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
+            Kernel::Transpose(d) => per_dtype(include_str!("../../shaders/transpose.wgsl"), *d),
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
-            Kernel::Conv2d(d) => Cow::Owned(
-                include_str!("../../shaders/conv2d.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
+            Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
                     ("i32", "atomicAdd(&out[at], src[e]);")
@@ -119,46 +105,11 @@ impl Kernel {
                         .replace("{{ADD}}", add),
                 )
             }
-            Kernel::Pool2d(d) => Cow::Owned(
-                include_str!("../../shaders/pool2d.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
-            Kernel::Gather(d) => Cow::Owned(
-                include_str!("../../shaders/gather.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
-            Kernel::ArgReduce(d) => Cow::Owned(
-                include_str!("../../shaders/argreduce.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
-            Kernel::Random(d) => Cow::Owned(
-                include_str!("../../shaders/random.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
-            Kernel::Matmul(d) => Cow::Owned(
-                include_str!("../../shaders/matmul.wgsl")
-                    .replace(
-                        "{{ENABLES}}",
-                        if *d == DType::F16 { "enable f16;" } else { "" },
-                    )
-                    .replace("{{T}}", d.name()),
-            ),
+            Kernel::Pool2d(d) => per_dtype(include_str!("../../shaders/pool2d.wgsl"), *d),
+            Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
+            Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
+            Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
+            Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
         }
     }
 
@@ -233,6 +184,15 @@ impl Kernel {
             Kernel::ScatterAdd(_) => 128,
         }
     }
+}
+
+/// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
+fn per_dtype(src: &'static str, d: DType) -> Cow<'static, str> {
+    let enables = if d == DType::F16 { "enable f16;" } else { "" };
+    Cow::Owned(
+        src.replace("{{ENABLES}}", enables)
+            .replace("{{T}}", d.name()),
+    )
 }
 
 /// Parses and validates a kernel's WGSL with naga, as wgpu will.

@@ -3,7 +3,7 @@
 //! (`Error::DeviceAssert`, the element written as 0), as CUDA reports device-side asserts but
 //! without poisoning the device. See Note [Device asserts] in ARCHITECTURE.md.
 
-use super::{same_device, u32_of};
+use super::{pack_dims, same_device, u32_of};
 use crate::kernels::{launch, Kernel};
 use crate::tensor::{dim, DType, Layout, Tensor};
 use crate::{Error, Result};
@@ -71,13 +71,7 @@ pub fn gather(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
         0,
         0,
     ];
-    for field in [index.shape(), x.strides(), index.strides()] {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(OP, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
+    pack_dims(&mut imm, &[index.shape(), x.strides(), index.strides()], OP)?;
     launch(
         Kernel::Gather(x.dtype()),
         &[&x.storage.block, &index.storage.block, &out.storage.block],
@@ -230,13 +224,11 @@ pub fn scatter_add(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result
         0,
         0,
     ];
-    for field in [index.shape(), out.strides(), index.strides()] {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(OP, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
+    pack_dims(
+        &mut imm,
+        &[index.shape(), out.strides(), index.strides()],
+        OP,
+    )?;
     launch(
         Kernel::ScatterAdd(x.dtype()),
         &[&src.storage.block, &index.storage.block, &out.storage.block],

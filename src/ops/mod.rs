@@ -81,6 +81,23 @@ fn u32_of(op: &'static str, v: usize) -> Result<u32> {
     })
 }
 
+/// Appends each of `fields` (shape or strides, up to 8 dims) to the immediates as 8 u32s: the
+/// `array<vec4<u32>, 2>` fields the strided kernels unravel with.
+pub(crate) fn pack_dims<S: AsRef<[usize]>>(
+    imm: &mut Vec<u32>,
+    fields: &[S],
+    op: &'static str,
+) -> Result<()> {
+    for field in fields {
+        let mut packed = [0u32; 8];
+        for (slot, &v) in packed.iter_mut().zip(field.as_ref()) {
+            *slot = u32_of(op, v)?;
+        }
+        imm.extend_from_slice(&packed);
+    }
+    Ok(())
+}
+
 /// Encodes one elementwise launch: operands coalesced to the fewest dims, contiguous fast path
 /// when every operand walks memory in order.
 fn gpu_elementwise(
@@ -158,13 +175,7 @@ fn gpu_elementwise(
         u32_of(op, a.layout.offset / unit)?,
         off_b,
     ];
-    for field in [&shape, &strides[0], &strides[1]] {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(op, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
+    pack_dims(&mut imm, &[&shape, &strides[0], &strides[1]], op)?;
     let mut blocks = vec![&a.storage.block];
     if let Some(b) = b {
         blocks.push(&b.storage.block);

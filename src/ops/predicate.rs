@@ -1,7 +1,7 @@
 //! Comparisons (to bool), dtype casts, `where` and `masked_fill`. Bool tensors are one byte per
 //! element on every device, as in PyTorch.
 
-use super::{same_device, u32_of};
+use super::{pack_dims, same_device, u32_of};
 use crate::cpu;
 use crate::kernels::{launch, CmpOp, Kernel, PredicateForm, PredicateKernel};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
@@ -43,13 +43,7 @@ fn gpu_predicate(
         u32_of(op, a.layout.offset)?,
         off_b,
     ];
-    for field in [&shape, &strides[0], &strides[1]] {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(op, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
+    pack_dims(&mut imm, &[&shape, &strides[0], &strides[1]], op)?;
     let mut blocks = vec![&a.storage.block];
     if let Some(b) = b {
         blocks.push(&b.storage.block);

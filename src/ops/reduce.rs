@@ -2,7 +2,7 @@
 //! split across workgroups when rows are long; f32 accumulation on the GPU, f64 on the CPU),
 //! and max/min with their indices (argmax/argmin).
 
-use super::u32_of;
+use super::{pack_dims, u32_of};
 use crate::cpu;
 use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
 use crate::tensor::{dim, DType, Layout, Tensor};
@@ -27,17 +27,6 @@ fn kernel_layout(xp: &Tensor, op: &'static str) -> Result<(bool, Vec<usize>, Vec
     }
     let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
     Ok((contiguous, shape, strides.pop().expect("one stride vector")))
-}
-
-fn pack(imm: &mut Vec<u32>, fields: [&[usize]; 2], op: &'static str) -> Result<()> {
-    for field in fields {
-        let mut packed = [0u32; 8];
-        for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-            *slot = u32_of(op, v)?;
-        }
-        imm.extend_from_slice(&packed);
-    }
-    Ok(())
 }
 
 /// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`.
@@ -77,7 +66,7 @@ fn gpu_reduce_rows(
         scale_bits,
         0,
     ];
-    pack(&mut imm, [&shape, &strides], op)?;
+    pack_dims(&mut imm, &[&shape, &strides], op)?;
     let kernel = ReduceKernel {
         op: rop,
         input: xp.dtype,
@@ -209,7 +198,7 @@ fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tens
             0,
             0,
         ];
-        pack(&mut imm, [&shape, &strides], op)?;
+        pack_dims(&mut imm, &[&shape, &strides], op)?;
         let blocks = [
             &xp.storage.block,
             &values.storage.block,

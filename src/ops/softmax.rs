@@ -1,7 +1,7 @@
 //! softmax and log_softmax along one dim: numerically stable (max subtracted), one pass per row
 //! on the GPU with an online max and sum; f64 on the CPU reference.
 
-use super::u32_of;
+use super::{pack_dims, u32_of};
 use crate::kernels::{launch, Kernel, SoftmaxKernel, WORKGROUP};
 use crate::tensor::{dim, Layout, Tensor};
 use crate::{Error, Result};
@@ -57,13 +57,7 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                 0,
                 0,
             ];
-            for field in [&shape, &strides[0]] {
-                let mut packed = [0u32; 8];
-                for (slot, &v) in packed.iter_mut().zip(field.iter()) {
-                    *slot = u32_of(op, v)?;
-                }
-                imm.extend_from_slice(&packed);
-            }
+            pack_dims(&mut imm, &[&shape, &strides[0]], op)?;
             let kernel = Kernel::Softmax(SoftmaxKernel {
                 dtype: x.dtype,
                 vector,
