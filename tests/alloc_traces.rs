@@ -33,7 +33,8 @@ trace_test! {
 /// addresses, and there the segment created at event 300 lies *below* the one created at event
 /// 0. No address model that also reproduces `small_churn_1` (which needs ascending creation
 /// order) yields that, and the trace does not record addresses. All 122 statistics match for
-/// events 0..=397; the tie shows at event 398.
+/// events 0..=397; the tie shows at event 398. PyTorch's own replay is deterministic; CUDA's
+/// placement rule is described in ARCHITECTURE.md (Note [Caching allocator]).
 #[test]
 fn mixed_pow2div_31_matches_until_the_address_tie() {
     let m = replay("mixed_pow2div_31").unwrap_err();

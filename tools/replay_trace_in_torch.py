@@ -1,0 +1,33 @@
+# Replays an allocator trace in PyTorch itself and reports the first statistic that differs from
+# the recorded one: is PyTorch's own result reproducible? Optional warm-up perturbs CUDA's
+# address space first (allocate and free some segments, then empty_cache).
+import json, sys, os, torch
+path, warm = sys.argv[1], int(sys.argv[2])
+d = json.load(open(path))
+torch.cuda.init()
+if warm:
+    keep = [torch.empty(warm << 20, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    del keep
+    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(); torch.cuda.reset_accumulated_memory_stats()
+live = {}
+for k, (ev, step) in enumerate(zip(d["events"], d["expected"]["steps"])):
+    err = None
+    try:
+        if ev["op"] == "alloc":
+            live[ev["id"]] = torch.empty(ev["size"], dtype=torch.uint8, device="cuda")
+        elif ev["op"] == "free":
+            live.pop(ev["id"], None)
+        elif ev["op"] == "empty_cache":
+            torch.cuda.empty_cache()
+        elif ev["op"] == "reset_peak":
+            torch.cuda.reset_peak_memory_stats()
+    except torch.OutOfMemoryError:
+        err = "oom"
+    stats = torch.cuda.memory_stats()
+    bad = [key for key, v in step["stats"].items() if stats.get(key) != v and not key.startswith("num_device") and key != "num_sync_all_streams"]
+    if err != step["error"] or bad:
+        print(f"{os.path.basename(path)} warm={warm}: DIFFERS at event {k}: {bad[:3]} got {[stats.get(b) for b in bad[:3]]} want {[step['stats'][b] for b in bad[:3]]}")
+        break
+else:
+    print(f"{os.path.basename(path)} warm={warm}: matches all {len(d['events'])} events")
