@@ -18,6 +18,8 @@ pub(crate) struct GpuDevice {
     pub stream: Arc<Mutex<Stream>>,
     pub alloc: Mutex<CachingAllocator<WgpuSource>>,
     pub kernels: Mutex<KernelCache>,
+    /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
+    pub coop_f16: bool,
     /// Shared with the segment source, which evicts a segment's groups when releasing it.
     pub bind_groups: Arc<Mutex<BindGroupCache>>,
     /// wgpu errors no scope caught, reported at the next sync point.
@@ -36,12 +38,35 @@ impl GpuDevice {
         // The adapter's own limits: the defaults cap offsets at 256 bytes, immediates at 0 and
         // storage buffers at 8.
         let limits = adapter.limits();
-        let features = KilnFeatures::requested(adapter.features());
+        let mut features = KilnFeatures::requested(adapter.features());
+        // Cooperative matrices are experimental in wgpu 30: requested only where the adapter
+        // lists the one configuration kiln uses, and only with f16 and subgroups (the kernel's
+        // `subgroup_id`).
+        let coop_f16 = adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP)
+            && adapter.cooperative_matrix_properties().iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                    && c.ab_type == wgpu::CooperativeScalarType::F16
+                    && c.cr_type == wgpu::CooperativeScalarType::F32
+            })
+            && std::env::var("KILN_DISABLE_COOPERATIVE_MATRIX").is_err();
+        if coop_f16 {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let experimental_features = if coop_f16 {
+            // SAFETY: wgpu's experimental cooperative-matrix support; kiln uses one validated
+            // shader (tests/kernels.rs) on configurations the adapter reports.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -88,6 +113,7 @@ impl GpuDevice {
             stream,
             alloc: Mutex::new(CachingAllocator::new(source, config)),
             kernels: Mutex::default(),
+            coop_f16,
             bind_groups,
             errors,
             lost,

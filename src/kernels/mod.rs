@@ -49,6 +49,8 @@ pub enum Kernel {
     Pool2d(DType),
     /// `shaders/scatter_add.wgsl` for f32 or i32 (checks its indices).
     ScatterAdd(DType),
+    /// `shaders/matmul_coop.wgsl`: f16 matmul on cooperative matrices (tensor cores).
+    MatmulCoop,
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -74,6 +76,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
             .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
+            .chain([Kernel::MatmulCoop])
             .collect()
     }
 
@@ -86,6 +89,7 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
+            Kernel::MatmulCoop => Cow::Borrowed(include_str!("../../shaders/matmul_coop.wgsl")),
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
                     ("i32", "atomicAdd(&out[at], src[e]);")
@@ -128,6 +132,7 @@ impl Kernel {
             Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
+            Kernel::MatmulCoop => Cow::Borrowed("matmul_coop_f16"),
         }
     }
 
@@ -142,6 +147,7 @@ impl Kernel {
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
+            Kernel::MatmulCoop => 3,
             Kernel::Pool2d(_) => 2,
         }
     }
@@ -182,6 +188,7 @@ impl Kernel {
             Kernel::Conv2d(_) => 80,
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
+            Kernel::MatmulCoop => 48,
         }
     }
 }

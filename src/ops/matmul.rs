@@ -50,6 +50,29 @@ fn flatten_batch(a: Tensor, b: Tensor, batch_shape: &[usize]) -> Result<Batched>
     })
 }
 
+/// Whether the tensor-core path applies: f16 on an adapter with cooperative matrices, whole
+/// 128x128 tiles, K in steps of 16, row-major operands with 16-byte aligned rows and offsets.
+fn coop_eligible(
+    a: &Tensor,
+    [m, n, k]: [usize; 3],
+    fa: &Tensor,
+    fb: &Tensor,
+    s: [usize; 6],
+) -> bool {
+    let [sam, sak, sbk, sbn, sab, sbb] = s;
+    let coop = a.device().gpu().is_some_and(|g| g.coop_f16);
+    coop && a.dtype() == crate::tensor::DType::F16
+        && m % 128 == 0
+        && n % 128 == 0
+        && k % 16 == 0
+        && k > 0
+        && sak == 1
+        && sbn == 1
+        && [sam, sbk, sab, sbb, fa.layout().offset, fb.layout().offset]
+            .iter()
+            .all(|v| v % 8 == 0)
+}
+
 /// `a @ b`.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "matmul";
@@ -123,6 +146,40 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 [flat.sab, sam, sak],
                 [flat.sbb, sbk, sbn],
             );
+        } else if coop_eligible(
+            a,
+            [m, n, k],
+            fa,
+            fb,
+            [sam, sak, sbk, sbn, flat.sab, flat.sbb],
+        ) {
+            // Tensor cores: f32 result, then cast to f16.
+            let acc = Tensor::empty(out.shape(), crate::tensor::DType::F32, a.device())?;
+            let imm = [
+                m,
+                n,
+                k,
+                flat.batch,
+                fa.layout().offset,
+                flat.sab,
+                sam,
+                fb.layout().offset,
+                flat.sbb,
+                sbk,
+                0,
+                0,
+            ]
+            .iter()
+            .map(|&v| u32_of(OP, v))
+            .collect::<Result<Vec<u32>>>()?;
+            let groups = ((n / 128) as u32, (m / 128) as u32, u32_of(OP, flat.batch)?);
+            launch_groups(
+                Kernel::MatmulCoop,
+                &[&fa.storage.block, &fb.storage.block, &acc.storage.block],
+                &imm,
+                groups,
+            )?;
+            super::predicate::cast_into(&acc, &out)?;
         } else {
             let imm = [
                 u32_of(OP, m)?,
