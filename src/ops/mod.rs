@@ -98,6 +98,54 @@ pub(crate) fn pack_dims<S: AsRef<[usize]>>(
     Ok(())
 }
 
+/// Operands seen over one shape, coalesced to the fewest dims a kernel indexes.
+pub(crate) struct Coalesced {
+    pub shape: Vec<usize>,
+    /// One stride vector per operand, in the order given.
+    pub strides: Vec<Vec<usize>>,
+    /// Every operand walks memory in element order (no index arithmetic needed).
+    pub contiguous: bool,
+}
+
+/// Coalesces `layouts` (all of `shape`) for a kernel; kernels index at most 8 dims.
+pub(crate) fn coalesce_for_kernel(
+    op: &'static str,
+    shape: &[usize],
+    layouts: &[&Layout],
+) -> Result<Coalesced> {
+    let mut strides: Vec<Vec<usize>> = layouts.iter().map(|l| l.strides.clone()).collect();
+    let shape = Layout::coalesce(shape, &mut strides);
+    if shape.len() > 8 {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "{} dims that cannot be merged; kernels index at most 8",
+                shape.len()
+            ),
+        });
+    }
+    let contiguous = shape.len() <= 1 && strides.iter().all(|s| s.first().is_none_or(|&x| x == 1));
+    Ok(Coalesced {
+        shape,
+        strides,
+        contiguous,
+    })
+}
+
+/// The immediates of the two-operand strided kernels (elementwise, predicate): element count,
+/// rank, the operands' offsets, then the shape and both operands' strides.
+pub(crate) fn strided_header(
+    op: &'static str,
+    n: usize,
+    c: &Coalesced,
+    off_a: u32,
+    off_b: u32,
+) -> Result<Vec<u32>> {
+    let mut imm = vec![u32_of(op, n)?, c.shape.len() as u32, off_a, off_b];
+    pack_dims(&mut imm, &[&c.shape, &c.strides[0], &c.strides[1]], op)?;
+    Ok(imm)
+}
+
 /// Encodes one elementwise launch: operands coalesced to the fewest dims, contiguous fast path
 /// when every operand walks memory in order.
 fn gpu_elementwise(
@@ -111,22 +159,9 @@ fn gpu_elementwise(
     // In place (`out` None), the result goes back into `a`'s own elements.
     let inplace = out.is_none();
     let out = out.unwrap_or(a);
-    let mut strides = vec![
-        a.layout.strides.clone(),
-        b.map_or_else(|| a.layout.strides.clone(), |b| b.layout.strides.clone()),
-        out.layout.strides.clone(),
-    ];
-    let shape = Layout::coalesce(out.shape(), &mut strides);
-    if shape.len() > 8 {
-        return Err(Error::InvalidArgument {
-            op,
-            msg: format!(
-                "{} dims that cannot be merged; kernels index at most 8",
-                shape.len()
-            ),
-        });
-    }
-    let contiguous = shape.len() <= 1 && strides.iter().all(|s| s.first().is_none_or(|&x| x == 1));
+    let b_layout = b.map_or(&a.layout, |b| &b.layout);
+    let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
+    let (shape, strides, contiguous) = (&c.shape, &c.strides, c.contiguous);
     let n = out.numel();
     // A copy of a 2-D transpose: the tiled kernel keeps reads and writes coalesced.
     let tiles_fit =
@@ -169,13 +204,7 @@ fn gpu_elementwise(
         (None, Some(s)) => s as i64 as u32,
         (None, None) => 0,
     };
-    let mut imm = vec![
-        u32_of(op, n / unit)?,
-        shape.len() as u32,
-        u32_of(op, a.layout.offset / unit)?,
-        off_b,
-    ];
-    pack_dims(&mut imm, &[&shape, &strides[0], &strides[1]], op)?;
+    let imm = strided_header(op, n / unit, &c, u32_of(op, a.layout.offset / unit)?, off_b)?;
     let mut blocks = vec![&a.storage.block];
     if let Some(b) = b {
         blocks.push(&b.storage.block);

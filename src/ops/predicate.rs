@@ -1,10 +1,10 @@
 //! Comparisons (to bool), dtype casts, `where` and `masked_fill`. Bool tensors are one byte per
 //! element on every device, as in PyTorch.
 
-use super::{pack_dims, same_device, u32_of};
+use super::{coalesce_for_kernel, same_device, strided_header, u32_of};
 use crate::cpu;
 use crate::kernels::{launch, CmpOp, Kernel, PredicateForm, PredicateKernel};
-use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
+use crate::tensor::{broadcast_shapes, DType, Tensor};
 use crate::{Error, Result};
 
 /// One launch of a predicate kernel: `a` and `b` (if any) broadcast to `out`'s shape.
@@ -16,34 +16,15 @@ fn gpu_predicate(
     out: &Tensor,
     op: &'static str,
 ) -> Result<()> {
-    let mut strides = vec![
-        a.layout.strides.clone(),
-        b.map_or_else(|| a.layout.strides.clone(), |b| b.layout.strides.clone()),
-        out.layout.strides.clone(),
-    ];
-    let shape = Layout::coalesce(out.shape(), &mut strides);
-    if shape.len() > 8 {
-        return Err(Error::InvalidArgument {
-            op,
-            msg: format!(
-                "{} dims that cannot be merged; kernels index at most 8",
-                shape.len()
-            ),
-        });
-    }
+    let b_layout = b.map_or(&a.layout, |b| &b.layout);
+    let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
     let off_b = match (b, scalar_bits) {
         (Some(b), _) => u32_of(op, b.layout.offset)?,
         (None, Some(bits)) => bits,
         (None, None) => 0,
     };
     let n = out.numel();
-    let mut imm = vec![
-        u32_of(op, n)?,
-        shape.len() as u32,
-        u32_of(op, a.layout.offset)?,
-        off_b,
-    ];
-    pack_dims(&mut imm, &[&shape, &strides[0], &strides[1]], op)?;
+    let imm = strided_header(op, n, &c, u32_of(op, a.layout.offset)?, off_b)?;
     let mut blocks = vec![&a.storage.block];
     if let Some(b) = b {
         blocks.push(&b.storage.block);

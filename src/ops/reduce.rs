@@ -2,7 +2,7 @@
 //! split across workgroups when rows are long; f32 accumulation on the GPU, f64 on the CPU),
 //! and max/min with their indices (argmax/argmin).
 
-use super::{pack_dims, u32_of};
+use super::{coalesce_for_kernel, pack_dims, u32_of};
 use crate::cpu;
 use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
 use crate::tensor::{dim, DType, Layout, Tensor};
@@ -11,23 +11,6 @@ use crate::{Error, Result};
 /// Elements one workgroup reduces before the work is split across workgroups.
 const PER_WORKGROUP: usize = 4096;
 const MAX_CHUNKS: usize = 1024;
-
-/// The layout of `xp` (reduced dims last) coalesced for a kernel: (contiguous, shape, strides).
-fn kernel_layout(xp: &Tensor, op: &'static str) -> Result<(bool, Vec<usize>, Vec<usize>)> {
-    let mut strides = vec![xp.layout.strides.clone()];
-    let shape = Layout::coalesce(xp.shape(), &mut strides);
-    if shape.len() > 8 {
-        return Err(Error::InvalidArgument {
-            op,
-            msg: format!(
-                "{} dims that cannot be merged; kernels index at most 8",
-                shape.len()
-            ),
-        });
-    }
-    let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
-    Ok((contiguous, shape, strides.pop().expect("one stride vector")))
-}
 
 /// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`.
 fn gpu_reduce_rows(
@@ -40,7 +23,8 @@ fn gpu_reduce_rows(
 ) -> Result<()> {
     let rows = out.numel();
     let chunks = inner.div_ceil(PER_WORKGROUP).clamp(1, MAX_CHUNKS);
-    let (contiguous, shape, strides) = kernel_layout(xp, op)?;
+    let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
+    let (contiguous, shape, strides) = (c.contiguous, &c.shape, &c.strides[0]);
     let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
     // The vec4 form counts in vec4s.
     let unit = if vector { 4 } else { 1 };
@@ -66,7 +50,7 @@ fn gpu_reduce_rows(
         scale_bits,
         0,
     ];
-    pack_dims(&mut imm, &[&shape, &strides], op)?;
+    pack_dims(&mut imm, &[shape, strides], op)?;
     let kernel = ReduceKernel {
         op: rop,
         input: xp.dtype,
@@ -187,7 +171,8 @@ fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tens
     if x.device().is_cpu() {
         cpu::arg_reduce_rows(&xp, &values, &indices, inner, is_min);
     } else {
-        let (_, shape, strides) = kernel_layout(&xp, op)?;
+        let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
+        let (shape, strides) = (&c.shape, &c.strides[0]);
         let mut imm = vec![
             u32_of(op, values.numel())?,
             u32_of(op, inner)?,
@@ -198,7 +183,7 @@ fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tens
             0,
             0,
         ];
-        pack_dims(&mut imm, &[&shape, &strides], op)?;
+        pack_dims(&mut imm, &[shape, strides], op)?;
         let blocks = [
             &xp.storage.block,
             &values.storage.block,

@@ -1,9 +1,9 @@
 //! softmax and log_softmax along one dim: numerically stable (max subtracted), one pass per row
 //! on the GPU with an online max and sum; f64 on the CPU reference.
 
-use super::{pack_dims, u32_of};
+use super::{coalesce_for_kernel, pack_dims, u32_of};
 use crate::kernels::{launch, Kernel, SoftmaxKernel, WORKGROUP};
-use crate::tensor::{dim, Layout, Tensor};
+use crate::tensor::{dim, Tensor};
 use crate::{Error, Result};
 
 fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
@@ -32,32 +32,22 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
         if x.device().is_cpu() {
             crate::cpu::softmax_rows(&xp, &out, inner, log);
         } else {
-            let mut strides = vec![xp.layout.strides.clone()];
-            let shape = Layout::coalesce(xp.shape(), &mut strides);
-            if shape.len() > 8 {
-                return Err(Error::InvalidArgument {
-                    op,
-                    msg: format!(
-                        "{} dims that cannot be merged; kernels index at most 8",
-                        shape.len()
-                    ),
-                });
-            }
-            let contiguous = shape.len() <= 1 && strides[0].first().is_none_or(|&s| s == 1);
+            let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
+            let contiguous = c.contiguous;
             let vector =
                 contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
             let unit = if vector { 4 } else { 1 };
             let mut imm = vec![
                 u32_of(op, rows)?,
                 u32_of(op, inner / unit)?,
-                shape.len() as u32,
+                c.shape.len() as u32,
                 u32_of(op, xp.layout.offset / unit)?,
                 log as u32,
                 0,
                 0,
                 0,
             ];
-            pack_dims(&mut imm, &[&shape, &strides[0]], op)?;
+            pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
             let kernel = Kernel::Softmax(SoftmaxKernel {
                 dtype: x.dtype,
                 vector,
