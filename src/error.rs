@@ -96,6 +96,22 @@ pub enum Error {
     #[error("{ops}: {msg} (detected on the device; reported at this sync point)")]
     DeviceAssert { ops: String, msg: String },
 
+    /// Autograd misuse, with PyTorch's wording (backward through a freed graph, in-place on a
+    /// leaf that requires grad, inference tensors saved for backward, ...).
+    #[error("{op}: {msg}")]
+    Autograd { op: &'static str, msg: String },
+
+    /// A tensor saved for backward was modified in place before `backward()` (PyTorch's
+    /// "modified by an inplace operation").
+    #[error("one of the variables needed for gradient computation has been modified by an inplace operation: [{dtype} {shape:?}]{}, is at version {version}; expected version {expected} instead. Hint: the backtrace further above can point to the operation that failed to compute its gradient; find where this tensor was modified in place (an `_` op) and use the out-of-place op, or clone it first.", creator.map(|c| format!(", which is output 0 of {c}")).unwrap_or_default())]
+    ModifiedInplace {
+        shape: Vec<usize>,
+        dtype: crate::tensor::DType,
+        creator: Option<&'static str>,
+        version: u64,
+        expected: u64,
+    },
+
     /// `KILN_REQUIRE_GPU=1` is set and no GPU adapter (software ones count) was found.
     #[error("KILN_REQUIRE_GPU is set but wgpu found no GPU adapter")]
     GpuRequired,

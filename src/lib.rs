@@ -2,6 +2,7 @@
 //! that behaves like PyTorch's CUDA caching allocator. See ARCHITECTURE.md for the layers.
 
 pub mod alloc;
+pub mod autograd;
 mod cpu;
 pub mod device;
 mod error;
@@ -9,6 +10,7 @@ pub mod kernels;
 pub mod ops;
 pub mod tensor;
 
+pub use autograd::{enable_grad, inference_mode, no_grad};
 pub use device::{adapters, AdapterInfo, Device, DeviceBlock};
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

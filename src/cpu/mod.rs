@@ -43,6 +43,7 @@ fn load(t: &Tensor, i: usize) -> f64 {
     let bytes = unsafe { std::slice::from_raw_parts(base(t).add(i * w), w) };
     match t.dtype {
         DType::F32 => f32::read_le(bytes).to_f64(),
+        DType::F64 => f64::read_le(bytes),
         DType::F16 => half::f16::read_le(bytes).to_f64(),
         DType::I32 => i32::read_le(bytes).to_f64(),
         DType::U32 => u32::read_le(bytes).to_f64(),
@@ -52,9 +53,10 @@ fn load(t: &Tensor, i: usize) -> f64 {
 
 /// Writes `v` (rounded, or wrapped for integers) to element `i` of `t`'s storage.
 fn store(t: &Tensor, i: usize, v: f64) {
-    let mut bytes = Vec::with_capacity(4);
+    let mut bytes = Vec::with_capacity(8);
     match t.dtype {
         DType::F32 => (v as f32).write_le(&mut bytes),
+        DType::F64 => v.write_le(&mut bytes),
         DType::F16 => half::f16::from_f64(v).write_le(&mut bytes),
         DType::I32 => (v as i64 as i32).write_le(&mut bytes),
         DType::U32 => (v as i64 as u32).write_le(&mut bytes),

@@ -37,6 +37,7 @@ fn wgsl_type(d: DType) -> &'static str {
         DType::I32 => "i32",
         DType::U32 => "u32",
         DType::Bool => unreachable!("bool has no elementwise GPU kernels yet"),
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
     }
 }
 
@@ -172,6 +173,7 @@ impl ElementwiseKernel {
             .iter()
             .map(|&o| Form::Unary(o))
             .chain(BinaryOp::ALL.iter().map(|&o| Form::Binary(o)))
+            .chain(BinaryOp::GRADS.iter().map(|&o| Form::Binary(o)))
             .chain(BinaryOp::ALL.iter().map(|&o| Form::Scalar(o)));
         for form in forms {
             for dtype in [DType::F32, DType::F16, DType::I32, DType::U32] {

@@ -87,12 +87,14 @@ fn storage_type(d: DType) -> &'static str {
         DType::F16 => "f16",
         DType::I32 => "i32",
         DType::U32 | DType::Bool => "u32",
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
     }
 }
 
 fn compute_type(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 => "f32",
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
         DType::I32 => "i32",
         DType::U32 => "u32",
         DType::Bool => "bool",

@@ -38,6 +38,36 @@ impl Tensor {
 
     /// Joins tensors along `dim`; all other dims must match.
     pub fn cat(tensors: &[Tensor], d: isize) -> Result<Tensor> {
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let sizes: Vec<usize> = match tensors.first() {
+            Some(t) => {
+                let dd = dim("cat", d, t.rank())?;
+                tensors
+                    .iter()
+                    .map(|t| t.shape().get(dd).copied().unwrap_or(0))
+                    .collect()
+            }
+            None => vec![],
+        };
+        crate::autograd::record(
+            "CatBackward0",
+            &refs,
+            || Self::cat_forward(tensors, d),
+            |_| {
+                Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                    let mut at = 0;
+                    let mut grads = Vec::with_capacity(sizes.len());
+                    for (&n, &need) in sizes.iter().zip(needs) {
+                        grads.push(need.then(|| g.narrow(d, at, n)).transpose()?);
+                        at += n;
+                    }
+                    Ok(grads)
+                }) as crate::autograd::BackwardFn)
+            },
+        )
+    }
+
+    fn cat_forward(tensors: &[Tensor], d: isize) -> Result<Tensor> {
         const OP: &str = "cat";
         let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
             op: OP,

@@ -35,6 +35,9 @@ pub enum BinaryOp {
     Minimum,
     /// The second operand: `copy_` and `fill_`.
     Right,
+    /// The backward of a unary op: `x` is what its backward saved (the input, or the output
+    /// where `UnaryOp::grad_from_output`), `y` the gradient of the output.
+    Grad(UnaryOp),
 }
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -153,9 +156,144 @@ impl UnaryOp {
             UnaryOp::Silu => x / (1.0 + (-x).exp()),
         }
     }
+
+    /// Whether the backward needs the op's output rather than its input (PyTorch saves the
+    /// result for exp, sqrt, rsqrt, reciprocal, tanh, sigmoid and relu).
+    pub fn grad_from_output(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Exp
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Reciprocal
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Relu
+        )
+    }
+
+    /// The autograd node name, as PyTorch names it.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            UnaryOp::Identity => "CloneBackward0",
+            UnaryOp::Neg => "NegBackward0",
+            UnaryOp::Abs => "AbsBackward0",
+            UnaryOp::Exp => "ExpBackward0",
+            UnaryOp::Log => "LogBackward0",
+            UnaryOp::Sqrt => "SqrtBackward0",
+            UnaryOp::Rsqrt => "RsqrtBackward0",
+            UnaryOp::Reciprocal => "ReciprocalBackward0",
+            UnaryOp::Square => "PowBackward0",
+            UnaryOp::Sin => "SinBackward0",
+            UnaryOp::Cos => "CosBackward0",
+            UnaryOp::Tanh => "TanhBackward0",
+            UnaryOp::Sigmoid => "SigmoidBackward0",
+            UnaryOp::Relu => "ReluBackward0",
+            UnaryOp::Gelu | UnaryOp::GeluTanh => "GeluBackward0",
+            UnaryOp::Silu => "SiluBackward0",
+        }
+    }
+
+    /// WGSL of the gradient of the input from `x` (saved input or output) and `y` (the output's
+    /// gradient), in f32.
+    pub fn grad_wgsl(self) -> &'static str {
+        match self {
+            UnaryOp::Identity => "y",
+            UnaryOp::Neg => "-y",
+            UnaryOp::Abs => "y * sign(x)",
+            UnaryOp::Exp => "y * x",
+            UnaryOp::Log => "y / x",
+            UnaryOp::Sqrt => "y / (2.0 * x)",
+            UnaryOp::Rsqrt => "-0.5 * y * x * x * x",
+            UnaryOp::Reciprocal => "-y * x * x",
+            UnaryOp::Square => "2.0 * x * y",
+            UnaryOp::Sin => "y * cos(x)",
+            UnaryOp::Cos => "-y * sin(x)",
+            UnaryOp::Tanh => "y * (1.0 - x * x)",
+            UnaryOp::Sigmoid => "y * x * (1.0 - x)",
+            UnaryOp::Relu => "select(0.0, y, x > 0.0)",
+            UnaryOp::Gelu => {
+                "y * (0.5 * (1.0 + k_erf(x * 0.70710678118654752)) + x * 0.3989422804014327 * exp(-0.5 * x * x))"
+            }
+            UnaryOp::GeluTanh => {
+                "y * (0.5 * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0))) + 0.5 * x * (1.0 - tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0)) * tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0))) * 0.7978845608028654 * (1.0 + 0.134145 * x * x))"
+            }
+            UnaryOp::Silu => {
+                "y * (1.0 / (1.0 + exp(-x))) * (1.0 + x * (1.0 - 1.0 / (1.0 + exp(-x))))"
+            }
+        }
+    }
+
+    /// The CPU reference of `grad_wgsl`, in f64.
+    pub fn grad_cpu(self, x: f64, y: f64) -> f64 {
+        let sigmoid = |v: f64| 1.0 / (1.0 + (-v).exp());
+        match self {
+            UnaryOp::Identity => y,
+            UnaryOp::Neg => -y,
+            UnaryOp::Abs => {
+                if x > 0.0 {
+                    y
+                } else if x < 0.0 {
+                    -y
+                } else {
+                    0.0
+                }
+            }
+            UnaryOp::Exp => y * x,
+            UnaryOp::Log => y / x,
+            UnaryOp::Sqrt => y / (2.0 * x),
+            UnaryOp::Rsqrt => -0.5 * y * x * x * x,
+            UnaryOp::Reciprocal => -y * x * x,
+            UnaryOp::Square => 2.0 * x * y,
+            UnaryOp::Sin => y * x.cos(),
+            UnaryOp::Cos => -y * x.sin(),
+            UnaryOp::Tanh => y * (1.0 - x * x),
+            UnaryOp::Sigmoid => y * x * (1.0 - x),
+            UnaryOp::Relu => {
+                if x > 0.0 {
+                    y
+                } else {
+                    0.0
+                }
+            }
+            UnaryOp::Gelu => {
+                let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+                let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                y * (cdf + x * pdf)
+            }
+            UnaryOp::GeluTanh => {
+                let t = (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh();
+                y * (0.5 * (1.0 + t)
+                    + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 0.134145 * x * x))
+            }
+            UnaryOp::Silu => {
+                let s = sigmoid(x);
+                y * s * (1.0 + x * (1.0 - s))
+            }
+        }
+    }
 }
 
 impl BinaryOp {
+    /// The backward kernels of the unary ops that have one of their own.
+    pub const GRADS: [BinaryOp; 15] = [
+        BinaryOp::Grad(UnaryOp::Abs),
+        BinaryOp::Grad(UnaryOp::Exp),
+        BinaryOp::Grad(UnaryOp::Log),
+        BinaryOp::Grad(UnaryOp::Sqrt),
+        BinaryOp::Grad(UnaryOp::Rsqrt),
+        BinaryOp::Grad(UnaryOp::Reciprocal),
+        BinaryOp::Grad(UnaryOp::Square),
+        BinaryOp::Grad(UnaryOp::Sin),
+        BinaryOp::Grad(UnaryOp::Cos),
+        BinaryOp::Grad(UnaryOp::Tanh),
+        BinaryOp::Grad(UnaryOp::Sigmoid),
+        BinaryOp::Grad(UnaryOp::Relu),
+        BinaryOp::Grad(UnaryOp::Gelu),
+        BinaryOp::Grad(UnaryOp::GeluTanh),
+        BinaryOp::Grad(UnaryOp::Silu),
+    ];
+
     pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -177,6 +315,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Right => "copy",
+            BinaryOp::Grad(op) => op.backward_name(),
         }
     }
 
@@ -190,6 +329,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "k_max(x, y)",
             BinaryOp::Minimum => "k_min(x, y)",
             BinaryOp::Right => "y",
+            BinaryOp::Grad(op) => op.grad_wgsl(),
         }
     }
 
@@ -203,12 +343,13 @@ impl BinaryOp {
             BinaryOp::Maximum => Some("max(x, y)"),
             BinaryOp::Minimum => Some("min(x, y)"),
             BinaryOp::Right => Some("y"),
-            BinaryOp::Div | BinaryOp::Pow => None,
+            BinaryOp::Div | BinaryOp::Pow | BinaryOp::Grad(_) => None,
         }
     }
 
     pub fn cpu(self, x: f64, y: f64) -> f64 {
         match self {
+            BinaryOp::Grad(op) => op.grad_cpu(x, y),
             BinaryOp::Right => y,
             BinaryOp::Add => x + y,
             BinaryOp::Sub => x - y,
@@ -241,7 +382,9 @@ impl BinaryOp {
             BinaryOp::Maximum => x.max(y),
             BinaryOp::Minimum => x.min(y),
             BinaryOp::Right => y,
-            BinaryOp::Div | BinaryOp::Pow => unreachable!("refused before dispatch"),
+            BinaryOp::Div | BinaryOp::Pow | BinaryOp::Grad(_) => {
+                unreachable!("refused before dispatch")
+            }
         }
     }
 }

@@ -21,6 +21,22 @@ fn check_index_dtype(op: &'static str, index: &Tensor) -> Result<()> {
 
 /// `out[c] = x[c with coordinate d replaced by index[c]]`; `out` has the index's shape.
 pub fn gather(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
+    let input = x.shape().to_vec();
+    crate::autograd::record(
+        "GatherBackward0",
+        &[x],
+        || gather_forward(x, d, index),
+        |_| {
+            let idx = crate::autograd::save(index)?;
+            Ok(Box::new(move |g: &Tensor, _: &[bool]| {
+                let zeros = Tensor::zeros(&input, g.dtype(), g.device())?;
+                Ok(vec![Some(scatter_add(&zeros, d, &idx.get()?, g)?)])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn gather_forward(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
     const OP: &str = "gather";
     same_device(OP, x, index)?;
     check_index_dtype(OP, index)?;
@@ -163,6 +179,21 @@ impl Tensor {
 /// f32 and i32; colliding indices accumulate (atomically on a GPU, so f32 sums may differ from
 /// a sequential order in the last bits).
 pub fn scatter_add(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    crate::autograd::record(
+        "ScatterAddBackward0",
+        &[x, src],
+        || scatter_add_forward(x, d, index, src),
+        |_| {
+            let idx = crate::autograd::save(index)?;
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let gs = needs[1].then(|| gather(g, d, &idx.get()?)).transpose()?;
+                Ok(vec![Some(g.clone()), gs])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn scatter_add_forward(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
     const OP: &str = "scatter_add";
     same_device(OP, x, index)?;
     same_device(OP, x, src)?;
@@ -174,7 +205,8 @@ pub fn scatter_add(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result
             got: src.dtype(),
         });
     }
-    if !matches!(x.dtype(), DType::F32 | DType::I32) {
+    let cpu_f64 = x.dtype() == DType::F64 && x.device().is_cpu();
+    if !cpu_f64 && !matches!(x.dtype(), DType::F32 | DType::I32) {
         return Err(Error::UnsupportedDType {
             op: OP,
             dtype: x.dtype(),

@@ -52,6 +52,7 @@ pub fn unary_(x: &Tensor, op: UnaryOp) -> Result<()> {
     let name = op.name();
     check_supported(Form::Unary(op), x.dtype(), name)?;
     check_writable(name, x)?;
+    x.check_inplace(name)?;
     if x.numel() > 0 {
         if x.device().is_cpu() {
             cpu::unary(x, x, op);
@@ -76,6 +77,7 @@ pub fn binary_(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<()> {
     }
     check_supported(Form::Binary(op), a.dtype(), name)?;
     check_writable(name, a)?;
+    a.check_inplace(name)?;
     let lb = b
         .layout()
         .broadcast_to(name, a.shape())
@@ -105,6 +107,7 @@ pub fn binary_scalar_(a: &Tensor, s: f64, op: BinaryOp) -> Result<()> {
     let name = op.name();
     check_supported(Form::Scalar(op), a.dtype(), name)?;
     check_writable(name, a)?;
+    a.check_inplace(name)?;
     if !a.dtype().is_float() && s.fract() != 0.0 {
         return Err(Error::InvalidArgument {
             op: name,

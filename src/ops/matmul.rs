@@ -75,6 +75,79 @@ fn coop_eligible(
 
 /// `a @ b`.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    crate::autograd::record(
+        "MmBackward0",
+        &[a, b],
+        || matmul_forward(a, b),
+        |_| matmul_backward(a, b),
+    )
+}
+
+/// `ga = g @ b^T`, `gb = a^T @ g` on the operands promoted to matrices, summed over broadcast
+/// batch dims. Where `b` is a transposed view (a Linear's `w.t()`), `gb` is computed as
+/// `(g^T @ a)^T` so that it comes back contiguous after the transpose's backward, as PyTorch's
+/// `mm_mat2_backward` arranges.
+fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::autograd::BackwardFn> {
+    use crate::autograd::{save, sum_to};
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let b_transposed = b.rank() == 2 && b.strides()[0] == 1 && b.strides()[1] != 1;
+    let a_s = b.requires_grad().then(|| save(a)).transpose()?;
+    let b_s = a.requires_grad().then(|| save(b)).transpose()?;
+    Ok(Box::new(move |g, needs| {
+        let promote = |t: Tensor, vector_dim: isize| -> Result<Tensor> {
+            if t.rank() == 1 {
+                t.unsqueeze(vector_dim)
+            } else {
+                Ok(t)
+            }
+        };
+        let mut gp = g.clone();
+        if sa.len() == 1 {
+            gp = gp.unsqueeze(if sb.len() == 1 { 0 } else { -2 })?;
+        }
+        if sb.len() == 1 {
+            gp = gp.unsqueeze(-1)?;
+        }
+        let ga = match needs[0] {
+            true => {
+                let bp = promote(b_s.as_ref().expect("saved").get()?, 1)?;
+                let ga = gp.matmul(&bp.transpose(-2, -1)?)?;
+                let pa: Vec<usize> = if sa.len() == 1 {
+                    vec![1, sa[0]]
+                } else {
+                    sa.clone()
+                };
+                Some(sum_to(&ga, &pa)?.reshape(&isize_shape(&sa))?)
+            }
+            false => None,
+        };
+        let gb = match needs[1] {
+            true => {
+                let ap = promote(a_s.as_ref().expect("saved").get()?, 0)?;
+                let pb: Vec<usize> = if sb.len() == 1 {
+                    vec![sb[0], 1]
+                } else {
+                    sb.clone()
+                };
+                let column_major = b_transposed && ap.rank() == 2 && gp.rank() == 2;
+                let gb = if column_major {
+                    gp.t()?.matmul(&ap)?.t()?
+                } else {
+                    ap.transpose(-2, -1)?.matmul(&gp)?
+                };
+                Some(sum_to(&gb, &pb)?.reshape(&isize_shape(&sb))?)
+            }
+            false => None,
+        };
+        Ok(vec![ga, gb])
+    }))
+}
+
+fn isize_shape(s: &[usize]) -> Vec<isize> {
+    s.iter().map(|&d| d as isize).collect()
+}
+
+fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
     if a.dtype() != b.dtype() {

@@ -4,6 +4,7 @@
 mod composite;
 mod conv;
 mod elementwise;
+mod grad;
 mod index;
 mod inplace;
 mod matmul;
@@ -28,6 +29,16 @@ use crate::{Error, Result};
 
 /// f16 needs the adapter's shader-f16 on a GPU.
 pub(crate) fn check_dtype_on(device: &Device, op: &'static str, dtype: DType) -> Result<()> {
+    if dtype == DType::F64 && !device.is_cpu() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            why: format!(
+                "on {}: WGSL has no f64 (f64 lives on the CPU device)",
+                device.name()
+            ),
+        });
+    }
     if dtype == DType::F16
         && device
             .adapter_info()
@@ -222,6 +233,15 @@ fn gpu_elementwise(
 
 /// A new tensor `op(x)`.
 pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
+    crate::autograd::record(
+        op.backward_name(),
+        &[x],
+        || unary_forward(x, op),
+        |out| grad::unary(x, out, op),
+    )
+}
+
+fn unary_forward(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
     let name = op.name();
     check_supported(Form::Unary(op), x.dtype, name)?;
     let out = Tensor::empty(x.shape(), x.dtype, x.device())?;
@@ -248,6 +268,15 @@ pub(crate) fn copy(x: &Tensor) -> Result<Tensor> {
 
 /// A new tensor `op(a, b)` with NumPy broadcasting. Both operands share dtype and device.
 pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
+    crate::autograd::record(
+        grad::binary_name(op),
+        &[a, b],
+        || binary_forward(a, b, op),
+        |out| grad::binary_op(a, b, out, op),
+    )
+}
+
+fn binary_forward(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
     let name = op.name();
     same_device(name, a, b)?;
     if a.dtype != b.dtype {
@@ -287,6 +316,15 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
 
 /// A new tensor `op(a, s)`. On integer tensors `s` must be a whole number.
 pub fn binary_scalar(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
+    crate::autograd::record(
+        grad::scalar_name(op),
+        &[a],
+        || binary_scalar_forward(a, s, op),
+        |_| grad::scalar_op(a, s, op),
+    )
+}
+
+fn binary_scalar_forward(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
     let name = op.name();
     check_supported(Form::Scalar(op), a.dtype, name)?;
     if !a.dtype.is_float() && s.fract() != 0.0 {

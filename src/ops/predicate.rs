@@ -122,10 +122,29 @@ pub fn compare_scalar(a: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
 /// A copy converted to `dtype` (floats to integers truncate toward zero; anything to bool is
 /// `!= 0`, NaN included). The same dtype gives `self` back, as PyTorch's `.to(dtype)` does.
 pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
-    const OP: &str = "to_dtype";
     if dtype == x.dtype {
         return Ok(x.clone());
     }
+    if x.requires_grad() && !dtype.is_float() {
+        // Not differentiable: the result is a plain tensor, as in PyTorch.
+        return crate::autograd::no_grad(|| to_dtype_forward(x, dtype));
+    }
+    let from = x.dtype;
+    crate::autograd::record(
+        "ToCopyBackward0",
+        &[x],
+        || to_dtype_forward(x, dtype),
+        |_| {
+            Ok(
+                Box::new(move |g: &Tensor, _: &[bool]| Ok(vec![Some(g.to_dtype(from)?)]))
+                    as crate::autograd::BackwardFn,
+            )
+        },
+    )
+}
+
+fn to_dtype_forward(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    const OP: &str = "to_dtype";
     super::check_dtype_on(x.device(), OP, dtype)?;
     let out = Tensor::empty(x.shape(), dtype, x.device())?;
     if out.numel() > 0 {
@@ -150,6 +169,31 @@ pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
 
 /// Elements of `a` where `cond` holds, else of `b`; all three broadcast together.
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    crate::autograd::record(
+        "WhereBackward0",
+        &[a, b],
+        || where_forward(cond, a, b),
+        |_| {
+            let c = crate::autograd::save(cond)?;
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let cond = c.get()?;
+                let zeros = Tensor::zeros(&[], g.dtype(), g.device())?;
+                let ga = match needs[0] {
+                    true => Some(crate::autograd::sum_to(&where_(&cond, g, &zeros)?, &sa)?),
+                    false => None,
+                };
+                let gb = match needs[1] {
+                    true => Some(crate::autograd::sum_to(&where_(&cond, &zeros, g)?, &sb)?),
+                    false => None,
+                };
+                Ok(vec![ga, gb])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn where_forward(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "where";
     same_device(OP, cond, a)?;
     same_device(OP, a, b)?;
@@ -215,6 +259,20 @@ fn select_into(
 
 /// A copy of `x` with `value` where `mask` (broadcast to `x`'s shape) holds.
 pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
+    crate::autograd::record(
+        "MaskedFillBackward0",
+        &[x],
+        || masked_fill_forward(x, mask, value),
+        |_| {
+            let m = crate::autograd::save(mask)?;
+            Ok(Box::new(move |g: &Tensor, _: &[bool]| {
+                Ok(vec![Some(masked_fill(g, &m.get()?, 0.0)?)])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn masked_fill_forward(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     const OP: &str = "masked_fill";
     same_device(OP, x, mask)?;
     if mask.dtype != DType::Bool {

@@ -3,6 +3,7 @@
 //! and max/min with their indices (argmax/argmin).
 
 use super::{coalesce_for_kernel, pack_dims, u32_of};
+use crate::autograd::{save, save_output, BackwardFn};
 use crate::cpu;
 use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
 use crate::tensor::{dim, DType, Layout, Tensor};
@@ -101,7 +102,85 @@ fn rows_layout(
     Ok((x.permute(&order)?, inner, out_shape))
 }
 
+/// The reduced dims of a rank-`rank` tensor, ascending (`dims` empty: all of them).
+fn reduced_dims(dims: &[isize], rank: usize, op: &'static str) -> Result<Vec<usize>> {
+    let mut reduced = vec![dims.is_empty(); rank];
+    for &d in dims {
+        reduced[dim(op, d, rank)?] = true;
+    }
+    Ok((0..rank).filter(|&i| reduced[i]).collect())
+}
+
+/// A reduction's output gradient `g` brought back to the input's shape (a broadcast view).
+fn expand_back(g: &Tensor, input: &[usize], reduced: &[usize], keepdim: bool) -> Result<Tensor> {
+    let mut g = g.clone();
+    if !keepdim {
+        for &d in reduced {
+            g = g.unsqueeze(d as isize)?;
+        }
+    }
+    g.expand(input)
+}
+
 fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, rop: ReduceOp, mean: bool) -> Result<Tensor> {
+    let name = match (mean, rop) {
+        (true, _) => "MeanBackward1",
+        (_, ReduceOp::Sum) => "SumBackward1",
+        (_, ReduceOp::Prod) => "ProdBackward1",
+        (_, ReduceOp::Max) => "AmaxBackward0",
+        (_, ReduceOp::Min) => "AminBackward0",
+    };
+    crate::autograd::record(
+        name,
+        &[x],
+        || reduce_forward(x, dims, keepdim, rop, mean),
+        |out| {
+            let input = x.shape().to_vec();
+            let reduced = reduced_dims(dims, x.rank(), name)?;
+            let count: usize = reduced.iter().map(|&d| input[d]).product();
+            let keep = matches!(rop, ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min);
+            let xs = keep.then(|| save(x)).transpose()?;
+            let os = keep.then(|| save_output(out, name)).transpose()?;
+            Ok(Box::new(move |g: &Tensor, _: &[bool]| {
+                let ge = expand_back(g, &input, &reduced, keepdim)?;
+                let gx = match (mean, rop) {
+                    (true, _) => ge.div_scalar(count as f64)?,
+                    (_, ReduceOp::Sum) => ge,
+                    (_, rop) => {
+                        let x = xs.as_ref().expect("saved").get()?;
+                        let o = expand_back(
+                            &os.as_ref().expect("saved").get()?,
+                            &input,
+                            &reduced,
+                            keepdim,
+                        )?;
+                        if rop == ReduceOp::Prod {
+                            // Nonzero inputs; PyTorch's zero-aware formula is not reproduced.
+                            ge.mul(&o)?.div(&x)?
+                        } else {
+                            // Ties share the gradient evenly, as in PyTorch.
+                            let hit = x.eq(&o)?.to_dtype(x.dtype())?;
+                            let n = hit.sum(
+                                &reduced.iter().map(|&d| d as isize).collect::<Vec<_>>(),
+                                true,
+                            )?;
+                            ge.mul(&hit)?.div(&n)?
+                        }
+                    }
+                };
+                Ok(vec![Some(gx)])
+            }) as BackwardFn)
+        },
+    )
+}
+
+fn reduce_forward(
+    x: &Tensor,
+    dims: &[isize],
+    keepdim: bool,
+    rop: ReduceOp,
+    mean: bool,
+) -> Result<Tensor> {
     let op = if mean { "mean" } else { rop.name() };
     if !x.dtype.is_float() {
         return Err(Error::UnsupportedDType {
@@ -148,6 +227,38 @@ fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, rop: ReduceOp, mean: bool) 
 
 /// max or min along `d` with the index of the first extreme (NaN counts as the extreme).
 fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tensor, Tensor)> {
+    let needed = crate::autograd::needs_grad(&[x]);
+    let (mut values, indices) =
+        crate::autograd::no_grad(|| arg_reduce_forward(x, d, keepdim, is_min))?;
+    if needed {
+        let name = if is_min {
+            "MinBackward0"
+        } else {
+            "MaxBackward0"
+        };
+        let input = x.shape().to_vec();
+        let saved = save(&indices)?;
+        let dd = dim(name, d, x.rank())? as isize;
+        let f: BackwardFn = Box::new(move |g, _| {
+            let idx = saved.get()?;
+            let (g, idx) = match keepdim || input.is_empty() {
+                true => (g.clone(), idx),
+                false => (g.unsqueeze(dd)?, idx.unsqueeze(dd)?),
+            };
+            let zeros = Tensor::zeros(&input, g.dtype(), g.device())?;
+            Ok(vec![Some(zeros.scatter_add(dd, &idx, &g)?)])
+        });
+        crate::autograd::attach(&mut values, name, &[x], f);
+    }
+    Ok((values, indices))
+}
+
+fn arg_reduce_forward(
+    x: &Tensor,
+    d: isize,
+    keepdim: bool,
+    is_min: bool,
+) -> Result<(Tensor, Tensor)> {
     let op = if is_min { "min" } else { "max" };
     if !x.dtype.is_float() {
         return Err(Error::UnsupportedDType {

@@ -72,14 +72,47 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
     Ok(result)
 }
 
+/// softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g), along `d`.
+/// Both read only the output, which is what PyTorch saves.
+fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
+    let name = if log {
+        "LogSoftmaxBackward0"
+    } else {
+        "SoftmaxBackward0"
+    };
+    crate::autograd::record(
+        name,
+        &[x],
+        || softmax_impl(x, d, log),
+        |out| {
+            let saved = crate::autograd::save_output(out, name)?;
+            let f: crate::autograd::BackwardFn = Box::new(move |g, _| {
+                let y = saved.get()?;
+                let dd = if y.rank() == 0 { -1 } else { d };
+                let y = if y.rank() == 0 { y.reshape(&[1])? } else { y };
+                let g1 = g.reshape(&y.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;
+                let gx = if log {
+                    g1.sub(&y.exp()?.mul(&g1.sum(&[dd], true)?)?)?
+                } else {
+                    y.mul(&g1.sub(&g1.mul(&y)?.sum(&[dd], true)?)?)?
+                };
+                Ok(vec![Some(gx.reshape(
+                    &g.shape().iter().map(|&n| n as isize).collect::<Vec<_>>(),
+                )?)])
+            });
+            Ok(f)
+        },
+    )
+}
+
 impl Tensor {
     /// softmax along `dim`.
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        softmax_impl(self, dim, false)
+        softmax_recorded(self, dim, false)
     }
 
     /// log_softmax along `dim` (x - max - log(sum(exp(x - max)))).
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        softmax_impl(self, dim, true)
+        softmax_recorded(self, dim, true)
     }
 }

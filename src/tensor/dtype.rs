@@ -6,6 +6,8 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
+    /// The CPU device only (WGSL has no f64): finite-difference gradient checks run in it.
+    F64,
     /// Needs the adapter's `shader-f16` on a GPU.
     F16,
     I32,
@@ -18,18 +20,20 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 => 8,
             DType::F16 => 2,
             DType::Bool => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16)
+        matches!(self, DType::F32 | DType::F64 | DType::F16)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
+            DType::F64 => "f64",
             DType::F16 => "f16",
             DType::I32 => "i32",
             DType::U32 => "u32",
@@ -82,6 +86,7 @@ element!(
     |x: half::f16| x.to_f64(),
     half::f16::from_f64
 );
+element!(f64, DType::F64, |x: f64| x, |v: f64| v);
 element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v as i32);
 element!(u32, DType::U32, |x: u32| x as f64, |v: f64| v as u32);
 

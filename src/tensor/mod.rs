@@ -19,6 +19,8 @@ use std::sync::Arc;
 pub(crate) struct Storage {
     pub block: DeviceBlock,
     pub version: AtomicU64,
+    /// Made in inference mode: autograd refuses to save it.
+    pub inference: bool,
 }
 
 /// An n-dimensional array on a device.
@@ -27,6 +29,8 @@ pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
+    /// Present when autograd tracks the tensor (see Note [Autograd graph]).
+    pub(crate) autograd: Option<Arc<crate::autograd::AutogradMeta>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -59,9 +63,11 @@ impl Tensor {
             storage: Arc::new(Storage {
                 block,
                 version: AtomicU64::new(0),
+                inference: crate::autograd::is_inference_mode_enabled(),
             }),
             layout: Layout::contiguous(shape),
             dtype,
+            autograd: None,
         })
     }
 
@@ -87,6 +93,9 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        if dtype == DType::F64 {
+            return Self::from_f64_slice(&vec![value; numel(shape)], shape, dtype, device);
+        }
         let t = Tensor::empty(shape, dtype, device)?;
         t.storage.block.fill_u32(fill_word(value, dtype))?;
         Ok(t)
@@ -144,6 +153,7 @@ impl Tensor {
                 shape,
                 device,
             ),
+            DType::F64 => Self::from_slice(values, shape, device),
             DType::F16 => Self::from_slice(
                 &values
                     .iter()
@@ -233,6 +243,7 @@ impl Tensor {
         let w = self.dtype.size_bytes();
         let decode = |c: &[u8]| match self.dtype {
             DType::F32 => f32::read_le(c).to_f64(),
+            DType::F64 => f64::read_le(c),
             DType::F16 => half::f16::read_le(c).to_f64(),
             DType::I32 => i32::read_le(c).to_f64(),
             DType::U32 => u32::read_le(c).to_f64(),
@@ -284,5 +295,6 @@ fn fill_word(value: f64, dtype: DType) -> u32 {
             let b = (value != 0.0) as u32;
             b * 0x0101_0101
         }
+        DType::F64 => unreachable!("f64 fills are written element by element"),
     }
 }

@@ -10,7 +10,22 @@ impl Tensor {
             storage: self.storage.clone(),
             layout,
             dtype: self.dtype,
+            autograd: None,
         }
+    }
+
+    /// Runs the view `f` and records `back` (the view's gradient map) as its backward.
+    fn view_op(
+        &self,
+        name: &'static str,
+        f: impl FnOnce() -> Result<Tensor>,
+        back: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
+    ) -> Result<Tensor> {
+        crate::autograd::record(name, &[self], f, |_| {
+            Ok(Box::new(move |g: &Tensor, _: &[bool]| {
+                Ok(vec![Some(back(g)?)])
+            }))
+        })
     }
 
     /// Resolves one `-1` in `shape` against the element count.
@@ -54,6 +69,10 @@ impl Tensor {
 
     /// A view with `shape` (one dim may be -1); an error where no view is possible.
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
+        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
+        self.view_op(
+            "ViewBackward0",
+            || {
         let shape = self.infer_shape("view", shape)?;
         let strides = self.layout.view_strides(&shape).ok_or_else(|| Error::InvalidArgument {
             op: "view",
@@ -68,40 +87,56 @@ impl Tensor {
             strides,
             offset: self.layout.offset,
         }))
+    },
+            move |g| g.reshape(&input),
+        )
     }
 
     /// A view where possible, else a contiguous copy.
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
-        let target = self.infer_shape("reshape", shape)?;
-        match self.layout.view_strides(&target) {
-            Some(strides) => Ok(self.with_layout(Layout {
-                shape: target,
-                strides,
-                offset: self.layout.offset,
-            })),
-            None => {
-                let c = self.contiguous()?;
-                Ok(c.with_layout(Layout {
-                    strides: contiguous_strides(&target),
-                    shape: target,
-                    offset: c.layout.offset,
-                }))
-            }
-        }
+        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
+        self.view_op(
+            "ViewBackward0",
+            || {
+                let target = self.infer_shape("reshape", shape)?;
+                match self.layout.view_strides(&target) {
+                    Some(strides) => Ok(self.with_layout(Layout {
+                        shape: target,
+                        strides,
+                        offset: self.layout.offset,
+                    })),
+                    None => {
+                        let c = self.contiguous()?;
+                        Ok(c.with_layout(Layout {
+                            strides: contiguous_strides(&target),
+                            shape: target,
+                            offset: c.layout.offset,
+                        }))
+                    }
+                }
+            },
+            move |g| g.reshape(&input),
+        )
     }
 
     /// Swaps two dims.
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
-        let (a, b) = (
-            dim("transpose", d0, self.rank())?,
-            dim("transpose", d1, self.rank())?,
-        );
-        let mut l = self.layout.clone();
-        if l.rank() > 0 {
-            l.shape.swap(a, b);
-            l.strides.swap(a, b);
-        }
-        Ok(self.with_layout(l))
+        self.view_op(
+            "TransposeBackward0",
+            || {
+                let (a, b) = (
+                    dim("transpose", d0, self.rank())?,
+                    dim("transpose", d1, self.rank())?,
+                );
+                let mut l = self.layout.clone();
+                if l.rank() > 0 {
+                    l.shape.swap(a, b);
+                    l.strides.swap(a, b);
+                }
+                Ok(self.with_layout(l))
+            },
+            move |g| g.transpose(d0, d1),
+        )
     }
 
     /// The transpose of a matrix (rank <= 2).
@@ -118,57 +153,76 @@ impl Tensor {
 
     /// Reorders dims: dim i of the result is dim `dims[i]` of `self`.
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
-        if dims.len() != self.rank() {
-            return Err(Error::InvalidArgument {
-                op: "permute",
-                msg: format!("{} dims for a tensor of rank {}", dims.len(), self.rank()),
-            });
-        }
-        let resolved = dims
-            .iter()
-            .map(|&d| dim("permute", d, self.rank()))
-            .collect::<Result<Vec<_>>>()?;
-        let mut seen = vec![false; self.rank()];
-        for &d in &resolved {
-            if std::mem::replace(&mut seen[d], true) {
-                return Err(Error::InvalidArgument {
-                    op: "permute",
-                    msg: format!("dim {d} repeated in {dims:?}"),
-                });
-            }
-        }
-        let shape = resolved.iter().map(|&d| self.layout.shape[d]).collect();
-        let strides = resolved.iter().map(|&d| self.layout.strides[d]).collect();
-        Ok(self.with_layout(Layout {
-            shape,
-            strides,
-            offset: self.layout.offset,
-        }))
+        let inverse = inverse_permutation(dims, self.rank());
+        self.view_op(
+            "PermuteBackward0",
+            || {
+                if dims.len() != self.rank() {
+                    return Err(Error::InvalidArgument {
+                        op: "permute",
+                        msg: format!("{} dims for a tensor of rank {}", dims.len(), self.rank()),
+                    });
+                }
+                let resolved = dims
+                    .iter()
+                    .map(|&d| dim("permute", d, self.rank()))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut seen = vec![false; self.rank()];
+                for &d in &resolved {
+                    if std::mem::replace(&mut seen[d], true) {
+                        return Err(Error::InvalidArgument {
+                            op: "permute",
+                            msg: format!("dim {d} repeated in {dims:?}"),
+                        });
+                    }
+                }
+                let shape = resolved.iter().map(|&d| self.layout.shape[d]).collect();
+                let strides = resolved.iter().map(|&d| self.layout.strides[d]).collect();
+                Ok(self.with_layout(Layout {
+                    shape,
+                    strides,
+                    offset: self.layout.offset,
+                }))
+            },
+            move |g| g.permute(&inverse),
+        )
     }
 
     /// Elements `start..start + len` of dim `d`.
     pub fn narrow(&self, d: isize, start: usize, len: usize) -> Result<Tensor> {
-        let d = dim("narrow", d, self.rank())?;
-        let size = self.layout.shape[d];
-        if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::IndexOutOfRange {
-                op: "narrow",
-                index: (start + len) as i64,
-                size,
-                what: "end",
-            });
-        }
-        let mut l = self.layout.clone();
-        l.shape[d] = len;
-        if len > 0 {
-            l.offset += start * l.strides[d];
-        }
-        Ok(self.with_layout(l))
+        let input = self.shape().to_vec();
+        self.view_op(
+            "NarrowBackward0",
+            || {
+                let d = dim("narrow", d, self.rank())?;
+                let size = self.layout.shape[d];
+                if start.checked_add(len).is_none_or(|end| end > size) {
+                    return Err(Error::IndexOutOfRange {
+                        op: "narrow",
+                        index: (start + len) as i64,
+                        size,
+                        what: "end",
+                    });
+                }
+                let mut l = self.layout.clone();
+                l.shape[d] = len;
+                if len > 0 {
+                    l.offset += start * l.strides[d];
+                }
+                Ok(self.with_layout(l))
+            },
+            move |g| narrow_backward(g, &input, d, start),
+        )
     }
 
     /// Broadcasts to `shape` without copying (stride 0 on expanded dims).
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
-        Ok(self.with_layout(self.layout.broadcast_to("expand", shape)?))
+        let input = self.shape().to_vec();
+        self.view_op(
+            "ExpandBackward0",
+            || Ok(self.with_layout(self.layout.broadcast_to("expand", shape)?)),
+            move |g| crate::autograd::sum_to(g, &input),
+        )
     }
 
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
@@ -177,36 +231,51 @@ impl Tensor {
 
     /// Removes dim `d` if its size is 1 (PyTorch leaves other sizes alone); `None`: all size-1 dims.
     pub fn squeeze(&self, d: Option<isize>) -> Result<Tensor> {
-        let mut l = self.layout.clone();
-        match d {
-            Some(d) => {
-                let d = dim("squeeze", d, self.rank())?;
-                if self.rank() > 0 && l.shape[d] == 1 {
-                    l.shape.remove(d);
-                    l.strides.remove(d);
+        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
+        self.view_op(
+            "SqueezeBackward0",
+            || {
+                let mut l = self.layout.clone();
+                match d {
+                    Some(d) => {
+                        let d = dim("squeeze", d, self.rank())?;
+                        if self.rank() > 0 && l.shape[d] == 1 {
+                            l.shape.remove(d);
+                            l.strides.remove(d);
+                        }
+                    }
+                    None => {
+                        let keep: Vec<usize> =
+                            (0..self.rank()).filter(|&i| l.shape[i] != 1).collect();
+                        l.shape = keep.iter().map(|&i| self.layout.shape[i]).collect();
+                        l.strides = keep.iter().map(|&i| self.layout.strides[i]).collect();
+                    }
                 }
-            }
-            None => {
-                let keep: Vec<usize> = (0..self.rank()).filter(|&i| l.shape[i] != 1).collect();
-                l.shape = keep.iter().map(|&i| self.layout.shape[i]).collect();
-                l.strides = keep.iter().map(|&i| self.layout.strides[i]).collect();
-            }
-        }
-        Ok(self.with_layout(l))
+                Ok(self.with_layout(l))
+            },
+            move |g| g.reshape(&input),
+        )
     }
 
     /// Inserts a dim of size 1 at `d` (in `0..=rank`, negative counts from the end).
     pub fn unsqueeze(&self, d: isize) -> Result<Tensor> {
-        let d = dim("unsqueeze", d, self.rank() + 1)?;
-        let mut l = self.layout.clone();
-        let stride = if d < self.rank() {
-            l.strides[d] * l.shape[d]
-        } else {
-            1
-        };
-        l.shape.insert(d, 1);
-        l.strides.insert(d, stride);
-        Ok(self.with_layout(l))
+        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
+        self.view_op(
+            "UnsqueezeBackward0",
+            || {
+                let d = dim("unsqueeze", d, self.rank() + 1)?;
+                let mut l = self.layout.clone();
+                let stride = if d < self.rank() {
+                    l.strides[d] * l.shape[d]
+                } else {
+                    1
+                };
+                l.shape.insert(d, 1);
+                l.strides.insert(d, stride);
+                Ok(self.with_layout(l))
+            },
+            move |g| g.reshape(&input),
+        )
     }
 
     /// Flattens dims `start..=end` into one (a view where possible).
@@ -237,4 +306,24 @@ impl Tensor {
         }
         crate::ops::copy(self)
     }
+}
+
+/// `inverse[dims[i]] = i`, for valid `dims` (an invalid permutation fails in `permute` itself).
+fn inverse_permutation(dims: &[isize], rank: usize) -> Vec<isize> {
+    let mut inverse = vec![0isize; rank];
+    for (i, &d) in dims.iter().enumerate() {
+        let d = if d < 0 { d + rank as isize } else { d };
+        if let Some(slot) = usize::try_from(d).ok().and_then(|d| inverse.get_mut(d)) {
+            *slot = i as isize;
+        }
+    }
+    inverse
+}
+
+/// The gradient of `narrow`: zeros of the input's shape with `g` in the narrowed slice.
+fn narrow_backward(g: &Tensor, input: &[usize], d: isize, start: usize) -> Result<Tensor> {
+    let out = Tensor::zeros(input, g.dtype(), g.device())?;
+    out.narrow(d, start, g.shape()[dim("narrow", d, g.rank())?])?
+        .copy_(g)?;
+    Ok(out)
 }

@@ -1,0 +1,145 @@
+//! The backward pass: counts how many gradients each node waits for, then runs nodes whose
+//! gradients are complete, latest-created first (PyTorch's order on one device). A node's input
+//! gradient buffer is dropped as soon as the node has run, so memory during backward falls as it
+//! does in PyTorch.
+
+use super::{lock, AutogradMeta, Edge, GradModeGuard, Node};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+/// Heap entry: the node with the highest sequence number runs first.
+struct Ready(Arc<Node>);
+
+impl PartialEq for Ready {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.seq == other.0.seq
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.seq.cmp(&other.0.seq)
+    }
+}
+
+fn key(node: &Arc<Node>) -> usize {
+    Arc::as_ptr(node) as usize
+}
+
+/// Adds `g` into a leaf's `.grad`: the first gradient is stored (copied unless nothing else holds
+/// it), later ones are added in place, as PyTorch's AccumulateGrad does.
+fn accumulate(meta: &AutogradMeta, g: Tensor) -> Result<()> {
+    let mut slot = lock(&meta.grad);
+    match slot.as_ref() {
+        Some(existing) => existing.add_(&g)?,
+        None => {
+            let unique = Arc::strong_count(&g.storage) == 1 && g.is_contiguous();
+            *slot = Some(if unique { g } else { crate::ops::copy(&g)? });
+        }
+    }
+    Ok(())
+}
+
+/// Adds `g` to a node's pending input gradient.
+fn add_pending(pending: &mut HashMap<usize, Tensor>, node: &Arc<Node>, g: Tensor) -> Result<()> {
+    let entry = pending.remove(&key(node));
+    let sum = match entry {
+        Some(prev) => prev.add(&g)?,
+        None => g,
+    };
+    pending.insert(key(node), sum);
+    Ok(())
+}
+
+pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
+    let _guard = GradModeGuard::new(false);
+    let Some(meta) = &root.autograd else {
+        return Err(Error::Autograd {
+            op: "backward",
+            msg: "element 0 of tensors does not require grad and does not have a grad_fn".into(),
+        });
+    };
+    let Some(root_node) = &meta.grad_fn else {
+        return accumulate(meta, grad);
+    };
+
+    // How many gradients each node receives from nodes reachable from the root.
+    let mut deps: HashMap<usize, usize> = HashMap::new();
+    let mut stack = vec![root_node.clone()];
+    let mut seen = std::collections::HashSet::from([key(root_node)]);
+    while let Some(node) = stack.pop() {
+        for edge in node.edges.iter().flatten() {
+            if let Edge::Node(next) = edge {
+                *deps.entry(key(next)).or_insert(0) += 1;
+                if seen.insert(key(next)) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+
+    let mut pending: HashMap<usize, Tensor> = HashMap::new();
+    pending.insert(key(root_node), grad);
+    let mut ready = BinaryHeap::from([Ready(root_node.clone())]);
+    while let Some(Ready(node)) = ready.pop() {
+        let Some(g) = pending.remove(&key(&node)) else {
+            continue;
+        };
+        if g.shape() != node.shape.as_slice() || g.dtype() != node.dtype {
+            return Err(Error::Autograd {
+                op: "backward",
+                msg: format!(
+                    "{}: got a gradient of shape {:?} ({}) for an output of shape {:?} ({})",
+                    node.name,
+                    g.shape(),
+                    g.dtype(),
+                    node.shape,
+                    node.dtype
+                ),
+            });
+        }
+        if let Some(out_meta) = lock(&node.retained).as_ref().and_then(|w| w.upgrade()) {
+            accumulate(&out_meta, g.clone())?;
+        }
+        let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
+        let grads = {
+            let mut slot = lock(&node.backward);
+            let Some(f) = slot.as_mut() else {
+                return Err(Error::Autograd {
+                    op: "backward",
+                    msg: format!("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed), through {}. Saved intermediate values of the graph are freed when you call backward(); specify retain_graph=true if you need to backward through the graph a second time.", node.name),
+                });
+            };
+            let grads = f(&g, &needs)?;
+            if !retain_graph {
+                *slot = None;
+            }
+            grads
+        };
+        drop(g);
+        for (edge, grad) in node.edges.iter().zip(grads) {
+            let (Some(edge), Some(grad)) = (edge, grad) else {
+                continue;
+            };
+            match edge {
+                Edge::Leaf(meta) => accumulate(meta, grad)?,
+                Edge::Node(next) => {
+                    add_pending(&mut pending, next, grad)?;
+                    let d = deps.get_mut(&key(next)).expect("counted above");
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(Ready(next.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
