@@ -4,13 +4,16 @@
 pub mod alloc;
 pub mod autograd;
 mod cpu;
+pub mod data;
 pub mod device;
 mod error;
 pub mod kernels;
+pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod tensor;
 
-pub use autograd::{enable_grad, inference_mode, no_grad};
+pub use autograd::{checkpoint, enable_grad, inference_mode, no_grad};
 pub use device::{adapters, AdapterInfo, Device, DeviceBlock};
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

@@ -11,8 +11,11 @@
 //! long as some tensor (or a retained node) reaches it. Backward formulas are written with tensor
 //! ops and run with grad mode off, so they run on the same device as the forward.
 
+mod checkpoint;
 mod engine;
 mod mode;
+
+pub use checkpoint::checkpoint;
 
 pub use mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,

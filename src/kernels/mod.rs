@@ -51,6 +51,15 @@ pub enum Kernel {
     ScatterAdd(DType),
     /// `shaders/matmul_coop.wgsl`: f16 matmul on cooperative matrices (tensor cores).
     MatmulCoop,
+    /// `shaders/optim.wgsl`: a fused optimizer update over f32 parameters.
+    Optim(OptimKernel),
+}
+
+/// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptimKernel {
+    Sgd,
+    Adam,
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -77,6 +86,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
             .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
             .chain([Kernel::MatmulCoop])
+            .chain([OptimKernel::Sgd, OptimKernel::Adam].map(Kernel::Optim))
             .collect()
     }
 
@@ -90,6 +100,7 @@ impl Kernel {
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
             Kernel::MatmulCoop => Cow::Borrowed(include_str!("../../shaders/matmul_coop.wgsl")),
+            Kernel::Optim(_) => Cow::Borrowed(include_str!("../../shaders/optim.wgsl")),
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
                     ("i32", "atomicAdd(&out[at], src[e]);")
@@ -133,6 +144,7 @@ impl Kernel {
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop => Cow::Borrowed("matmul_coop_f16"),
+            Kernel::Optim(k) => Cow::Owned(format!("optim_{}", self.entry_point_of(*k))),
         }
     }
 
@@ -149,6 +161,7 @@ impl Kernel {
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop => 3,
             Kernel::Pool2d(_) => 2,
+            Kernel::Optim(_) => 4,
         }
     }
 
@@ -189,6 +202,22 @@ impl Kernel {
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop => 48,
+            Kernel::Optim(_) => 64,
+        }
+    }
+
+    fn entry_point_of(&self, k: OptimKernel) -> &'static str {
+        match k {
+            OptimKernel::Sgd => "sgd",
+            OptimKernel::Adam => "adam",
+        }
+    }
+
+    /// The WGSL function the pipeline runs (`main`, except in multi-entry shaders).
+    fn entry_point(&self) -> &'static str {
+        match self {
+            Kernel::Optim(k) => self.entry_point_of(*k),
+            _ => "main",
         }
     }
 }
@@ -275,7 +304,7 @@ fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
         label: Some(&name),
         layout: Some(&pipeline_layout),
         module: &module,
-        entry_point: Some("main"),
+        entry_point: Some(kernel.entry_point()),
         compilation_options: Default::default(),
         cache: None,
     });

@@ -1,0 +1,240 @@
+//! kiln's main job: train a classifier on the best adapter and show what a PyTorch user looks
+//! for: loss and accuracy per epoch, evaluation under `no_grad`, and the allocator's numbers.
+//!
+//!     cargo run --release --example train -- --model cnn --epochs 3
+//!     cargo run --release --example train -- --data ~/mnist       # MNIST IDX files
+
+use clap::{value_parser, Arg, ArgAction, Command};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::data::{read_mnist, synthetic_glyphs, ImageSet};
+use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
+use kiln::ops::Conv2dParams;
+use kiln::optim::{Optimizer, Sgd};
+use kiln::{DType, Device, Tensor};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn args() -> clap::ArgMatches {
+    Command::new("train")
+        .about("Train a classifier with kiln and print PyTorch's memory numbers")
+        .arg(
+            Arg::new("device")
+                .long("device")
+                .help("vulkan:0, gl:0, metal:0, cpu (default: the best adapter)"),
+        )
+        .arg(
+            Arg::new("epochs")
+                .long("epochs")
+                .default_value("3")
+                .value_parser(value_parser!(usize)),
+        )
+        .arg(
+            Arg::new("batch-size")
+                .long("batch-size")
+                .default_value("64")
+                .value_parser(value_parser!(usize)),
+        )
+        .arg(
+            Arg::new("model")
+                .long("model")
+                .default_value("mlp")
+                .value_parser(["mlp", "cnn"]),
+        )
+        .arg(
+            Arg::new("lr")
+                .long("lr")
+                .default_value("0.05")
+                .value_parser(value_parser!(f64)),
+        )
+        .arg(
+            Arg::new("train-size")
+                .long("train-size")
+                .default_value("6000")
+                .value_parser(value_parser!(usize)),
+        )
+        .arg(
+            Arg::new("data")
+                .long("data")
+                .value_parser(value_parser!(PathBuf))
+                .help("a directory with MNIST's IDX files"),
+        )
+        .arg(
+            Arg::new("checkpoint")
+                .long("checkpoint")
+                .action(ArgAction::SetTrue)
+                .help("gradient checkpointing of the feature layers"),
+        )
+        .get_matches()
+}
+
+fn model(
+    kind: &str,
+    side: usize,
+    classes: usize,
+    device: &Device,
+) -> kiln::Result<(Sequential, Sequential)> {
+    // Two parts, so that `--checkpoint` can recompute the first in backward.
+    Ok(match kind {
+        "cnn" => {
+            let conv = |i, o| {
+                Conv2d::new(
+                    i,
+                    o,
+                    3,
+                    Conv2dParams {
+                        padding: (1, 1),
+                        ..Default::default()
+                    },
+                    device,
+                )
+            };
+            let features = Sequential::new()
+                .push(conv(1, 8)?)
+                .push(Relu)
+                .push(MaxPool2d::new(2))
+                .push(conv(8, 16)?)
+                .push(Relu)
+                .push(MaxPool2d::new(2))
+                .push(Flatten);
+            let head = Sequential::new().push(Linear::new(
+                16 * (side / 4) * (side / 4),
+                classes,
+                true,
+                device,
+            )?);
+            (features, head)
+        }
+        _ => {
+            let features = Sequential::new()
+                .push(Flatten)
+                .push(Linear::new(side * side, 128, true, device)?)
+                .push(Relu);
+            let head = Sequential::new().push(Linear::new(128, classes, true, device)?);
+            (features, head)
+        }
+    })
+}
+
+/// Batch `b` of `order` as device tensors: images [n, 1, side, side] and labels [n].
+fn batch(set: &ImageSet, order: &[usize], device: &Device) -> kiln::Result<(Tensor, Tensor)> {
+    let px = set.side * set.side;
+    let mut images = Vec::with_capacity(order.len() * px);
+    for &i in order {
+        images.extend_from_slice(set.image(i));
+    }
+    let labels: Vec<i32> = order.iter().map(|&i| set.labels[i]).collect();
+    Ok((
+        Tensor::from_slice(&images, &[order.len(), 1, set.side, set.side], device)?,
+        Tensor::from_slice(&labels, &[order.len()], device)?,
+    ))
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn main() -> kiln::Result<()> {
+    let m = args();
+    let device = match m.get_one::<String>("device") {
+        Some(spec) => Device::from_spec(spec)?,
+        None => Device::best()?,
+    };
+    let epochs = *m.get_one::<usize>("epochs").expect("default");
+    let batch_size = *m.get_one::<usize>("batch-size").expect("default");
+    let kind = m.get_one::<String>("model").expect("default").clone();
+    let lr = *m.get_one::<f64>("lr").expect("default");
+    let use_checkpoint = m.get_flag("checkpoint");
+    let (train, test) = match m.get_one::<PathBuf>("data") {
+        Some(dir) => (read_mnist(dir, true)?, read_mnist(dir, false)?),
+        None => {
+            let n = *m.get_one::<usize>("train-size").expect("default");
+            (synthetic_glyphs(n, 1), synthetic_glyphs(n / 5, 2))
+        }
+    };
+    println!(
+        "kiln train: {kind} on {} ({} train / {} test images of {}x{}, {} classes), batch {batch_size}, {epochs} epochs{}",
+        device.name(),
+        train.len(),
+        test.len(),
+        train.side,
+        train.side,
+        train.classes,
+        if use_checkpoint { ", gradient checkpointing" } else { "" }
+    );
+
+    device.manual_seed(0);
+    let (features, head) = model(&kind, train.side, train.classes, &device)?;
+    let features = Arc::new(features);
+    let params: Vec<Tensor> = features
+        .parameters()
+        .into_iter()
+        .chain(head.parameters())
+        .collect();
+    let mut opt = Sgd::new(params, lr)?.momentum(0.9);
+    let started = Instant::now();
+    let mut shuffle = 0x5EED_u64;
+
+    for epoch in 1..=epochs {
+        // A fresh permutation per epoch (xorshift; the data stay on the host).
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        for i in (1..order.len()).rev() {
+            shuffle ^= shuffle << 13;
+            shuffle ^= shuffle >> 7;
+            shuffle ^= shuffle << 17;
+            order.swap(i, (shuffle % (i as u64 + 1)) as usize);
+        }
+        let batches: Vec<&[usize]> = order.chunks_exact(batch_size).collect();
+        let bar = ProgressBar::new(batches.len() as u64).with_style(
+            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{epoch}/{epochs}"));
+        // The running loss stays on the device, detached: no sync per step, no graph kept.
+        let mut loss_sum = Tensor::zeros(&[], DType::F32, &device)?;
+        for (step, idx) in batches.iter().enumerate() {
+            let (x, y) = batch(&train, idx, &device)?;
+            let h = if use_checkpoint {
+                let f = features.clone();
+                kiln::checkpoint(move |xs: &[Tensor]| f.forward(&xs[0]), &[x])?
+            } else {
+                features.forward(&x)?
+            };
+            let loss = cross_entropy(&head.forward(&h)?, &y)?;
+            opt.zero_grad(true)?;
+            loss.backward()?;
+            opt.step()?;
+            loss_sum = loss_sum.add(&loss.detach())?;
+            if step % 25 == 24 {
+                bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
+            }
+            bar.inc(1);
+        }
+        let train_loss = loss_sum.item::<f32>()? / batches.len() as f32;
+        bar.finish_with_message(format!("loss {train_loss:.4}"));
+
+        // Evaluation: no graph, no saved activations.
+        let correct = kiln::no_grad(|| -> kiln::Result<usize> {
+            let mut correct = Tensor::zeros(&[], DType::F32, &device)?;
+            let all: Vec<usize> = (0..test.len()).collect();
+            for idx in all.chunks(256) {
+                let (x, y) = batch(&test, idx, &device)?;
+                let pred = head.forward(&features.forward(&x)?)?.argmax(1, false)?;
+                correct = correct.add(&pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?)?;
+            }
+            Ok(correct.item::<f32>()? as usize)
+        })?;
+        println!(
+            "epoch {epoch}: train loss {train_loss:.4}, test accuracy {:.2}% | memory_allocated {:.2} MiB, max_memory_allocated {:.2} MiB, memory_reserved {:.2} MiB",
+            100.0 * correct as f64 / test.len() as f64,
+            mib(device.memory_allocated()),
+            mib(device.max_memory_allocated()),
+            mib(device.memory_reserved()),
+        );
+    }
+    device.synchronize()?;
+    println!("trained in {:.1} s\n", started.elapsed().as_secs_f64());
+    println!("{}", device.memory_summary(false));
+    Ok(())
+}

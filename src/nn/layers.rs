@@ -1,0 +1,440 @@
+//! The layers: Linear, Conv2d, MaxPool2d, BatchNorm, LayerNorm, Embedding, Dropout,
+//! activations, Flatten, Sequential. Initialisation follows PyTorch's `reset_parameters`.
+
+use super::{init, prefixed, Module};
+use crate::ops::Conv2dParams;
+use crate::tensor::{DType, Tensor};
+use crate::{Device, Error, Result};
+
+fn param(t: Tensor) -> Result<Tensor> {
+    t.requires_grad_(true)
+}
+
+/// `y = x @ weight.t() + bias`; weight [out, in].
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// PyTorch's init: weight and bias uniform in ±1/sqrt(in_features).
+    pub fn new(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        let weight = param(Tensor::uniform(
+            &[out_features, in_features],
+            -bound,
+            bound,
+            DType::F32,
+            device,
+        )?)?;
+        let bias = match bias {
+            true => Some(param(Tensor::uniform(
+                &[out_features],
+                -bound,
+                bound,
+                DType::F32,
+                device,
+            )?)?),
+            false => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut v = vec![("weight".to_string(), &mut self.weight)];
+        v.extend(self.bias.iter_mut().map(|b| ("bias".to_string(), b)));
+        v
+    }
+}
+
+/// 2-D convolution over [N, C, H, W]; weight [out, in / groups, kh, kw].
+pub struct Conv2d {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub params: Conv2dParams,
+}
+
+impl Conv2d {
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        params: Conv2dParams,
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = [
+            out_channels,
+            in_channels / params.groups.max(1),
+            kernel,
+            kernel,
+        ];
+        let (fan_in, _) = init::fans(&shape)?;
+        let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+        Ok(Conv2d {
+            weight: param(Tensor::uniform(&shape, -bound, bound, DType::F32, device)?)?,
+            bias: Some(param(Tensor::uniform(
+                &[out_channels],
+                -bound,
+                bound,
+                DType::F32,
+                device,
+            )?)?),
+            params,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::conv2d(x, &self.weight, self.bias.as_ref(), self.params)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut v = vec![("weight".to_string(), &mut self.weight)];
+        v.extend(self.bias.iter_mut().map(|b| ("bias".to_string(), b)));
+        v
+    }
+}
+
+/// Max pooling with a square window (stride defaults to the window, as in PyTorch).
+pub struct MaxPool2d {
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+}
+
+impl MaxPool2d {
+    pub fn new(kernel: usize) -> Self {
+        MaxPool2d {
+            kernel,
+            stride: kernel,
+            padding: 0,
+        }
+    }
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::max_pool2d(
+            x,
+            (self.kernel, self.kernel),
+            (self.stride, self.stride),
+            (self.padding, self.padding),
+        )
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+}
+
+/// Batch normalisation over dim 1 of [N, C] or [N, C, H, W], with running statistics updated
+/// in training mode (momentum 0.1, unbiased running variance) and used in evaluation mode.
+pub struct BatchNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    pub eps: f64,
+    pub momentum: f64,
+    training: bool,
+}
+
+impl BatchNorm {
+    pub fn new(num_features: usize, device: &Device) -> Result<Self> {
+        Ok(BatchNorm {
+            weight: param(Tensor::ones(&[num_features], DType::F32, device)?)?,
+            bias: param(Tensor::zeros(&[num_features], DType::F32, device)?)?,
+            running_mean: Tensor::zeros(&[num_features], DType::F32, device)?,
+            running_var: Tensor::ones(&[num_features], DType::F32, device)?,
+            eps: 1e-5,
+            momentum: 0.1,
+            training: true,
+        })
+    }
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() < 2 || x.shape()[1] != self.weight.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "batch_norm",
+                lhs: x.shape().to_vec(),
+                rhs: self.weight.shape().to_vec(),
+            });
+        }
+        let c = x.shape()[1] as isize;
+        // [1, C, 1, 1] (or [1, C]) for broadcasting.
+        let mut bshape = vec![1isize; x.rank()];
+        bshape[1] = c;
+        let dims: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
+        let (mean, var) = if self.training {
+            let mean = x.mean(&dims, true)?;
+            let var = x.var(&dims, 0, true)?;
+            let n = (x.numel() / x.shape()[1]) as f64;
+            crate::no_grad(|| -> Result<()> {
+                let m = self.momentum;
+                let unbiased = var.reshape(&[c])?.mul_scalar(n / (n - 1.0).max(1.0))?;
+                self.running_mean.mul_scalar_(1.0 - m)?;
+                self.running_mean
+                    .add_(&mean.reshape(&[c])?.mul_scalar(m)?)?;
+                self.running_var.mul_scalar_(1.0 - m)?;
+                self.running_var.add_(&unbiased.mul_scalar(m)?)
+            })?;
+            (mean, var)
+        } else {
+            (
+                self.running_mean.reshape(&bshape)?,
+                self.running_var.reshape(&bshape)?,
+            )
+        };
+        let xhat = x.sub(&mean)?.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
+        xhat.mul(&self.weight.reshape(&bshape)?)?
+            .add(&self.bias.reshape(&bshape)?)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+        ]
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+            ("running_mean".into(), &mut self.running_mean),
+            ("running_var".into(), &mut self.running_var),
+        ]
+    }
+    fn train(&mut self, mode: bool) {
+        self.training = mode;
+    }
+}
+
+/// Layer normalisation over the last dim, with an affine weight and bias.
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(features: usize, device: &Device) -> Result<Self> {
+        Ok(LayerNorm {
+            weight: param(Tensor::ones(&[features], DType::F32, device)?)?,
+            bias: param(Tensor::zeros(&[features], DType::F32, device)?)?,
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean(&[-1], true)?;
+        let var = x.var(&[-1], 0, true)?;
+        x.sub(&mean)?
+            .mul(&var.add_scalar(self.eps)?.rsqrt()?)?
+            .mul(&self.weight)?
+            .add(&self.bias)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+        ]
+    }
+}
+
+/// A lookup table [num_embeddings, dim], initialised N(0, 1); input: i32 ids.
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(num_embeddings: usize, dim: usize, device: &Device) -> Result<Self> {
+        Ok(Embedding {
+            weight: param(Tensor::randn(&[num_embeddings, dim], DType::F32, device)?)?,
+        })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        crate::ops::embedding(&self.weight, ids)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".into(), self.weight.clone())]
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![("weight".into(), &mut self.weight)]
+    }
+}
+
+/// Zeroes elements with probability `p` in training mode and scales the rest by 1/(1-p).
+pub struct Dropout {
+    pub p: f64,
+    training: bool,
+}
+
+impl Dropout {
+    pub fn new(p: f64) -> Result<Self> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::InvalidArgument {
+                op: "Dropout",
+                msg: format!("dropout probability has to be in [0, 1), got {p}"),
+            });
+        }
+        Ok(Dropout { p, training: true })
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.training || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let keep = crate::no_grad(|| {
+            x.detach()
+                .rand_like()?
+                .ge_scalar(self.p)?
+                .to_dtype(x.dtype())?
+                .mul_scalar(1.0 / (1.0 - self.p))
+        })?;
+        x.mul(&keep)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+    fn train(&mut self, mode: bool) {
+        self.training = mode;
+    }
+}
+
+macro_rules! activation {
+    ($($name:ident => $method:ident),* $(,)?) => {$(
+        #[doc = concat!("The `", stringify!($method), "` activation as a module.")]
+        pub struct $name;
+        impl Module for $name {
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                x.$method()
+            }
+            fn named_parameters(&self) -> Vec<(String, Tensor)> {
+                Vec::new()
+            }
+            fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+                Vec::new()
+            }
+        }
+    )*};
+}
+
+activation!(Relu => relu, Gelu => gelu, Silu => silu, Tanh => tanh, Sigmoid => sigmoid);
+
+/// Flattens every dim after the first.
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.flatten(1, -1)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+}
+
+/// Modules applied in order; parameters are named by position (`0.weight`).
+#[derive(Default)]
+pub struct Sequential {
+    pub layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a layer (builder style).
+    pub fn push(mut self, layer: impl Module + 'static) -> Self {
+        self.layers.push(Box::new(layer));
+        self
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut y = x.clone();
+        for layer in &self.layers {
+            y = layer.forward(&y)?;
+        }
+        Ok(y)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            v.extend(prefixed(&i.to_string(), l.named_parameters()));
+        }
+        v
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut v = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            v.extend(prefixed(&i.to_string(), l.named_buffers()));
+        }
+        v
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut v = Vec::new();
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            v.extend(prefixed(&i.to_string(), l.tensors_mut()));
+        }
+        v
+    }
+    fn train(&mut self, mode: bool) {
+        for l in &mut self.layers {
+            l.train(mode);
+        }
+    }
+}

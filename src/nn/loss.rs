@@ -1,0 +1,45 @@
+//! Losses, as `torch.nn.functional` computes them (mean reduction), built from differentiable
+//! ops so that their backward runs on the device.
+
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+
+/// Negative log-likelihood of `log_probs` [N, C] at class indices `target` [N] (i32), averaged.
+pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if log_probs.rank() != 2 || target.rank() != 1 || target.shape()[0] != log_probs.shape()[0] {
+        return Err(Error::ShapeMismatch {
+            op: "nll_loss",
+            lhs: log_probs.shape().to_vec(),
+            rhs: target.shape().to_vec(),
+        });
+    }
+    if target.dtype() != DType::I32 {
+        return Err(Error::DTypeMismatch {
+            op: "nll_loss",
+            expected: DType::I32,
+            got: target.dtype(),
+        });
+    }
+    log_probs
+        .gather(1, &target.unsqueeze(1)?)?
+        .mean(&[], false)?
+        .neg()
+}
+
+/// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:
+/// `nll_loss(log_softmax(logits))`.
+pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    nll_loss(&logits.log_softmax(1)?, target)
+}
+
+/// Mean squared error.
+pub fn mse_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if input.shape() != target.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "mse_loss",
+            lhs: input.shape().to_vec(),
+            rhs: target.shape().to_vec(),
+        });
+    }
+    input.sub(target)?.square()?.mean(&[], false)
+}

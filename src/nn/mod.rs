@@ -1,0 +1,77 @@
+//! Modules, losses and initialisers in the image of `torch.nn`. Parameters are tensors that
+//! require grad; a module owns them, and `parameters()` hands out handles that share their
+//! storage and `.grad` (clones of a tensor are the same tensor), which is what an optimizer keeps.
+
+pub mod init;
+mod layers;
+mod loss;
+mod recurrent;
+
+pub use layers::{
+    BatchNorm, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
+    Sequential, Sigmoid, Silu, Tanh,
+};
+pub use loss::{cross_entropy, mse_loss, nll_loss};
+pub use recurrent::LstmCell;
+
+use crate::tensor::Tensor;
+use crate::{Device, Result};
+
+/// A layer or a model (PyTorch's `nn.Module`).
+pub trait Module: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Parameters with their dotted paths (`0.weight`), in registration order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+
+    /// Every parameter and buffer, mutably, with its path (for moving and loading).
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)>;
+
+    /// Non-trainable state (BatchNorm's running statistics).
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Training (`true`) or evaluation mode: Dropout and BatchNorm behave differently.
+    fn train(&mut self, mode: bool) {
+        let _ = mode;
+    }
+
+    fn eval(&mut self) {
+        self.train(false);
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// Drops (`set_to_none`, PyTorch's default) or zeroes every parameter's gradient.
+    fn zero_grad(&self, set_to_none: bool) -> Result<()> {
+        for p in self.parameters() {
+            p.zero_grad(set_to_none)?;
+        }
+        Ok(())
+    }
+
+    /// Moves every parameter and buffer to `device` (parameters stay leaves that require grad).
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        for (_, t) in self.tensors_mut() {
+            if t.device() != device {
+                let requires = t.requires_grad();
+                *t = crate::no_grad(|| t.to_device(device))?.requires_grad_(requires)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prefixes child paths: `prefix.name`.
+pub(crate) fn prefixed<T>(prefix: &str, items: Vec<(String, T)>) -> Vec<(String, T)> {
+    items
+        .into_iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t))
+        .collect()
+}
