@@ -357,3 +357,51 @@ fn matmul_and_indexing() {
         check(c);
     }
 }
+
+#[test]
+fn convolution_and_pooling() {
+    use kiln::ops::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
+    use Range::*;
+    let cases = [
+        case("conv2d", &[&[2, 2, 5, 5], &[3, 2, 3, 3], &[3]], Any, |x| {
+            conv2d(t(x, 0), t(x, 1), Some(t(x, 2)), Conv2dParams::default())
+        }),
+        case(
+            "conv2d stride padding dilation",
+            &[&[1, 2, 6, 5], &[2, 2, 2, 3]],
+            Any,
+            |x| {
+                let p = Conv2dParams {
+                    stride: (2, 1),
+                    padding: (1, 2),
+                    dilation: (2, 1),
+                    groups: 1,
+                };
+                conv2d(t(x, 0), t(x, 1), None, p)
+            },
+        ),
+        case("conv2d groups", &[&[1, 4, 4, 4], &[6, 2, 3, 3]], Any, |x| {
+            let p = Conv2dParams {
+                padding: (1, 1),
+                groups: 2,
+                ..Default::default()
+            };
+            conv2d(t(x, 0), t(x, 1), None, p)
+        }),
+        case("max_pool2d", &[&[2, 2, 4, 6]], Any, |x| {
+            max_pool2d(t(x, 0), (2, 2), (2, 2), (0, 0))
+        }),
+        case(
+            "max_pool2d overlapping padded",
+            &[&[1, 2, 5, 5]],
+            Any,
+            |x| max_pool2d(t(x, 0), (3, 3), (2, 2), (1, 1)),
+        ),
+        case("avg_pool2d", &[&[1, 2, 5, 5]], Any, |x| {
+            avg_pool2d(t(x, 0), (3, 3), (2, 2), (1, 1))
+        }),
+    ];
+    for c in &cases {
+        check(c);
+    }
+}

@@ -58,6 +58,41 @@ pub fn conv2d(
     bias: Option<&Tensor>,
     p: Conv2dParams,
 ) -> Result<Tensor> {
+    let mut inputs = vec![x, weight];
+    inputs.extend(bias);
+    crate::autograd::record(
+        "ConvolutionBackward0",
+        &inputs,
+        || conv2d_forward(x, weight, bias, p),
+        |_| {
+            let xs = weight
+                .requires_grad()
+                .then(|| crate::autograd::save(x))
+                .transpose()?;
+            let ws = crate::autograd::save(weight)?;
+            let shape = x.shape().to_vec();
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let w = ws.get()?;
+                let x = xs.as_ref().map(|s| s.get()).transpose()?;
+                let want = [needs[0], needs[1], needs.get(2).copied().unwrap_or(false)];
+                let [gx, gw, gb] =
+                    super::conv_grad::conv2d_backward(x.as_ref(), &shape, &w, g, p, want)?;
+                let mut v = vec![gx, gw];
+                if needs.len() == 3 {
+                    v.push(gb);
+                }
+                Ok(v)
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn conv2d_forward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: Conv2dParams,
+) -> Result<Tensor> {
     const OP: &str = "conv2d";
     check_4d(OP, x)?;
     check_4d(OP, weight)?;
@@ -154,6 +189,43 @@ pub fn conv2d(
 }
 
 fn pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+    is_max: bool,
+) -> Result<Tensor> {
+    let name = if is_max {
+        "MaxPool2DWithIndicesBackward0"
+    } else {
+        "AvgPool2DBackward0"
+    };
+    crate::autograd::record(
+        name,
+        &[x],
+        || pool2d_forward(x, kernel, stride, padding, is_max),
+        |out| {
+            let xs = crate::autograd::save(x)?;
+            let os = is_max
+                .then(|| crate::autograd::save_output(out, name))
+                .transpose()?;
+            Ok(Box::new(move |g: &Tensor, _: &[bool]| {
+                let out = os.as_ref().map(|o| o.get()).transpose()?;
+                let gx = super::conv_grad::pool2d_backward(
+                    &xs.get()?,
+                    out.as_ref(),
+                    g,
+                    kernel,
+                    stride,
+                    padding,
+                )?;
+                Ok(vec![Some(gx)])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
+
+fn pool2d_forward(
     x: &Tensor,
     kernel: (usize, usize),
     stride: (usize, usize),

@@ -3,6 +3,7 @@
 
 mod composite;
 mod conv;
+mod conv_grad;
 mod elementwise;
 mod grad;
 mod index;

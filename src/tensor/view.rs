@@ -327,3 +327,16 @@ fn narrow_backward(g: &Tensor, input: &[usize], d: isize, start: usize) -> Resul
         .copy_(g)?;
     Ok(out)
 }
+
+impl Tensor {
+    /// A view with an explicit layout over the same storage, recorded by no graph: the
+    /// backward formulas of convolution and pooling walk windows this way. The caller keeps the
+    /// layout inside the storage.
+    pub(crate) fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Tensor {
+        self.with_layout(Layout {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
+    }
+}
