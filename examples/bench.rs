@@ -249,6 +249,69 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// One SGD-momentum training step of an MLP (PyTorch anchor: the same model, batch and step).
+fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
+    use kiln::optim::{Optimizer, Sgd};
+    let software = dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let cases: &[(&str, usize, usize, usize)] = if software {
+        &[("784-128-10 b64", 128, 0, 64)]
+    } else {
+        &[
+            ("784-4096-4096-10 b512", 4096, 4096, 512),
+            ("784-128-10 b64", 128, 0, 64),
+        ]
+    };
+    for &(name, h1, h2, batch) in cases {
+        dev.manual_seed(0);
+        let mut model = Sequential::new()
+            .push(Linear::new(784, h1, true, dev)?)
+            .push(Relu);
+        let last = if h2 > 0 {
+            model = model.push(Linear::new(h1, h2, true, dev)?).push(Relu);
+            h2
+        } else {
+            h1
+        };
+        let model = model.push(Linear::new(last, 10, true, dev)?);
+        let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+        let x = Tensor::randn(&[batch, 784], DType::F32, dev)?;
+        let labels: Vec<i32> = (0..batch as i32).map(|i| i % 10).collect();
+        let y = Tensor::from_slice(&labels, &[batch], dev)?;
+        let mut step = || -> kiln::Result<Tensor> {
+            opt.zero_grad(true)?;
+            let loss = cross_entropy(&model.forward(&x)?, &y)?;
+            loss.backward()?;
+            opt.step()?;
+            Ok(loss)
+        };
+        dev.synchronize()?;
+        dev.reset_peak_memory_stats();
+        for _ in 0..5 {
+            step()?;
+        }
+        let iters = if software { 20 } else { 200 };
+        let t = wall_time(dev, iters, &mut step)?;
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "train",
+            case: format!("MLP {name} SGD-momentum step f32 (wall clock)"),
+            value: t * 1e3,
+            unit: "ms",
+        });
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "train",
+            case: format!("MLP {name} max_memory_allocated"),
+            value: dev.max_memory_allocated() as f64 / (1 << 20) as f64,
+            unit: "MiB",
+        });
+    }
+    Ok(())
+}
+
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| {
@@ -277,6 +340,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "alloc" {
             alloc_suite(dev, &mut rows);
+        }
+        if suite == "all" || suite == "train" {
+            train_suite(dev, &mut rows)?;
         }
     }
     println!(

@@ -68,14 +68,15 @@ fn args() -> clap::ArgMatches {
         .get_matches()
 }
 
+/// The model as blocks, so that `--checkpoint` can recompute each block in backward and keep
+/// only the block boundaries alive (checkpointing a single block saves nothing at the peak).
 fn model(
     kind: &str,
     side: usize,
     classes: usize,
     device: &Device,
-) -> kiln::Result<(Sequential, Sequential)> {
-    // Two parts, so that `--checkpoint` can recompute the first in backward.
-    Ok(match kind {
+) -> kiln::Result<Vec<Arc<Sequential>>> {
+    let blocks = match kind {
         "cnn" => {
             let conv = |i, o| {
                 Conv2d::new(
@@ -89,31 +90,50 @@ fn model(
                     device,
                 )
             };
-            let features = Sequential::new()
-                .push(conv(1, 8)?)
-                .push(Relu)
-                .push(MaxPool2d::new(2))
-                .push(conv(8, 16)?)
-                .push(Relu)
-                .push(MaxPool2d::new(2))
-                .push(Flatten);
-            let head = Sequential::new().push(Linear::new(
-                16 * (side / 4) * (side / 4),
-                classes,
-                true,
-                device,
-            )?);
-            (features, head)
+            vec![
+                Sequential::new()
+                    .push(conv(1, 8)?)
+                    .push(Relu)
+                    .push(MaxPool2d::new(2)),
+                Sequential::new()
+                    .push(conv(8, 16)?)
+                    .push(Relu)
+                    .push(MaxPool2d::new(2))
+                    .push(Flatten),
+                Sequential::new().push(Linear::new(
+                    16 * (side / 4) * (side / 4),
+                    classes,
+                    true,
+                    device,
+                )?),
+            ]
         }
-        _ => {
-            let features = Sequential::new()
+        _ => vec![
+            Sequential::new()
                 .push(Flatten)
                 .push(Linear::new(side * side, 128, true, device)?)
-                .push(Relu);
-            let head = Sequential::new().push(Linear::new(128, classes, true, device)?);
-            (features, head)
-        }
-    })
+                .push(Relu),
+            Sequential::new()
+                .push(Linear::new(128, 128, true, device)?)
+                .push(Relu),
+            Sequential::new().push(Linear::new(128, classes, true, device)?),
+        ],
+    };
+    Ok(blocks.into_iter().map(Arc::new).collect())
+}
+
+/// The forward pass; with `checkpoint`, every block but the last is recomputed in backward.
+fn forward(blocks: &[Arc<Sequential>], x: &Tensor, checkpoint: bool) -> kiln::Result<Tensor> {
+    let mut h = x.clone();
+    for (i, b) in blocks.iter().enumerate() {
+        h = if checkpoint && i + 1 < blocks.len() && kiln::autograd::is_grad_enabled() {
+            let b = b.clone();
+            kiln::checkpoint(move |xs: &[Tensor]| b.forward(&xs[0]), &[h])?
+        } else {
+            b.forward(&h)?
+        };
+    }
+    Ok(h)
 }
 
 /// Batch `b` of `order` as device tensors: images [n, 1, side, side] and labels [n].
@@ -164,13 +184,8 @@ fn main() -> kiln::Result<()> {
     );
 
     device.manual_seed(0);
-    let (features, head) = model(&kind, train.side, train.classes, &device)?;
-    let features = Arc::new(features);
-    let params: Vec<Tensor> = features
-        .parameters()
-        .into_iter()
-        .chain(head.parameters())
-        .collect();
+    let blocks = model(&kind, train.side, train.classes, &device)?;
+    let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
     let mut opt = Sgd::new(params, lr)?.momentum(0.9);
     let started = Instant::now();
     let mut shuffle = 0x5EED_u64;
@@ -195,13 +210,7 @@ fn main() -> kiln::Result<()> {
         let mut loss_sum = Tensor::zeros(&[], DType::F32, &device)?;
         for (step, idx) in batches.iter().enumerate() {
             let (x, y) = batch(&train, idx, &device)?;
-            let h = if use_checkpoint {
-                let f = features.clone();
-                kiln::checkpoint(move |xs: &[Tensor]| f.forward(&xs[0]), &[x])?
-            } else {
-                features.forward(&x)?
-            };
-            let loss = cross_entropy(&head.forward(&h)?, &y)?;
+            let loss = cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)?;
             opt.zero_grad(true)?;
             loss.backward()?;
             opt.step()?;
@@ -220,7 +229,7 @@ fn main() -> kiln::Result<()> {
             let all: Vec<usize> = (0..test.len()).collect();
             for idx in all.chunks(256) {
                 let (x, y) = batch(&test, idx, &device)?;
-                let pred = head.forward(&features.forward(&x)?)?.argmax(1, false)?;
+                let pred = forward(&blocks, &x, false)?.argmax(1, false)?;
                 correct = correct.add(&pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?)?;
             }
             Ok(correct.item::<f32>()? as usize)

@@ -45,7 +45,7 @@ impl SplitMix {
 }
 
 /// Ten classes of 28x28 "glyphs": each class is a fixed set of strokes (drawn from the class
-/// seed), and each sample shifts it by up to 3 pixels, scales its intensity and adds noise, so
+/// seed), and each sample shifts it by up to 4 pixels, scales its intensity and adds noise, so
 /// that a classifier has to learn shapes, not pixels. `seed` picks the samples; the glyphs are
 /// the same for every seed (train and test sets share classes).
 pub fn synthetic_glyphs(n: usize, seed: u64) -> ImageSet {
@@ -83,10 +83,10 @@ pub fn synthetic_glyphs(n: usize, seed: u64) -> ImageSet {
     for _ in 0..n {
         let c = (rng.next_u64() % CLASSES as u64) as usize;
         let (sx, sy) = (
-            (rng.next_u64() % 7) as i32 - 3,
-            (rng.next_u64() % 7) as i32 - 3,
+            (rng.next_u64() % 9) as i32 - 4,
+            (rng.next_u64() % 9) as i32 - 4,
         );
-        let gain = 0.6 + 0.4 * rng.uniform();
+        let gain = 0.3 + 0.7 * rng.uniform();
         for y in 0..SIDE as i32 {
             for x in 0..SIDE as i32 {
                 let (gx, gy) = (x - sx, y - sy);
@@ -95,7 +95,7 @@ pub fn synthetic_glyphs(n: usize, seed: u64) -> ImageSet {
                 } else {
                     0.0
                 };
-                let noise = 0.3 * (rng.uniform() - 0.5);
+                let noise = 1.2 * (rng.uniform() - 0.5);
                 images.push((gain * v + noise).clamp(0.0, 1.0));
             }
         }
