@@ -6,6 +6,7 @@ pub mod init;
 mod layers;
 mod loss;
 mod recurrent;
+mod state;
 
 pub use layers::{
     BatchNorm, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
@@ -13,6 +14,7 @@ pub use layers::{
 };
 pub use loss::{cross_entropy, mse_loss, nll_loss};
 pub use recurrent::LstmCell;
+pub use state::{load_safetensors, load_state_dict, save_safetensors, state_dict};
 
 use crate::tensor::Tensor;
 use crate::{Device, Result};

@@ -87,6 +87,30 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A tensor from little-endian element bytes (safetensors and other files).
+    pub fn from_le_bytes(
+        bytes: &[u8],
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if bytes.len() != numel(shape) * dtype.size_bytes() {
+            return Err(Error::InvalidArgument {
+                op: "from_le_bytes",
+                msg: format!(
+                    "{} bytes for shape {shape:?} of {dtype} ({} expected)",
+                    bytes.len(),
+                    numel(shape) * dtype.size_bytes()
+                ),
+            });
+        }
+        let t = Tensor::empty(shape, dtype, device)?;
+        let mut padded = bytes.to_vec();
+        padded.resize(padded.len().next_multiple_of(4), 0);
+        t.storage.block.write(0, &padded)?;
+        Ok(t)
+    }
+
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
         Self::from_slice(&data, shape, device)
     }
@@ -217,7 +241,7 @@ impl Tensor {
     }
 
     /// The raw bytes of the elements in row-major order: a sync point on a GPU.
-    fn contiguous_bytes(&self) -> Result<Vec<u8>> {
+    pub(crate) fn contiguous_bytes(&self) -> Result<Vec<u8>> {
         let t = self.contiguous()?;
         let mut bytes = t.storage.block.read()?;
         let start = t.layout.offset * t.dtype.size_bytes();

@@ -1,0 +1,198 @@
+//! nn layers against their definitions, state dicts in safetensors files, and the optimizers'
+//! state appearing on the first step.
+
+use kiln::nn::{
+    load_safetensors, load_state_dict, save_safetensors, state_dict, BatchNorm, Dropout, LayerNorm,
+    Linear, LstmCell, Module, Relu, Sequential,
+};
+use kiln::optim::{Adam, Optimizer};
+use kiln::{DType, Device, Tensor};
+
+fn devices() -> Vec<Device> {
+    kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter")
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
+}
+
+#[test]
+fn linear_is_x_wt_plus_b_and_initialised_in_bounds() {
+    for dev in devices() {
+        dev.manual_seed(1);
+        let l = Linear::new(3, 2, true, &dev).unwrap();
+        let w = l.weight.to_vec::<f32>().unwrap();
+        let b = l.bias.as_ref().unwrap().to_vec::<f32>().unwrap();
+        let bound = 1.0 / 3f32.sqrt();
+        assert!(w.iter().chain(&b).all(|v| v.abs() <= bound));
+        let x = [1.0f32, -2.0, 0.5];
+        let y = l
+            .forward(&Tensor::from_slice(&x, &[1, 3], &dev).unwrap())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let want: Vec<f32> = (0..2)
+            .map(|o| (0..3).map(|i| w[o * 3 + i] * x[i]).sum::<f32>() + b[o])
+            .collect();
+        assert!(close(&y, &want, 1e-5), "{dev:?}: {y:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn batchnorm_normalises_and_tracks_running_stats() {
+    for dev in devices() {
+        let mut bn = BatchNorm::new(2, &dev).unwrap();
+        let data = [1.0f32, 10.0, 3.0, 20.0, 5.0, 30.0, 7.0, 40.0];
+        let x = Tensor::from_slice(&data, &[4, 2], &dev).unwrap();
+        let y = bn.forward(&x).unwrap().to_vec::<f32>().unwrap();
+        // Column 0: mean 4, biased var 5.
+        let z = |v: f32| (v - 4.0) / (5.0f32 + 1e-5).sqrt();
+        assert!(close(
+            &[y[0], y[2], y[4], y[6]],
+            &[z(1.0), z(3.0), z(5.0), z(7.0)],
+            1e-4
+        ));
+        // running_mean = 0.9 * 0 + 0.1 * mean; running_var = 0.9 + 0.1 * unbiased var (20/3).
+        let rm = bn.running_mean.to_vec::<f32>().unwrap();
+        let rv = bn.running_var.to_vec::<f32>().unwrap();
+        assert!(close(&rm, &[0.4, 2.5], 1e-5), "{rm:?}");
+        assert!(close(&[rv[0]], &[0.9 + 0.1 * 20.0 / 3.0], 1e-4), "{rv:?}");
+        bn.eval();
+        let e = bn.forward(&x).unwrap().to_vec::<f32>().unwrap();
+        let want = (1.0 - 0.4) / (rv[0] + 1e-5).sqrt();
+        assert!(
+            (e[0] - want).abs() < 1e-4,
+            "{dev:?}: eval uses running stats"
+        );
+    }
+}
+
+#[test]
+fn layernorm_dropout_and_lstm() {
+    for dev in devices() {
+        let ln = LayerNorm::new(4, &dev).unwrap();
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[1, 4], &dev).unwrap();
+        let y = ln.forward(&x).unwrap().to_vec::<f32>().unwrap();
+        let s = (1.25f32 + 1e-5).sqrt();
+        assert!(
+            close(&y, &[-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s], 1e-4),
+            "{y:?}"
+        );
+
+        dev.manual_seed(5);
+        let mut drop = Dropout::new(0.5).unwrap();
+        let ones = Tensor::ones(&[4096], DType::F32, &dev).unwrap();
+        let d = drop.forward(&ones).unwrap().to_vec::<f32>().unwrap();
+        assert!(d.iter().all(|&v| v == 0.0 || v == 2.0));
+        let kept = d.iter().filter(|&&v| v == 2.0).count();
+        assert!((1800..2300).contains(&kept), "{kept}");
+        drop.eval();
+        assert_eq!(
+            drop.forward(&ones).unwrap().to_vec::<f32>().unwrap(),
+            vec![1.0; 4096]
+        );
+
+        let cell = LstmCell::new(3, 5, &dev).unwrap();
+        let (h, c) = cell.zero_state(2).unwrap();
+        let x = Tensor::randn(&[2, 3], DType::F32, &dev).unwrap();
+        let (h1, c1) = cell.step(&x, (&h, &c)).unwrap();
+        assert_eq!(h1.shape(), [2, 5]);
+        // From a zero state: c = i * g, h = o * tanh(c), each gate from x @ w_ih^T + b.
+        let gates = x
+            .matmul(&cell.weight_ih.t().unwrap())
+            .unwrap()
+            .add(&cell.bias_ih)
+            .unwrap()
+            .add(&cell.bias_hh)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+        let (i0, g0, o0) = (gates[0], gates[10], gates[15]);
+        let c_want = sig(i0) * g0.tanh();
+        let cv = c1.to_vec::<f32>().unwrap();
+        let hv = h1.to_vec::<f32>().unwrap();
+        assert!((cv[0] - c_want).abs() < 1e-4 && (hv[0] - sig(o0) * c_want.tanh()).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn state_dicts_round_trip_through_safetensors_files() {
+    let dir = std::env::temp_dir().join(format!("kiln-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (k, dev) in devices().into_iter().enumerate() {
+        dev.manual_seed(9);
+        let model = Sequential::new()
+            .push(Linear::new(4, 3, true, &dev).unwrap())
+            .push(Relu)
+            .push(BatchNorm::new(3, &dev).unwrap());
+        let path = dir.join(format!("model{k}.safetensors"));
+        save_safetensors(&path, &state_dict(&model)).unwrap();
+
+        // The file is safetensors as PyTorch reads it: an 8-byte header length, JSON, data.
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        assert_eq!(header["0.weight"]["dtype"], "F32");
+        assert_eq!(header["0.weight"]["shape"], serde_json::json!([3, 4]));
+        assert!(header.get("2.running_var").is_some());
+        let off = header["0.bias"]["data_offsets"][0].as_u64().unwrap() as usize;
+        let first = f32::from_le_bytes(bytes[8 + n + off..8 + n + off + 4].try_into().unwrap());
+        let bias = model.layers[0].named_parameters()[1]
+            .1
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(first, bias[0]);
+
+        dev.manual_seed(10);
+        let mut other = Sequential::new()
+            .push(Linear::new(4, 3, true, &dev).unwrap())
+            .push(Relu)
+            .push(BatchNorm::new(3, &dev).unwrap());
+        let loaded = load_safetensors(&path, &Device::cpu().unwrap()).unwrap();
+        load_state_dict(&mut other, &loaded).unwrap();
+        for ((n1, a), (n2, b)) in state_dict(&model).iter().zip(state_dict(&other)) {
+            assert_eq!(n1, &n2);
+            assert_eq!(
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                "{n1}"
+            );
+        }
+        assert!(other.parameters()[0].requires_grad(), "still a parameter");
+        let wrong = vec![(
+            "0.weight".to_string(),
+            Tensor::zeros(&[2, 2], DType::F32, &dev).unwrap(),
+        )];
+        assert!(load_state_dict(&mut other, &wrong).is_err());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn adam_state_appears_on_the_first_step() {
+    for dev in devices() {
+        let l = Linear::new(64, 64, false, &dev).unwrap();
+        let mut opt = Adam::new(l.parameters(), 1e-3).unwrap();
+        let x = Tensor::randn(&[8, 64], DType::F32, &dev).unwrap();
+        l.forward(&x)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let before = dev.memory_allocated();
+        assert!(opt.state_tensors().is_empty());
+        opt.step().unwrap();
+        assert_eq!(
+            dev.memory_allocated() - before,
+            2 * 64 * 64 * 4,
+            "{dev:?}: exp_avg, exp_avg_sq"
+        );
+        let names: Vec<String> = opt.state_tensors().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq"]
+        );
+    }
+}
