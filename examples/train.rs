@@ -63,7 +63,19 @@ fn args() -> clap::ArgMatches {
             Arg::new("checkpoint")
                 .long("checkpoint")
                 .action(ArgAction::SetTrue)
-                .help("gradient checkpointing of the feature layers"),
+                .help("recompute every block but the last in backward (gradient checkpointing)"),
+        )
+        .arg(
+            Arg::new("save")
+                .long("save")
+                .value_parser(value_parser!(PathBuf))
+                .help("write the trained state dict here (safetensors)"),
+        )
+        .arg(
+            Arg::new("load")
+                .long("load")
+                .value_parser(value_parser!(PathBuf))
+                .help("start from this state dict (safetensors, e.g. written by PyTorch)"),
         )
         .get_matches()
 }
@@ -185,6 +197,31 @@ fn main() -> kiln::Result<()> {
 
     device.manual_seed(0);
     let blocks = model(&kind, train.side, train.classes, &device)?;
+    // One Sequential view of the blocks' parameters for the state dict: `{block}.{layer}.{name}`.
+    let named = |blocks: &[Arc<Sequential>]| -> Vec<(String, Tensor)> {
+        blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| {
+                kiln::nn::state_dict(b.as_ref())
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{i}.{n}"), t))
+            })
+            .collect()
+    };
+    if let Some(path) = m.get_one::<PathBuf>("load") {
+        let loaded = kiln::nn::load_safetensors(path, &device)?;
+        for (name, target) in named(&blocks) {
+            let (_, src) = loaded.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+                kiln::Error::InvalidArgument {
+                    op: "train --load",
+                    msg: format!("{}: no tensor {name}", path.display()),
+                }
+            })?;
+            kiln::no_grad(|| target.copy_(src))?;
+        }
+        println!("loaded {} tensors from {}", loaded.len(), path.display());
+    }
     let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
     let mut opt = Sgd::new(params, lr)?.momentum(0.9);
     let started = Instant::now();
@@ -207,6 +244,8 @@ fn main() -> kiln::Result<()> {
         );
         bar.set_prefix(format!("{epoch}/{epochs}"));
         // The running loss stays on the device, detached: no sync per step, no graph kept.
+        // The peak of this epoch's training steps (evaluation below has its own batches).
+        device.reset_peak_memory_stats();
         let mut loss_sum = Tensor::zeros(&[], DType::F32, &device)?;
         for (step, idx) in batches.iter().enumerate() {
             let (x, y) = batch(&train, idx, &device)?;
@@ -222,6 +261,7 @@ fn main() -> kiln::Result<()> {
         }
         let train_loss = loss_sum.item::<f32>()? / batches.len() as f32;
         bar.finish_with_message(format!("loss {train_loss:.4}"));
+        let train_peak = device.max_memory_allocated();
 
         // Evaluation: no graph, no saved activations.
         let correct = kiln::no_grad(|| -> kiln::Result<usize> {
@@ -235,12 +275,16 @@ fn main() -> kiln::Result<()> {
             Ok(correct.item::<f32>()? as usize)
         })?;
         println!(
-            "epoch {epoch}: train loss {train_loss:.4}, test accuracy {:.2}% | memory_allocated {:.2} MiB, max_memory_allocated {:.2} MiB, memory_reserved {:.2} MiB",
+            "epoch {epoch}: train loss {train_loss:.4}, test accuracy {:.2}% | memory_allocated {:.2} MiB, max_memory_allocated (training) {:.2} MiB, memory_reserved {:.2} MiB",
             100.0 * correct as f64 / test.len() as f64,
             mib(device.memory_allocated()),
-            mib(device.max_memory_allocated()),
+            mib(train_peak),
             mib(device.memory_reserved()),
         );
+    }
+    if let Some(path) = m.get_one::<PathBuf>("save") {
+        kiln::nn::save_safetensors(path, &named(&blocks))?;
+        println!("saved the state dict to {}", path.display());
     }
     device.synchronize()?;
     println!("trained in {:.1} s\n", started.elapsed().as_secs_f64());
