@@ -353,12 +353,9 @@ impl Optimizer for Adam {
         let mut v = Vec::new();
         for i in 0..self.params.len() {
             if let (Some(m), Some(s)) = (&self.exp_avg[i], &self.exp_avg_sq[i]) {
-                let step = Tensor::full(
-                    &[],
-                    self.steps[i] as f64,
-                    DType::F32,
-                    &crate::Device::cpu().expect("the CPU device"),
-                );
+                // PyTorch keeps `step` as a CPU tensor.
+                let step = crate::Device::cpu()
+                    .and_then(|cpu| Tensor::full(&[], self.steps[i] as f64, DType::F32, &cpu));
                 if let Ok(step) = step {
                     v.push((format!("state.{i}.step"), step));
                 }

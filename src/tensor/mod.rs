@@ -296,12 +296,7 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
-        let bytes = self.contiguous_bytes()?;
-        let t = Tensor::empty(self.shape(), self.dtype, device)?;
-        let mut padded = bytes;
-        padded.resize(padded.len().next_multiple_of(4), 0);
-        t.storage.block.write(0, &padded)?;
-        Ok(t)
+        Tensor::from_le_bytes(&self.contiguous_bytes()?, self.shape(), self.dtype, device)
     }
 }
 
