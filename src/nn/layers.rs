@@ -10,6 +10,14 @@ fn param(t: Tensor) -> Result<Tensor> {
     t.requires_grad_(true)
 }
 
+/// `weight` and the optional `bias`, named as PyTorch names them (Linear, Conv2d).
+fn weight_and_bias<'a>(
+    weight: &'a Tensor,
+    bias: &'a Option<Tensor>,
+) -> impl Iterator<Item = (&'static str, &'a Tensor)> {
+    std::iter::once(("weight", weight)).chain(bias.iter().map(|b| ("bias", b)))
+}
+
 /// `y = x @ weight.t() + bias`; weight [out, in].
 pub struct Linear {
     pub weight: Tensor,
@@ -55,9 +63,9 @@ impl Module for Linear {
         }
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
-        v
+        weight_and_bias(&self.weight, &self.bias)
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect()
     }
     fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut v = vec![("weight".to_string(), &mut self.weight)];
@@ -108,9 +116,9 @@ impl Module for Conv2d {
         crate::ops::conv2d(x, &self.weight, self.bias.as_ref(), self.params)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
-        v
+        weight_and_bias(&self.weight, &self.bias)
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect()
     }
     fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut v = vec![("weight".to_string(), &mut self.weight)];

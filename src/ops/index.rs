@@ -21,12 +21,12 @@ fn check_index_dtype(op: &'static str, index: &Tensor) -> Result<()> {
 
 /// `out[c] = x[c with coordinate d replaced by index[c]]`; `out` has the index's shape.
 pub fn gather(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
-    let input = x.shape().to_vec();
     crate::autograd::record(
         "GatherBackward0",
         &[x],
         || gather_forward(x, d, index),
         |_| {
+            let input = x.shape().to_vec();
             let idx = crate::autograd::save(index)?;
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 let zeros = Tensor::zeros(&input, g.dtype(), g.device())?;

@@ -169,12 +169,12 @@ pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
 
 /// Elements of `a` where `cond` holds, else of `b`; all three broadcast together.
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
     crate::autograd::record(
         "WhereBackward0",
         &[a, b],
         || where_forward(cond, a, b),
         |_| {
+            let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
             let c = crate::autograd::save(cond)?;
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let cond = c.get()?;

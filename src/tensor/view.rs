@@ -14,18 +14,30 @@ impl Tensor {
         }
     }
 
-    /// Runs the view `f` and records `back` (the view's gradient map) as its backward.
-    fn view_op(
+    /// Runs the view `f` and records the view's gradient map as its backward. `back` builds
+    /// that map and runs only when a node is recorded: views are on every op's path (matmul,
+    /// reductions and the engine use them), so nothing is captured otherwise.
+    fn view_op<B>(
         &self,
         name: &'static str,
         f: impl FnOnce() -> Result<Tensor>,
-        back: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
-    ) -> Result<Tensor> {
+        back: impl FnOnce() -> B,
+    ) -> Result<Tensor>
+    where
+        B: Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
+    {
         crate::autograd::record(name, &[self], f, |_| {
+            let back = back();
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 Ok(vec![Some(back(g)?)])
             }))
         })
+    }
+
+    /// The gradient map of the views that only reshape: back to this tensor's shape.
+    fn reshape_back(&self) -> impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static {
+        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
+        move |g| g.reshape(&input)
     }
 
     /// Resolves one `-1` in `shape` against the element count.
@@ -69,7 +81,6 @@ impl Tensor {
 
     /// A view with `shape` (one dim may be -1); an error where no view is possible.
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
-        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
         self.view_op(
             "ViewBackward0",
             || {
@@ -88,13 +99,12 @@ impl Tensor {
             offset: self.layout.offset,
         }))
     },
-            move |g| g.reshape(&input),
+            || self.reshape_back(),
         )
     }
 
     /// A view where possible, else a contiguous copy.
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
-        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
         self.view_op(
             "ViewBackward0",
             || {
@@ -115,7 +125,7 @@ impl Tensor {
                     }
                 }
             },
-            move |g| g.reshape(&input),
+            || self.reshape_back(),
         )
     }
 
@@ -135,7 +145,7 @@ impl Tensor {
                 }
                 Ok(self.with_layout(l))
             },
-            move |g| g.transpose(d0, d1),
+            || move |g: &Tensor| g.transpose(d0, d1),
         )
     }
 
@@ -153,7 +163,6 @@ impl Tensor {
 
     /// Reorders dims: dim i of the result is dim `dims[i]` of `self`.
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
-        let inverse = inverse_permutation(dims, self.rank());
         self.view_op(
             "PermuteBackward0",
             || {
@@ -184,13 +193,15 @@ impl Tensor {
                     offset: self.layout.offset,
                 }))
             },
-            move |g| g.permute(&inverse),
+            || {
+                let inverse = inverse_permutation(dims, self.rank());
+                move |g: &Tensor| g.permute(&inverse)
+            },
         )
     }
 
     /// Elements `start..start + len` of dim `d`.
     pub fn narrow(&self, d: isize, start: usize, len: usize) -> Result<Tensor> {
-        let input = self.shape().to_vec();
         self.view_op(
             "NarrowBackward0",
             || {
@@ -211,17 +222,22 @@ impl Tensor {
                 }
                 Ok(self.with_layout(l))
             },
-            move |g| narrow_backward(g, &input, d, start),
+            || {
+                let input = self.shape().to_vec();
+                move |g: &Tensor| narrow_backward(g, &input, d, start)
+            },
         )
     }
 
     /// Broadcasts to `shape` without copying (stride 0 on expanded dims).
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
-        let input = self.shape().to_vec();
         self.view_op(
             "ExpandBackward0",
             || Ok(self.with_layout(self.layout.broadcast_to("expand", shape)?)),
-            move |g| crate::autograd::sum_to(g, &input),
+            || {
+                let input = self.shape().to_vec();
+                move |g: &Tensor| crate::autograd::sum_to(g, &input)
+            },
         )
     }
 
@@ -231,7 +247,6 @@ impl Tensor {
 
     /// Removes dim `d` if its size is 1 (PyTorch leaves other sizes alone); `None`: all size-1 dims.
     pub fn squeeze(&self, d: Option<isize>) -> Result<Tensor> {
-        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
         self.view_op(
             "SqueezeBackward0",
             || {
@@ -253,13 +268,12 @@ impl Tensor {
                 }
                 Ok(self.with_layout(l))
             },
-            move |g| g.reshape(&input),
+            || self.reshape_back(),
         )
     }
 
     /// Inserts a dim of size 1 at `d` (in `0..=rank`, negative counts from the end).
     pub fn unsqueeze(&self, d: isize) -> Result<Tensor> {
-        let input: Vec<isize> = self.shape().iter().map(|&d| d as isize).collect();
         self.view_op(
             "UnsqueezeBackward0",
             || {
@@ -274,7 +288,7 @@ impl Tensor {
                 l.strides.insert(d, stride);
                 Ok(self.with_layout(l))
             },
-            move |g| g.reshape(&input),
+            || self.reshape_back(),
         )
     }
 
