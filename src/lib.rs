@@ -7,6 +7,7 @@ mod cpu;
 pub mod data;
 pub mod device;
 mod error;
+pub mod host;
 pub mod kernels;
 pub mod nn;
 pub mod ops;
@@ -14,6 +15,7 @@ pub mod optim;
 pub mod tensor;
 
 pub use autograd::{checkpoint, enable_grad, inference_mode, no_grad};
-pub use device::{adapters, AdapterInfo, Device, DeviceBlock};
+pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, Transfer};
 pub use error::{Error, Result};
+pub use host::{HostStats, PinnedKind};
 pub use tensor::{DType, Element, Tensor};

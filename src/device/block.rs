@@ -3,14 +3,24 @@
 //! the stream's encoder, so they stay ordered after work recorded earlier.
 //! See Note [Ordered uploads] in ARCHITECTURE.md.
 
-use super::{lock, with_alloc, Backend, Device};
+use super::pinned::PinnedBuffer;
+use super::{lock, transfer, with_alloc, Backend, Device};
 use crate::alloc::HostSegment;
+use crate::host::PinnedKind;
 use crate::kernels::{grid, Kernel, WORKGROUP};
 use crate::{Error, Result};
+use std::sync::Arc;
 
 pub(crate) enum Mem {
     Host(HostSegment),
     Gpu(wgpu::Buffer),
+    /// A block of a GPU's pinned pool: host memory (the block's device is the GPU's CPU
+    /// device) that the GPU copies to or from without an extra host copy.
+    Pinned {
+        gpu: Device,
+        id: usize,
+        buffer: Arc<PinnedBuffer>,
+    },
 }
 
 /// A block of device memory. Dropping it frees the block to the cache (not to the device).
@@ -60,8 +70,81 @@ impl DeviceBlock {
         })
     }
 
+    /// A block of `gpu`'s pinned pool, on that GPU's CPU device.
+    pub(crate) fn allocate_pinned(
+        gpu: &Device,
+        size_bytes: u64,
+        kind: PinnedKind,
+    ) -> Result<DeviceBlock> {
+        let Some(g) = gpu.gpu() else {
+            return Err(Error::InvalidArgument {
+                op: "pin_memory",
+                msg: format!("pinned memory belongs to a GPU, not {}", gpu.name()),
+            });
+        };
+        g.check("pin_memory")?;
+        let block = lock(&g.host).allocate(size_bytes, kind)?;
+        Ok(match block {
+            Some(b) => DeviceBlock {
+                device: g.host_device.clone(),
+                addr: 0,
+                offset: 0,
+                size: b.size,
+                requested: size_bytes,
+                mem: Some(Mem::Pinned {
+                    gpu: gpu.clone(),
+                    id: b.id,
+                    buffer: b.segment,
+                }),
+            },
+            None => DeviceBlock {
+                device: g.host_device.clone(),
+                addr: 0,
+                offset: 0,
+                size: 0,
+                requested: 0,
+                mem: None,
+            },
+        })
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The GPU whose pinned pool holds this block, its staging buffer and pool id.
+    pub(crate) fn pinned(&self) -> Option<(&Device, &Arc<PinnedBuffer>, usize)> {
+        match &self.mem {
+            Some(Mem::Pinned { gpu, id, buffer }) => Some((gpu, buffer, *id)),
+            _ => None,
+        }
+    }
+
+    /// The GPU buffer behind a GPU block.
+    pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.mem {
+            Some(Mem::Gpu(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Whether this is pinned memory (and of which kind).
+    pub fn pinned_kind(&self) -> Option<PinnedKind> {
+        self.pinned().map(|(_, b, _)| b.kind)
+    }
+
+    /// The host address of the block's first byte, for host memory (waiting for a copy in
+    /// flight on pinned memory); `None` for GPU memory and empty blocks.
+    pub(crate) fn host_address(&self) -> Result<Option<*mut u8>> {
+        match &self.mem {
+            // SAFETY: the offset lies inside the segment.
+            Some(Mem::Host(seg)) => Ok(Some(unsafe { seg.as_ptr().add(self.offset as usize) })),
+            Some(Mem::Pinned { gpu, buffer, .. }) => match gpu.gpu() {
+                Some(g) => Ok(Some(buffer.host_ptr(g)?)),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
     }
     /// The bytes asked for.
     pub fn len_bytes(&self) -> u64 {
@@ -119,13 +202,11 @@ impl DeviceBlock {
         })
     }
 
-    /// The host address of the block's first byte (CPU device only).
+    /// The host address of the block's first byte (CPU device only). Pinned memory must have
+    /// been made ready first (`ops::ready_on_host`); if a copy into it started since, this
+    /// waits, and a failed wait gives `None`.
     pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
-        match &self.mem {
-            // SAFETY: the offset lies inside the segment.
-            Some(Mem::Host(seg)) => Some(unsafe { seg.as_ptr().add(self.offset as usize) }),
-            _ => None,
-        }
+        self.host_address().ok().flatten()
     }
 
     /// Sets every 32-bit word of the block to `value` (the kernel behind `fill_`/`zero_`).
@@ -135,16 +216,15 @@ impl DeviceBlock {
         let words = self.requested.div_ceil(4);
         match (&self.mem, self.device.gpu()) {
             (None, _) => Ok(()),
-            (Some(Mem::Host(seg)), _) => {
-                // SAFETY: this block owns [offset, offset + requested) of the segment.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        seg.as_ptr().add(self.offset as usize),
-                        (words * 4) as usize,
-                    )
+            (Some(Mem::Host(_) | Mem::Pinned { .. }), _) => {
+                let Some(ptr) = self.host_address()? else {
+                    return Ok(());
                 };
-                for w in bytes.chunks_exact_mut(4) {
-                    w.copy_from_slice(&value.to_le_bytes());
+                // SAFETY: this block owns [offset, offset + requested) of its memory.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, self.requested as usize) };
+                let pattern = value.to_le_bytes();
+                for (i, b) in bytes.iter_mut().enumerate() {
+                    *b = pattern[i % 4];
                 }
                 Ok(())
             }
@@ -191,9 +271,10 @@ impl DeviceBlock {
         }
     }
 
-    /// Copies `data` into the block at byte `offset`. On a GPU the data is staged and the copy
-    /// is recorded in the stream, after all work recorded before it. Lengths and offsets are
-    /// multiples of 4 (wgpu's copy alignment).
+    /// Copies `data` into the block at byte `offset`. On a GPU the data is staged through the
+    /// pinned pool and the copy is recorded in the stream, after all work recorded before it;
+    /// this returns once `data` may be reused. Lengths and offsets are multiples of 4 on a GPU
+    /// (wgpu's copy alignment).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let len = data.len() as u64;
         self.check_range("write", offset, len)?;
@@ -202,17 +283,6 @@ impl DeviceBlock {
         }
         match (&self.mem, self.device.gpu()) {
             (None, _) => Ok(()),
-            (Some(Mem::Host(seg)), _) => {
-                // SAFETY: within this block's range, checked above.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        data.as_ptr(),
-                        seg.as_ptr().add((self.offset + offset) as usize),
-                        data.len(),
-                    )
-                };
-                Ok(())
-            }
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
                     return Err(Error::InvalidArgument {
@@ -223,99 +293,64 @@ impl DeviceBlock {
                     });
                 }
                 g.check("write")?;
-                let staging = g.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("kiln upload"),
-                    size: len,
-                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::MAP_WRITE,
-                    mapped_at_creation: true,
-                });
-                staging
-                    .slice(..)
-                    .get_mapped_range_mut()
-                    .map_err(|e| Error::Wgpu {
-                        op: "write",
-                        msg: e.to_string(),
-                    })?
-                    .copy_from_slice(data);
-                staging.unmap();
-                let mut stream = lock(&g.stream);
-                stream.copy_encoder(&g.device).copy_buffer_to_buffer(
-                    &staging,
-                    0,
-                    buffer,
-                    self.offset + offset,
-                    len,
-                );
-                stream.recorded(&g.queue);
-                Ok(())
+                transfer::upload(g, buffer, self.offset + offset, data)
             }
             (Some(Mem::Gpu(_)), None) => unreachable!("GPU memory belongs to a GPU device"),
+            (Some(_), _) => {
+                let Some(ptr) = self.host_address()? else {
+                    return Ok(());
+                };
+                // SAFETY: within this block's range, checked above.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(ptr.add(offset as usize), data.len()) };
+                transfer::par_copy(dst, data);
+                Ok(())
+            }
         }
     }
 
     /// Reads the whole block to the host: a sync point (waits for the work that writes it).
     pub fn read(&self) -> Result<Vec<u8>> {
-        let len = self.requested;
+        let mut out = vec![0u8; self.requested as usize];
+        self.read_into(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads `dst.len()` bytes from byte `offset` into `dst`: a sync point on a GPU.
+    pub fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range("read", offset, dst.len() as u64)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
         match (&self.mem, self.device.gpu()) {
-            (None, _) => Ok(Vec::new()),
-            (Some(Mem::Host(seg)), _) => {
-                // SAFETY: within this block's range.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(seg.as_ptr().add(self.offset as usize), len as usize)
-                };
-                Ok(bytes.to_vec())
-            }
+            (None, _) => Ok(()),
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 g.check("read")?;
-                let padded = len.next_multiple_of(4);
-                let staging = g.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("kiln readback"),
-                    size: padded,
-                    usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
-                    mapped_at_creation: false,
-                });
-                let mut stream = lock(&g.stream);
-                stream.copy_encoder(&g.device).copy_buffer_to_buffer(
-                    buffer,
-                    self.offset,
-                    &staging,
-                    0,
-                    padded,
-                );
-                let event = stream.submit(&g.queue);
-                staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-                stream
-                    .wait(&g.device, &g.queue, event)
-                    .map_err(|e| Error::Wgpu {
-                        op: "read",
-                        msg: e.to_string(),
-                    })?;
-                drop(stream);
-                // The map callback runs inside poll; wait once more for it to have run.
-                g.device
-                    .poll(wgpu::PollType::wait_indefinitely())
-                    .map_err(|e| Error::Wgpu {
-                        op: "read",
-                        msg: e.to_string(),
-                    })?;
-                g.check("read")?;
-                g.check_asserts()?;
-                let view = staging
-                    .slice(..)
-                    .get_mapped_range()
-                    .map_err(|e| Error::Wgpu {
-                        op: "read",
-                        msg: e.to_string(),
-                    })?;
-                Ok(view[..len as usize].to_vec())
+                transfer::download(g, buffer, self.offset + offset, dst)
             }
             (Some(Mem::Gpu(_)), None) => unreachable!("GPU memory belongs to a GPU device"),
+            (Some(_), _) => {
+                let Some(ptr) = self.host_address()? else {
+                    return Ok(());
+                };
+                // SAFETY: within this block's range, checked above.
+                let src =
+                    unsafe { std::slice::from_raw_parts(ptr.add(offset as usize), dst.len()) };
+                transfer::par_copy(dst, src);
+                Ok(())
+            }
         }
     }
 }
 
 impl Drop for DeviceBlock {
     fn drop(&mut self) {
+        if let Some(Mem::Pinned { gpu, id, .. }) = &self.mem {
+            if let Some(g) = gpu.gpu() {
+                lock(&g.host).free(*id);
+            }
+            self.mem = None;
+        }
         if self.mem.take().is_some() {
             // Freeing a block this allocator handed out cannot fail; nothing to report in drop.
             let _ = with_alloc!(self.device, a => a.free(self.addr));

@@ -3,12 +3,14 @@
 
 use super::adapters::{AdapterInfo, KilnFeatures};
 use super::lock;
+use super::pinned::WgpuPinnedSource;
 use super::stream::Stream;
 use super::wgpu_source::WgpuSource;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
+use crate::host::CachingHostAllocator;
 use crate::kernels::{BindGroupCache, KernelCache};
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct GpuDevice {
@@ -17,6 +19,13 @@ pub(crate) struct GpuDevice {
     pub queue: wgpu::Queue,
     pub stream: Arc<Mutex<Stream>>,
     pub alloc: Mutex<CachingAllocator<WgpuSource>>,
+    /// Pinned (staging) memory: PyTorch's CachingHostAllocator over mapped wgpu buffers.
+    /// Lock order: allocator, host allocator, a pinned buffer's state, stream.
+    pub host: Mutex<CachingHostAllocator<WgpuPinnedSource>>,
+    /// The CPU device pinned tensors of this GPU live on.
+    pub host_device: super::Device,
+    /// Bytes per chunk of a pageable copy.
+    staging_chunk: AtomicU64,
     pub kernels: Mutex<KernelCache>,
     /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
     pub coop_f16: bool,
@@ -33,7 +42,19 @@ pub(crate) struct GpuDevice {
     troubled: Arc<AtomicBool>,
 }
 
+/// Pageable copies move through the pinned pool in chunks of this size: large enough that a
+/// submit per chunk costs nothing, small enough that DMA and host copies overlap.
+const DEFAULT_STAGING_CHUNK: u64 = 32 << 20;
+
 impl GpuDevice {
+    pub fn staging_chunk_bytes(&self) -> u64 {
+        self.staging_chunk.load(Ordering::Relaxed)
+    }
+    pub fn set_staging_chunk_bytes(&self, bytes: u64) {
+        self.staging_chunk
+            .store(bytes.next_multiple_of(4).max(4), Ordering::Relaxed);
+    }
+
     pub fn new(info: AdapterInfo, adapter: wgpu::Adapter, config: AllocatorConfig) -> Result<Self> {
         // The adapter's own limits: the defaults cap offsets at 256 bytes, immediates at 0 and
         // storage buffers at 8.
@@ -106,12 +127,21 @@ impl GpuDevice {
             name: format!("GPU {} ({}, {:?})", info.spec, info.name, info.backend),
             max_buffer_size: limits.max_buffer_size,
         };
+        let pinned_source = WgpuPinnedSource {
+            device: device.clone(),
+            stream: stream.clone(),
+            max_buffer_size: limits.max_buffer_size,
+        };
+        let host_device = super::Device::cpu()?;
         Ok(GpuDevice {
             info,
             device,
             queue,
             stream,
             alloc: Mutex::new(CachingAllocator::new(source, config)),
+            host: Mutex::new(CachingHostAllocator::new(pinned_source)),
+            host_device,
+            staging_chunk: AtomicU64::new(DEFAULT_STAGING_CHUNK.min(limits.max_buffer_size)),
             kernels: Mutex::default(),
             coop_f16,
             bind_groups,

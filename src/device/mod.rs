@@ -5,13 +5,16 @@ mod adapters;
 mod block;
 pub(crate) mod gpu;
 mod memory;
+pub(crate) mod pinned;
 pub(crate) mod stream;
 mod timer;
+pub(crate) mod transfer;
 mod wgpu_source;
 
 pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
 pub use timer::gpu_time;
+pub use transfer::{Event, Transfer};
 
 use crate::alloc::{
     memory_summary, AllocatorConfig, CachingAllocator, HistoryContext, HistoryEnabled,
@@ -72,9 +75,12 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// GPUs are equal only to themselves. Every CPU device is the one host (as PyTorch has one
+/// `cpu`): CPU devices differ only in whose allocator counts their tensors, and pinned tensors
+/// live on a GPU's own CPU device.
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.0, &other.0) || (self.is_cpu() && other.is_cpu())
     }
 }
 
@@ -222,6 +228,45 @@ impl Device {
     /// holds no memory, as PyTorch hands out a null pointer.
     pub fn allocate(&self, size_bytes: u64) -> Result<DeviceBlock> {
         DeviceBlock::allocate(self, size_bytes)
+    }
+
+    // ---- pinned host memory: PyTorch's host allocator API ----
+
+    /// `torch.cuda.host_memory_stats()`: this GPU's pinned pool (empty for the CPU device).
+    pub fn host_memory_stats(&self) -> crate::host::HostStats {
+        self.gpu()
+            .map(|g| lock(&g.host).stats())
+            .unwrap_or_default()
+    }
+
+    /// `torch.cuda.reset_peak_host_memory_stats()`.
+    pub fn reset_peak_host_memory_stats(&self) {
+        if let Some(g) = self.gpu() {
+            lock(&g.host).reset_peak_stats();
+        }
+    }
+
+    /// `torch.cuda.reset_accumulated_host_memory_stats()`.
+    pub fn reset_accumulated_host_memory_stats(&self) {
+        if let Some(g) = self.gpu() {
+            lock(&g.host).reset_accumulated_stats();
+        }
+    }
+
+    /// Frees every cached pinned block (`torch._C._host_emptyCache()`); blocks in use, or
+    /// waiting for a copy that uses them, stay.
+    pub fn empty_host_cache(&self) {
+        if let Some(g) = self.gpu() {
+            lock(&g.host).empty_cache();
+        }
+    }
+
+    /// The size of the chunks pageable copies are staged in (32 MiB by default; rounded up to
+    /// 4 bytes). Smaller chunks let tests cover the chunked path with small tensors.
+    pub fn set_staging_chunk_bytes(&self, bytes: u64) {
+        if let Some(g) = self.gpu() {
+            g.set_staging_chunk_bytes(bytes);
+        }
     }
 
     /// Bytes in blocks handed out to tensors (`allocated_bytes.all.current`).

@@ -149,6 +149,10 @@ fn conv2d_forward(
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
     let bias = bias.map(|b| b.contiguous()).transpose()?;
     if x.device().is_cpu() {
+        crate::ops::ready_on_host(&[&x, &weight])?;
+        if let Some(b) = &bias {
+            b.host_ready()?;
+        }
         crate::cpu::conv2d(&x, &weight, bias.as_ref(), &out, p);
         return Ok(out);
     }
@@ -262,6 +266,7 @@ fn pool2d_forward(
     }
     let x = x.contiguous()?;
     if x.device().is_cpu() {
+        x.host_ready()?;
         crate::cpu::pool2d(&x, &out, kernel, stride, padding, is_max);
         return Ok(out);
     }

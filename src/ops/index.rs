@@ -69,6 +69,7 @@ fn gather_forward(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
     }
     let size = x.shape()[d];
     if x.device().is_cpu() {
+        crate::ops::ready_on_host(&[x, index])?;
         crate::cpu::gather(x, d, index, &out).map_err(|bad| Error::IndexOutOfRange {
             op: OP,
             index: bad,
@@ -238,6 +239,7 @@ fn scatter_add_forward(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Re
     let src = super::copy(&src)?;
     let size = x.shape()[d];
     if x.device().is_cpu() {
+        crate::ops::ready_on_host(&[&out, index, &src])?;
         crate::cpu::scatter_add(&out, d, index, &src).map_err(|bad| Error::IndexOutOfRange {
             op: OP,
             index: bad,

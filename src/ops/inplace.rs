@@ -55,6 +55,7 @@ pub fn unary_(x: &Tensor, op: UnaryOp) -> Result<()> {
     x.check_inplace(name)?;
     if x.numel() > 0 {
         if x.device().is_cpu() {
+            x.host_ready()?;
             cpu::unary(x, x, op);
         } else {
             gpu_elementwise(Form::Unary(op), x, None, None, None, name)?;
@@ -93,6 +94,7 @@ pub fn binary_(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<()> {
     check_no_partial_overlap(name, a, &b)?;
     if a.numel() > 0 {
         if a.device().is_cpu() {
+            crate::ops::ready_on_host(&[a, &b])?;
             cpu::binary(a, &b, a, op);
         } else {
             gpu_elementwise(Form::Binary(op), a, Some(&b), None, None, name)?;
@@ -116,6 +118,7 @@ pub fn binary_scalar_(a: &Tensor, s: f64, op: BinaryOp) -> Result<()> {
     }
     if a.numel() > 0 {
         if a.device().is_cpu() {
+            a.host_ready()?;
             let s = if a.dtype().is_float() {
                 s as f32 as f64
             } else {
@@ -175,6 +178,9 @@ binary_inplace! {
 impl Tensor {
     /// Copies `src` (broadcast to this shape) into this tensor's elements.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if self.device() != src.device() || self.device().is_cpu() != src.device().is_cpu() {
+            return self.copy_across_devices(src);
+        }
         binary_(self, src, BinaryOp::Right)
     }
 

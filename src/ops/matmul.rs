@@ -211,6 +211,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (sam, sak) = (fa.strides()[ra - 2], fa.strides()[ra - 1]);
         let (sbk, sbn) = (fb.strides()[rb - 2], fb.strides()[rb - 1]);
         if a.device().is_cpu() {
+            crate::ops::ready_on_host(&[fa, fb])?;
             crate::cpu::matmul(
                 fa,
                 fb,

@@ -54,6 +54,12 @@ pub(crate) fn check_dtype_on(device: &Device, op: &'static str, dtype: DType) ->
     Ok(())
 }
 
+/// Waits until the host may read pinned operands whose copies are still in flight (see Note
+/// [Pinned host memory]); a no-op for other tensors. Every CPU op calls it before its loop.
+pub(crate) fn ready_on_host(ts: &[&Tensor]) -> Result<()> {
+    ts.iter().try_for_each(|t| t.host_ready())
+}
+
 pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.device() != b.device() {
         return Err(Error::DeviceMismatch {
@@ -250,6 +256,7 @@ fn unary_forward(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
         return Ok(out);
     }
     if x.device().is_cpu() {
+        x.host_ready()?;
         cpu::unary(x, &out, op);
     } else {
         if x.dtype == DType::Bool {
@@ -308,6 +315,7 @@ fn binary_forward(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
         return Ok(out);
     }
     if a.device().is_cpu() {
+        ready_on_host(&[&a, &b])?;
         cpu::binary(&a, &b, &out, op);
     } else {
         gpu_elementwise(Form::Binary(op), &a, Some(&b), None, Some(&out), name)?;
@@ -342,6 +350,7 @@ fn binary_scalar_forward(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
         return Ok(out);
     }
     if a.device().is_cpu() {
+        a.host_ready()?;
         // The GPU sees the scalar as f32; so does the reference.
         let s = if a.dtype.is_float() {
             s as f32 as f64

@@ -81,6 +81,7 @@ pub fn compare(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
     let out = Tensor::empty(&shape, DType::Bool, a.device())?;
     if out.numel() > 0 {
         if a.device().is_cpu() {
+            super::ready_on_host(&[&a, &b])?;
             cpu::compare(&a, Some(&b), 0.0, &out, op);
         } else {
             let k = PredicateKernel {
@@ -101,6 +102,7 @@ pub fn compare_scalar(a: &Tensor, s: f64, op: CmpOp) -> Result<Tensor> {
     let out = Tensor::empty(a.shape(), DType::Bool, a.device())?;
     if out.numel() > 0 {
         if a.device().is_cpu() {
+            a.host_ready()?;
             let s = if a.dtype.is_float() {
                 s as f32 as f64
             } else {
@@ -149,6 +151,7 @@ fn to_dtype_forward(x: &Tensor, dtype: DType) -> Result<Tensor> {
     let out = Tensor::empty(x.shape(), dtype, x.device())?;
     if out.numel() > 0 {
         if x.device().is_cpu() {
+            x.host_ready()?;
             cpu::unary(x, &out, super::UnaryOp::Identity);
         } else {
             cast_into(x, &out)?;
@@ -241,6 +244,10 @@ fn select_into(
         return Ok(());
     }
     if out.device().is_cpu() {
+        super::ready_on_host(&[out, cond])?;
+        if let Some(v) = value {
+            v.host_ready()?;
+        }
         cpu::select(out, cond, value, s);
         return Ok(());
     }

@@ -211,6 +211,7 @@ fn reduce_forward(
     }
     let scale = if mean { 1.0 / inner as f64 } else { 1.0 };
     if x.device().is_cpu() {
+        xp.host_ready()?;
         cpu::reduce_rows(
             &xp,
             &out,
@@ -280,6 +281,7 @@ fn arg_reduce_forward(
         });
     }
     if x.device().is_cpu() {
+        xp.host_ready()?;
         cpu::arg_reduce_rows(&xp, &values, &indices, inner, is_min);
     } else {
         let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;

@@ -30,6 +30,7 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
     if out.numel() > 0 {
         let rows = out.numel() / inner;
         if x.device().is_cpu() {
+            xp.host_ready()?;
             crate::cpu::softmax_rows(&xp, &out, inner, log);
         } else {
             let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;

@@ -3,6 +3,7 @@
 
 mod dtype;
 mod layout;
+mod pinned;
 mod view;
 
 pub use dtype::{DType, Element};
@@ -296,7 +297,9 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
-        Tensor::from_le_bytes(&self.contiguous_bytes()?, self.shape(), self.dtype, device)
+        let out = Tensor::empty(self.shape(), self.dtype, device)?;
+        crate::no_grad(|| out.copy_across_devices(self))?;
+        Ok(out)
     }
 }
 

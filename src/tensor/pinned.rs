@@ -1,0 +1,247 @@
+//! Pinned CPU tensors and copies between devices: PyTorch's `pin_memory()`,
+//! `torch.empty(..., pin_memory=True)`, `copy_` across devices and `non_blocking=True`.
+//! See Note [Pinned host memory] in ARCHITECTURE.md.
+
+use super::{numel, Layout, Storage, Tensor};
+use crate::device::{Device, DeviceBlock, Event, Transfer};
+use crate::host::PinnedKind;
+use crate::{DType, Error, Result};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// A non-blocking copy moves whole 4-byte words from and to 4-byte aligned offsets.
+fn word_aligned(t: &Tensor) -> bool {
+    (t.layout.offset * t.dtype.size_bytes()).is_multiple_of(4)
+}
+
+impl Tensor {
+    fn on_block(block: DeviceBlock, shape: &[usize], dtype: DType) -> Tensor {
+        Tensor {
+            storage: Arc::new(Storage {
+                block,
+                version: AtomicU64::new(0),
+                inference: crate::autograd::is_inference_mode_enabled(),
+            }),
+            layout: Layout::contiguous(shape),
+            dtype,
+            autograd: None,
+        }
+    }
+
+    /// An uninitialised pinned CPU tensor: its storage is a block of `gpu`'s pinned pool (a
+    /// mapped staging buffer), which the host reads and writes in place and `gpu` copies
+    /// without an extra host copy. `kind` says which way: `Upload` memory is a copy source
+    /// (fill it, then `to_device_non_blocking`), `Download` memory a copy destination (cached
+    /// for host reads). A copy the other way still works, staged through the pool.
+    pub fn empty_pinned(
+        shape: &[usize],
+        dtype: DType,
+        gpu: &Device,
+        kind: PinnedKind,
+    ) -> Result<Tensor> {
+        crate::ops::check_dtype_on(gpu, "empty_pinned", dtype)?;
+        let bytes = (numel(shape) * dtype.size_bytes()) as u64;
+        let block = DeviceBlock::allocate_pinned(gpu, bytes, kind)?;
+        Ok(Tensor::on_block(block, shape, dtype))
+    }
+
+    /// A pinned copy of this CPU tensor, ready to upload to `gpu` (PyTorch's `pin_memory()`);
+    /// the tensor itself when it already is pinned memory of `gpu`.
+    pub fn pin_memory(&self, gpu: &Device) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            return Err(Error::InvalidArgument {
+                op: "pin_memory",
+                msg: format!(
+                    "cannot pin a tensor on {}: only CPU tensors can be pinned",
+                    self.device().name()
+                ),
+            });
+        }
+        if self
+            .storage
+            .block
+            .pinned()
+            .is_some_and(|(owner, _, _)| owner == gpu)
+        {
+            return Ok(self.clone());
+        }
+        let out = Tensor::empty_pinned(self.shape(), self.dtype, gpu, PinnedKind::Upload)?;
+        let bytes = self.contiguous_bytes()?;
+        out.storage.block.write(0, &bytes)?;
+        Ok(out)
+    }
+
+    /// Whether the storage is pinned memory.
+    pub fn is_pinned(&self) -> bool {
+        self.storage.block.pinned().is_some()
+    }
+
+    /// `Upload` or `Download` for pinned tensors.
+    pub fn pinned_kind(&self) -> Option<PinnedKind> {
+        self.storage.block.pinned_kind()
+    }
+
+    /// Waits until the host may touch this tensor's memory (pinned memory with a copy in
+    /// flight); a no-op for every other tensor.
+    pub(crate) fn host_ready(&self) -> Result<()> {
+        if self.storage.block.pinned().is_some() {
+            self.storage.block.host_address()?;
+        }
+        Ok(())
+    }
+
+    /// A copy on `device` that does not wait where PyTorch's `non_blocking=True` does not:
+    /// from pinned memory to its GPU the copy is queued in order with the GPU's work and this
+    /// returns at once; from a GPU to the CPU the result is a pinned tensor the copy lands in
+    /// (reading it on the host waits for the copy, see `copy_non_blocking_`). Anything else is
+    /// `to_device`.
+    pub fn to_device_non_blocking(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() && device.is_cpu() == self.device().is_cpu() {
+            return Ok(self.clone());
+        }
+        let pinned_here = self
+            .storage
+            .block
+            .pinned()
+            .is_some_and(|(owner, _, _)| owner == device);
+        if pinned_here {
+            let out = Tensor::empty(self.shape(), self.dtype, device)?;
+            out.copy_non_blocking_(self)?;
+            return Ok(out);
+        }
+        if !self.device().is_cpu() && device.is_cpu() {
+            let out = Tensor::empty_pinned(
+                self.shape(),
+                self.dtype,
+                self.device(),
+                PinnedKind::Download,
+            )?;
+            out.copy_non_blocking_(self)?;
+            return Ok(out);
+        }
+        self.to_device(device)
+    }
+
+    /// Copies `src` into `self` without waiting where the memory allows it (PyTorch's
+    /// `copy_(src, non_blocking=True)`): pinned `Upload` memory into its GPU, or a GPU tensor
+    /// into pinned `Download` memory of that GPU, both contiguous, same shape and dtype, at
+    /// 4-byte aligned offsets. The copy is queued after all work queued before it and starts at
+    /// once. Every other case copies as `copy_` does and returns a finished transfer.
+    ///
+    /// Reading or writing a pinned tensor on the host while its copy is in flight never shows
+    /// stale or torn data: the host access waits for the copy (kiln's choice where CUDA leaves
+    /// the race to the user). The returned `Transfer` says when that wait would be free.
+    pub fn copy_non_blocking_(&self, src: &Tensor) -> Result<Transfer> {
+        let direct = self.shape() == src.shape()
+            && self.dtype == src.dtype
+            && self.is_contiguous()
+            && src.is_contiguous()
+            && word_aligned(self)
+            && word_aligned(src);
+        let (dst_pin, src_pin) = (self.storage.block.pinned(), src.storage.block.pinned());
+        if direct {
+            let bytes = (self.numel() * self.dtype.size_bytes()) as u64;
+            let words = bytes.next_multiple_of(4);
+            let (dst_off, src_off) = (
+                (self.layout.offset * self.dtype.size_bytes()) as u64,
+                (src.layout.offset * src.dtype.size_bytes()) as u64,
+            );
+            // Rounding up to a word must not spill into bytes another view of `self` owns.
+            let spill_ok = bytes == words || dst_off + words <= self.storage.block.block_size();
+            // Download: GPU -> pinned.
+            if let Some((gpu, buffer, id)) = dst_pin {
+                if buffer.kind == PinnedKind::Download && src.device() == gpu && spill_ok {
+                    self.check_inplace("copy_")?;
+                    let g = gpu.gpu().expect("pinned memory belongs to a GPU");
+                    let Some(src_buf) = src.storage.block.gpu_buffer() else {
+                        return self.copy_blocking(src);
+                    };
+                    let src_at = src.storage.block.offset() + src_off;
+                    let event = buffer.record_copy(g, true, |enc, pinned| {
+                        enc.copy_buffer_to_buffer(src_buf, src_at, pinned, dst_off, words)
+                    })?;
+                    crate::device::lock(&g.host).record_event(id, event);
+                    self.bump_version();
+                    return Ok(Transfer::new(gpu, event, Some(buffer.clone())));
+                }
+            }
+            // Upload: pinned -> GPU.
+            if let Some((gpu, buffer, id)) = src_pin {
+                if buffer.kind == PinnedKind::Upload && self.device() == gpu && spill_ok {
+                    self.check_inplace("copy_")?;
+                    let g = gpu.gpu().expect("pinned memory belongs to a GPU");
+                    let Some(dst_buf) = self.storage.block.gpu_buffer() else {
+                        return self.copy_blocking(src);
+                    };
+                    let dst_at = self.storage.block.offset() + dst_off;
+                    let event = buffer.record_copy(g, true, |enc, pinned| {
+                        enc.copy_buffer_to_buffer(pinned, src_off, dst_buf, dst_at, words)
+                    })?;
+                    crate::device::lock(&g.host).record_event(id, event);
+                    self.bump_version();
+                    return Ok(Transfer::new(gpu, event, Some(buffer.clone())));
+                }
+            }
+        }
+        self.copy_blocking(src)
+    }
+
+    fn copy_blocking(&self, src: &Tensor) -> Result<Transfer> {
+        self.copy_(src)?;
+        let gpu = if self.device().is_cpu() {
+            src.device()
+        } else {
+            self.device()
+        };
+        Ok(Transfer::new(gpu, gpu.record_event()?.sequence(), None))
+    }
+
+    /// `copy_` between devices: `src` (cast and broadcast to `self`) lands in `self`'s memory,
+    /// staged through the pinned pool in chunks. Blocking, as PyTorch's pageable copies are.
+    pub(crate) fn copy_across_devices(&self, src: &Tensor) -> Result<()> {
+        self.check_inplace("copy_")?;
+        let src = if src.dtype != self.dtype {
+            src.to_dtype(self.dtype)?
+        } else {
+            src.clone()
+        };
+        let src = src.broadcast_to(self.shape())?.contiguous()?;
+        let w = self.dtype.size_bytes();
+        let (bytes, at) = (self.numel() * w, (self.layout.offset * w) as u64);
+        let block = &self.storage.block;
+        if self.is_contiguous() && self.device().is_cpu() {
+            // GPU -> host memory, straight into the destination.
+            self.host_ready()?;
+            let Some(ptr) = block.host_address()? else {
+                return Ok(());
+            };
+            // SAFETY: the contiguous tensor covers `bytes` bytes of its block from `at`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.add(at as usize), bytes) };
+            src.storage
+                .block
+                .read_into((src.layout.offset * w) as u64, dst)?;
+        } else if self.is_contiguous() && at.is_multiple_of(4) && bytes.is_multiple_of(4) {
+            // Host -> GPU memory.
+            let data = src.contiguous_bytes()?;
+            block.write(at, &data)?;
+        } else {
+            let local = src.to_device(self.device())?;
+            return self.copy_(&local);
+        }
+        self.bump_version();
+        Ok(())
+    }
+}
+
+impl Transfer {
+    fn new(
+        gpu: &Device,
+        seq: u64,
+        pinned: Option<Arc<crate::device::pinned::PinnedBuffer>>,
+    ) -> Self {
+        Transfer {
+            event: Event::at(gpu, seq),
+            pinned: pinned.map(|b| (gpu.clone(), b)),
+        }
+    }
+}
