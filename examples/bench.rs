@@ -1,7 +1,8 @@
 //! kiln's benchmark runner: `cargo run --release --example bench -- [--adapter all|INDEX]
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
-//! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost). Prints a table per
+//! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `train` (an MLP
+//! step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
 //! GPU times are wall-clock over a batch of launches with one `synchronize()` at the end (as the
@@ -312,6 +313,121 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// Host-device copies of 1, 64 and 256 MiB: pageable and pinned non-blocking (kiln), against the
+/// naive wgpu paths (`queue.write_buffer`; a fresh `MAP_READ` buffer, `map_async` and a copy into
+/// a new `Vec`), and the latency of a small non-blocking round trip. GB/s are 1e9 bytes/s, as
+/// the PyTorch anchor prints them.
+fn transfer_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::PinnedKind;
+    let (Some(raw), Some(queue)) = (
+        kiln::device::raw_wgpu_device(dev),
+        kiln::device::raw_wgpu_queue(dev),
+    ) else {
+        return Ok(());
+    };
+    let cpu = Device::cpu()?;
+    let mut push = |case: String, bytes: usize, secs: f64| {
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "transfer",
+            case,
+            value: bytes as f64 / secs / 1e9,
+            unit: "GB/s",
+        })
+    };
+    for mib in [1usize, 64, 256] {
+        let bytes = mib << 20;
+        let n = bytes / 4;
+        let host = Tensor::rand(&[n], DType::F32, &cpu)?;
+        let g = Tensor::empty(&[n], DType::F32, dev)?;
+        let up = host.pin_memory(dev)?;
+        let down = Tensor::empty_pinned(&[n], DType::F32, dev, PinnedKind::Download)?;
+        // Batches of copies then one wait, as the anchor times 10 copies between syncs.
+        let batch = |f: &dyn Fn() -> kiln::Result<kiln::Transfer>| {
+            time_per_iter(|| {
+                let mut last = None;
+                for _ in 0..4 {
+                    last = Some(f().unwrap());
+                }
+                last.unwrap().wait().unwrap();
+            }) / 4.0
+        };
+        let t = batch(&|| g.copy_non_blocking_(&up));
+        push(format!("h2d pinned non_blocking {mib} MiB"), bytes, t);
+        let t = batch(&|| down.copy_non_blocking_(&g));
+        push(format!("d2h pinned non_blocking {mib} MiB"), bytes, t);
+        let t = time_per_iter(|| {
+            g.copy_(&host).unwrap();
+            dev.synchronize().unwrap();
+        });
+        push(format!("h2d pageable {mib} MiB"), bytes, t);
+        let t = time_per_iter(|| host.copy_(&g).unwrap());
+        push(format!("d2h pageable {mib} MiB"), bytes, t);
+        // The host side of a pinned upload: writing into upload memory (pin_memory's copy, or
+        // a DataLoader filling a batch), which on a large-BAR GPU is the PCIe transfer itself.
+        let t = time_per_iter(|| drop(host.pin_memory(dev).unwrap()));
+        push(
+            format!("host write into pinned (pin_memory) {mib} MiB"),
+            bytes,
+            t,
+        );
+        // Naive wgpu on a buffer of its own.
+        let buf = raw.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let data = host.to_vec::<f32>()?;
+        let data: &[u8] = bytemuck::cast_slice(&data);
+        let t = time_per_iter(|| {
+            queue.write_buffer(&buf, 0, data);
+            let idx = queue.submit([]);
+            raw.poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .unwrap();
+        });
+        push(format!("h2d naive write_buffer {mib} MiB"), bytes, t);
+        let t = time_per_iter(|| {
+            let stage = raw.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = raw.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&buf, 0, &stage, 0, bytes as u64);
+            queue.submit([enc.finish()]);
+            stage.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            raw.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+            let v = stage.slice(..).get_mapped_range().unwrap().to_vec();
+            std::hint::black_box(v);
+        });
+        push(format!("d2h naive map_async+to_vec {mib} MiB"), bytes, t);
+    }
+    // A small round trip: 4 KiB up and back, non-blocking, then wait.
+    let host = Tensor::rand(&[1024], DType::F32, &cpu)?;
+    let up = host.pin_memory(dev)?;
+    let down = Tensor::empty_pinned(&[1024], DType::F32, dev, PinnedKind::Download)?;
+    let g = Tensor::empty(&[1024], DType::F32, dev)?;
+    let t = time_per_iter(|| {
+        g.copy_non_blocking_(&up).unwrap();
+        down.copy_non_blocking_(&g).unwrap().wait().unwrap();
+    });
+    rows.push(Row {
+        adapter: dev.name(),
+        suite: "transfer",
+        case: "4 KiB non_blocking round trip".into(),
+        value: t * 1e6,
+        unit: "us",
+    });
+    Ok(())
+}
+
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| {
@@ -343,6 +459,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "train" {
             train_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "transfer" {
+            transfer_suite(dev, &mut rows)?;
         }
     }
     println!(

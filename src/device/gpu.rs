@@ -76,6 +76,16 @@ impl GpuDevice {
         if coop_f16 {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
+        // One kind of pinned memory in host-cached system memory, as CUDA's, where Vulkan lets a
+        // mappable buffer be both a copy source and destination (see Note [Pinned host memory]).
+        let unified_pinned = info.backend == wgpu::Backend::Vulkan
+            && adapter
+                .features()
+                .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+            && std::env::var("KILN_PINNED_SPLIT").is_err();
+        if unified_pinned {
+            features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
         let experimental_features = if coop_f16 {
             // SAFETY: wgpu's experimental cooperative-matrix support; kiln uses one validated
             // shader (tests/kernels.rs) on configurations the adapter reports.
@@ -131,6 +141,7 @@ impl GpuDevice {
             device: device.clone(),
             stream: stream.clone(),
             max_buffer_size: limits.max_buffer_size,
+            unified: unified_pinned,
         };
         let host_device = super::Device::cpu()?;
         Ok(GpuDevice {

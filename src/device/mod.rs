@@ -361,6 +361,11 @@ pub fn raw_wgpu_device(device: &Device) -> Option<wgpu::Device> {
     device.gpu().map(|g| g.device.clone())
 }
 
+/// The wgpu queue behind a GPU device (for benchmarks against raw wgpu).
+pub fn raw_wgpu_queue(device: &Device) -> Option<wgpu::Queue> {
+    device.gpu().map(|g| g.queue.clone())
+}
+
 /// Whether `KILN_REQUIRE_GPU=1` asks that a GPU adapter exist.
 pub fn gpu_required() -> bool {
     std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))

@@ -15,11 +15,13 @@ const MAP_FAILED: u8 = 2;
 
 /// Where the host may touch the buffer.
 enum MapState {
-    /// Mapped: the host reads and writes through `ptr` (valid until the next unmap).
+    /// Mapped: the host reads and writes through the pointer (valid until the next unmap).
     Mapped(*mut u8),
-    /// Unmapped for a copy in the submission `event`; a map is requested right after that
-    /// submit and `PinnedBuffer::mapped` turns `MAP_DONE` when it lands.
-    InFlight(u64),
+    /// Unmapped; the last copy that uses it is in the submission `event` (0: none). Maps are
+    /// requested only when the host wants the memory, so back-to-back copies need no waits.
+    Unmapped(u64),
+    /// A map was requested; `PinnedBuffer::mapped` turns `MAP_DONE` when it lands.
+    Mapping,
 }
 
 // SAFETY: the pointer is only a handle to the mapping, which any thread may use; the state is
@@ -29,6 +31,9 @@ unsafe impl Send for MapState {}
 pub(crate) struct PinnedBuffer {
     pub buffer: wgpu::Buffer,
     pub kind: PinnedKind,
+    /// Host-cached coherent memory the GPU copies both ways (the unified Vulkan form); else
+    /// only the way `kind` says.
+    pub both_ways: bool,
     state: Mutex<MapState>,
     mapped: Arc<AtomicU8>,
 }
@@ -52,25 +57,36 @@ fn wgpu_err(op: &'static str) -> impl Fn(&dyn std::fmt::Display) -> Error {
 }
 
 impl PinnedBuffer {
-    fn mode(&self) -> wgpu::MapMode {
-        match self.kind {
-            PinnedKind::Upload => wgpu::MapMode::Write,
-            PinnedKind::Download => wgpu::MapMode::Read,
-        }
+    /// Write mappings only for split upload memory; unified memory maps for reading and the
+    /// host writes through that mapping too.
+    fn writes_mapping(&self) -> bool {
+        self.kind == PinnedKind::Upload && !self.both_ways
     }
 
-    /// The map request to run after the submit that carries this buffer's copy.
-    fn request_map(&self) -> impl FnOnce() + Send + 'static {
-        let (buffer, flag, mode) = (self.buffer.clone(), self.mapped.clone(), self.mode());
+    /// Whether the GPU may copy out of it (host to device).
+    pub fn can_upload(&self) -> bool {
+        self.both_ways || self.kind == PinnedKind::Upload
+    }
+
+    /// Whether the GPU may copy into it (device to host).
+    pub fn can_download(&self) -> bool {
+        self.both_ways || self.kind == PinnedKind::Download
+    }
+
+    fn request_map(&self) {
+        let mode = if self.writes_mapping() {
+            wgpu::MapMode::Write
+        } else {
+            wgpu::MapMode::Read
+        };
+        let flag = self.mapped.clone();
         flag.store(MAP_PENDING, Ordering::Release);
-        move || {
-            buffer.slice(..).map_async(mode, move |r| {
-                flag.store(
-                    if r.is_ok() { MAP_DONE } else { MAP_FAILED },
-                    Ordering::Release,
-                )
-            })
-        }
+        self.buffer.slice(..).map_async(mode, move |r| {
+            flag.store(
+                if r.is_ok() { MAP_DONE } else { MAP_FAILED },
+                Ordering::Release,
+            )
+        });
     }
 
     /// The start of the mapping, which must be complete.
@@ -79,27 +95,24 @@ impl PinnedBuffer {
         let slice = self.buffer.slice(..);
         // Views only guard against overlapping views; the mapping itself stays until `unmap`,
         // so the pointer outlives the view.
-        Ok(match self.kind {
-            PinnedKind::Upload => {
-                let mut view = slice.get_mapped_range_mut().map_err(|e| err(&e))?;
-                view.slice(..).as_raw_element_ptr().as_ptr()
-            }
-            PinnedKind::Download => {
-                let view = slice.get_mapped_range().map_err(|e| err(&e))?;
-                view.as_ptr() as *mut u8
-            }
+        Ok(if self.writes_mapping() {
+            let mut view = slice.get_mapped_range_mut().map_err(|e| err(&e))?;
+            view.slice(..).as_raw_element_ptr().as_ptr()
+        } else {
+            // Unified memory is written through this read mapping: on Vulkan, gpu-allocator
+            // gives mappable buffers only HOST_COHERENT memory, so host writes reach the GPU at
+            // the next submit, and wgpu's unmap of a read mapping leaves the contents alone.
+            let view = slice.get_mapped_range().map_err(|e| err(&e))?;
+            view.as_ptr() as *mut u8
         })
     }
 
-    /// Blocks until the copy of `event` has completed and the buffer is mapped again.
-    fn wait_mapped(&self, g: &super::gpu::GpuDevice, event: u64) -> Result<()> {
-        lock(&g.stream)
-            .wait(&g.device, &g.queue, event)
-            .map_err(|e| wgpu_err("pinned wait")(&e))?;
+    /// Polls until a requested map has landed.
+    fn finish_map(&self, g: &super::gpu::GpuDevice) -> Result<*mut u8> {
         let mut spins = 0;
         loop {
             match self.mapped.load(Ordering::Acquire) {
-                MAP_DONE => return Ok(()),
+                MAP_DONE => return self.mapped_ptr(),
                 MAP_FAILED => {
                     g.check("pinned map")?;
                     return Err(Error::Wgpu {
@@ -109,7 +122,7 @@ impl PinnedBuffer {
                 }
                 _ => {}
             }
-            // The submission is complete, so the map callback fires at the next poll.
+            // The buffer's copies are complete, so the map lands at the next poll or so.
             let poll = if spins < 64 {
                 wgpu::PollType::Poll
             } else {
@@ -122,39 +135,55 @@ impl PinnedBuffer {
         }
     }
 
+    /// Maps the buffer for the host, waiting for its copies first. Returns the pointer.
+    fn map_now(&self, g: &super::gpu::GpuDevice, state: &mut MapState) -> Result<*mut u8> {
+        let p = match *state {
+            MapState::Mapped(p) => return Ok(p),
+            MapState::Unmapped(event) => {
+                lock(&g.stream)
+                    .wait(&g.device, &g.queue, event)
+                    .map_err(|e| wgpu_err("pinned wait")(&e))?;
+                self.request_map();
+                *state = MapState::Mapping;
+                self.finish_map(g)?
+            }
+            MapState::Mapping => self.finish_map(g)?,
+        };
+        *state = MapState::Mapped(p);
+        Ok(p)
+    }
+
     /// The host address of the first byte, waiting for a copy in flight to finish (so the host
     /// never sees stale or torn data).
     pub fn host_ptr(&self, g: &super::gpu::GpuDevice) -> Result<*mut u8> {
         let mut state = lock(&self.state);
-        match *state {
-            MapState::Mapped(p) => Ok(p),
-            MapState::InFlight(event) => {
-                self.wait_mapped(g, event)?;
-                let p = self.mapped_ptr()?;
-                *state = MapState::Mapped(p);
-                Ok(p)
-            }
-        }
+        self.map_now(g, &mut state)
     }
 
-    /// Whether the host may touch the buffer now without waiting. Never blocks.
+    /// Whether the host may touch the buffer now without waiting for a copy. Never blocks.
     pub fn is_ready(&self, g: &super::gpu::GpuDevice) -> bool {
-        let state = lock(&self.state);
+        let mut state = lock(&self.state);
         match *state {
             MapState::Mapped(_) => true,
-            MapState::InFlight(event) => {
+            MapState::Unmapped(event) => {
                 if !lock(&g.stream).query(&g.device, event) {
                     return false;
                 }
+                self.request_map();
+                *state = MapState::Mapping;
+                let _ = g.device.poll(wgpu::PollType::Poll);
+                self.mapped.load(Ordering::Acquire) != MAP_PENDING
+            }
+            MapState::Mapping => {
                 let _ = g.device.poll(wgpu::PollType::Poll);
                 self.mapped.load(Ordering::Acquire) != MAP_PENDING
             }
         }
     }
 
-    /// Unmaps the buffer, records a copy that uses it with `record`, and asks for the map back
-    /// after that submission. Waits first if an earlier copy is still in flight. Returns the
-    /// copy's event. With `submit`, the stream submits at once (a non-blocking copy starts now).
+    /// Records a copy that uses the buffer (with `record`), unmapping it first if the host has
+    /// it. Returns the copy's event. With `submit`, the stream submits at once (a non-blocking
+    /// copy starts now).
     pub fn record_copy(
         &self,
         g: &super::gpu::GpuDevice,
@@ -162,15 +191,19 @@ impl PinnedBuffer {
         record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<u64> {
         let mut state = lock(&self.state);
-        if let MapState::InFlight(event) = *state {
-            self.wait_mapped(g, event)?;
+        match *state {
+            MapState::Mapped(_) => self.buffer.unmap(),
+            MapState::Unmapped(_) => {}
+            MapState::Mapping => {
+                // wgpu refuses a submit that uses a buffer with a map pending: let it land.
+                self.finish_map(g)?;
+                self.buffer.unmap();
+            }
         }
-        self.buffer.unmap();
         let mut stream = lock(&g.stream);
         record(stream.copy_encoder(&g.device), &self.buffer);
         let event = stream.pending_event();
-        stream.after_submit(Box::new(self.request_map()));
-        *state = MapState::InFlight(event);
+        *state = MapState::Unmapped(event);
         if submit {
             stream.submit(&g.queue);
         } else {
@@ -185,6 +218,8 @@ pub(crate) struct WgpuPinnedSource {
     pub device: wgpu::Device,
     pub stream: Arc<Mutex<Stream>>,
     pub max_buffer_size: u64,
+    /// Both kinds are `MAP_READ | COPY_SRC | COPY_DST` (Vulkan with MAPPABLE_PRIMARY_BUFFERS).
+    pub unified: bool,
 }
 
 impl PinnedSource for WgpuPinnedSource {
@@ -199,20 +234,23 @@ impl PinnedSource for WgpuPinnedSource {
                 what: "a pinned block larger than one wgpu buffer",
             });
         }
-        let usage = match kind {
-            PinnedKind::Upload => wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-            PinnedKind::Download => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        use wgpu::BufferUsages as U;
+        let usage = match (self.unified, kind) {
+            (true, _) => U::MAP_READ | U::COPY_SRC | U::COPY_DST,
+            (false, PinnedKind::Upload) => U::MAP_WRITE | U::COPY_SRC,
+            (false, PinnedKind::Download) => U::MAP_READ | U::COPY_DST,
         };
+        let map_at_creation = kind == PinnedKind::Upload && !self.unified;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        // An upload buffer maps at creation without an extra copy; a download buffer asks for
-        // its map (mapping at creation would stage it through another buffer).
+        // A write-mapped buffer maps at creation without an extra copy; a read-mapped one asks
+        // for its map (mapping at creation would stage it through another buffer).
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kiln pinned"),
             // wgpu maps whole 4-byte words.
             size: size_bytes.max(4),
             usage,
-            mapped_at_creation: kind == PinnedKind::Upload,
+            mapped_at_creation: map_at_creation,
         });
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
@@ -225,11 +263,13 @@ impl PinnedSource for WgpuPinnedSource {
         let pinned = PinnedBuffer {
             buffer,
             kind,
-            state: Mutex::new(MapState::InFlight(0)),
+            both_ways: self.unified,
+            state: Mutex::new(MapState::Unmapped(0)),
             mapped: Arc::new(AtomicU8::new(MAP_DONE)),
         };
-        if kind == PinnedKind::Download {
-            (pinned.request_map())();
+        if map_at_creation {
+            let p = pinned.mapped_ptr()?;
+            *lock(&pinned.state) = MapState::Mapped(p);
         }
         Ok(Arc::new(pinned))
     }

@@ -20,9 +20,6 @@ pub(crate) struct Stream {
     in_flight: VecDeque<(u64, wgpu::SubmissionIndex)>,
     /// Highest sequence number known complete; written by `on_submitted_work_done` callbacks.
     completed: Arc<AtomicU64>,
-    /// Run right after the next submit: re-mapping the staging buffers its copies use (wgpu
-    /// refuses a submit that uses a buffer with a map pending).
-    after_submit: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl Stream {
@@ -34,18 +31,12 @@ impl Stream {
             next_event: 1,
             in_flight: VecDeque::new(),
             completed: Arc::new(AtomicU64::new(0)),
-            after_submit: Vec::new(),
         }
     }
 
     /// The event the submission now being recorded will carry.
     pub fn pending_event(&self) -> u64 {
         self.next_event
-    }
-
-    /// Runs `f` right after the submit that carries what is recorded so far.
-    pub fn after_submit(&mut self, f: Box<dyn FnOnce() + Send>) {
-        self.after_submit.push(f);
     }
 
     fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
@@ -100,9 +91,6 @@ impl Stream {
             completed.fetch_max(event, Ordering::AcqRel);
         });
         self.in_flight.push_back((event, index));
-        for f in self.after_submit.drain(..) {
-            f();
-        }
         event
     }
 

@@ -22,9 +22,21 @@ fn wgpu_err(op: &'static str) -> impl Fn(&dyn std::fmt::Display) -> Error {
     }
 }
 
+/// Threads for large host copies: `KILN_COPY_THREADS`, else the cores up to 8.
+fn copy_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("KILN_COPY_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8)))
+            .max(1)
+    })
+}
+
 /// `dst.copy_from_slice(src)`, on several threads for large copies.
 pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let threads = copy_threads();
     if src.len() < PARALLEL_COPY_BYTES || threads < 2 {
         dst.copy_from_slice(src);
         return;

@@ -30,9 +30,11 @@ impl Tensor {
 
     /// An uninitialised pinned CPU tensor: its storage is a block of `gpu`'s pinned pool (a
     /// mapped staging buffer), which the host reads and writes in place and `gpu` copies
-    /// without an extra host copy. `kind` says which way: `Upload` memory is a copy source
-    /// (fill it, then `to_device_non_blocking`), `Download` memory a copy destination (cached
-    /// for host reads). A copy the other way still works, staged through the pool.
+    /// without an extra host copy. On Vulkan, pinned memory is host-cached system memory the
+    /// GPU copies both ways, as CUDA's; elsewhere wgpu lets a mappable buffer go one way only,
+    /// and `kind` says which: `Upload` memory is a copy source (fill it, then
+    /// `to_device_non_blocking`), `Download` memory a copy destination. A copy the other way
+    /// still works there, staged through the pool.
     pub fn empty_pinned(
         shape: &[usize],
         dtype: DType,
@@ -66,9 +68,26 @@ impl Tensor {
             return Ok(self.clone());
         }
         let out = Tensor::empty_pinned(self.shape(), self.dtype, gpu, PinnedKind::Upload)?;
-        let bytes = self.contiguous_bytes()?;
-        out.storage.block.write(0, &bytes)?;
+        self.contiguous()?
+            .with_host_bytes(|bytes| out.storage.block.write(0, bytes))?;
         Ok(out)
+    }
+
+    /// Runs `f` on the elements' bytes in place: a contiguous CPU tensor (pinned or not) lends
+    /// its memory, anything else is read into a buffer first.
+    pub(crate) fn with_host_bytes<R>(&self, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        let w = self.dtype.size_bytes();
+        if self.device().is_cpu() && self.is_contiguous() {
+            if let Some(ptr) = self.storage.block.host_address()? {
+                // SAFETY: a contiguous tensor covers numel * w bytes of its block from its
+                // offset; the storage lives as long as `self`.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(ptr.add(self.layout.offset * w), self.numel() * w)
+                };
+                return f(bytes);
+            }
+        }
+        f(&self.contiguous_bytes()?)
     }
 
     /// Whether the storage is pinned memory.
@@ -123,8 +142,8 @@ impl Tensor {
     }
 
     /// Copies `src` into `self` without waiting where the memory allows it (PyTorch's
-    /// `copy_(src, non_blocking=True)`): pinned `Upload` memory into its GPU, or a GPU tensor
-    /// into pinned `Download` memory of that GPU, both contiguous, same shape and dtype, at
+    /// `copy_(src, non_blocking=True)`): pinned memory into its GPU, or a GPU tensor into pinned
+    /// memory of that GPU (where the pinned memory goes that way, see `empty_pinned`), both contiguous, same shape and dtype, at
     /// 4-byte aligned offsets. The copy is queued after all work queued before it and starts at
     /// once. Every other case copies as `copy_` does and returns a finished transfer.
     ///
@@ -150,7 +169,7 @@ impl Tensor {
             let spill_ok = bytes == words || dst_off + words <= self.storage.block.block_size();
             // Download: GPU -> pinned.
             if let Some((gpu, buffer, id)) = dst_pin {
-                if buffer.kind == PinnedKind::Download && src.device() == gpu && spill_ok {
+                if buffer.can_download() && src.device() == gpu && spill_ok {
                     self.check_inplace("copy_")?;
                     let g = gpu.gpu().expect("pinned memory belongs to a GPU");
                     let Some(src_buf) = src.storage.block.gpu_buffer() else {
@@ -167,7 +186,7 @@ impl Tensor {
             }
             // Upload: pinned -> GPU.
             if let Some((gpu, buffer, id)) = src_pin {
-                if buffer.kind == PinnedKind::Upload && self.device() == gpu && spill_ok {
+                if buffer.can_upload() && self.device() == gpu && spill_ok {
                     self.check_inplace("copy_")?;
                     let g = gpu.gpu().expect("pinned memory belongs to a GPU");
                     let Some(dst_buf) = self.storage.block.gpu_buffer() else {
@@ -221,9 +240,8 @@ impl Tensor {
                 .block
                 .read_into((src.layout.offset * w) as u64, dst)?;
         } else if self.is_contiguous() && at.is_multiple_of(4) && bytes.is_multiple_of(4) {
-            // Host -> GPU memory.
-            let data = src.contiguous_bytes()?;
-            block.write(at, &data)?;
+            // Host -> GPU memory, straight from the source's memory when it is on the host.
+            src.with_host_bytes(|data| block.write(at, data))?;
         } else {
             let local = src.to_device(self.device())?;
             return self.copy_(&local);
