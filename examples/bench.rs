@@ -2,7 +2,8 @@
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
 //! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `train` (an MLP
-//! step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu). Prints a table per
+//! step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
+//! (whether the DataLoader's assembly and uploads overlap training steps). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
 //! GPU times are wall-clock over a batch of launches with one `synchronize()` at the end (as the
@@ -428,6 +429,101 @@ fn transfer_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// Whether batch assembly and uploads overlap the training step: wall clock per step of an MLP
+/// step on (a) one resident batch (compute only), (b) the pinned, prefetching `DataLoader`, and
+/// (c) batches built on the main thread and copied from pageable memory. (b) close to (a) means
+/// the worker's assembly and the non-blocking uploads are hidden behind the GPU's work.
+fn loader_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::data::{synthetic_glyphs, DataLoader, LoaderOptions};
+    use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
+    use kiln::optim::{Optimizer, Sgd};
+    let software = dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let (n, batch, hidden) = if software {
+        (1024, 128, 128)
+    } else {
+        (16384, 2048, 1024)
+    };
+    let set = std::sync::Arc::new(synthetic_glyphs(n, 3));
+    dev.manual_seed(0);
+    let model = Sequential::new()
+        .push(Linear::new(784, hidden, true, dev)?)
+        .push(Relu)
+        .push(Linear::new(hidden, hidden, true, dev)?)
+        .push(Relu)
+        .push(Linear::new(hidden, 10, true, dev)?);
+    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let mut step = |x: &Tensor, y: &Tensor| -> kiln::Result<()> {
+        opt.zero_grad(true)?;
+        let x = x.reshape(&[-1, 784])?;
+        cross_entropy(&model.forward(&x)?, y)?.backward()?;
+        opt.step()
+    };
+    let steps = n / batch;
+    let mut report = |case: &str, secs: f64| {
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "loader",
+            case: format!("{case} (b{batch}, 784-{hidden}-{hidden}-10)"),
+            value: secs / steps as f64 * 1e3,
+            unit: "ms/step",
+        })
+    };
+    let opts = LoaderOptions {
+        batch_size: batch,
+        shuffle: true,
+        drop_last: true,
+        ..Default::default()
+    };
+    // (a) compute only.
+    let mut loader = DataLoader::new(set.clone(), dev, opts.clone())?;
+    let (x0, y0) = loader.iter().next().expect("a batch")?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..steps {
+            step(&x0, &y0)?;
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    report("resident batch (compute only)", best);
+    // (b) the pinned, prefetching loader.
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for b in loader.iter() {
+            let (x, y) = b?;
+            step(&x, &y)?;
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    report("DataLoader pin_memory prefetch 2", best);
+    // (c) assembled on the main thread, pageable copies.
+    let px = 784;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for s in 0..steps {
+            let mut images = Vec::with_capacity(batch * px);
+            let mut labels = Vec::with_capacity(batch);
+            for i in s * batch..(s + 1) * batch {
+                images.extend_from_slice(set.image(i));
+                labels.push(set.labels[i]);
+            }
+            let x = Tensor::from_slice(&images, &[batch, 1, 28, 28], dev)?;
+            let y = Tensor::from_slice(&labels, &[batch], dev)?;
+            step(&x, &y)?;
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    report("main-thread batches, pageable copies", best);
+    Ok(())
+}
+
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| {
@@ -462,6 +558,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "transfer" {
             transfer_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "loader" {
+            loader_suite(dev, &mut rows)?;
         }
     }
     println!(

@@ -1,12 +1,15 @@
 //! kiln's main job: train a classifier on the best adapter and show what a PyTorch user looks
 //! for: loss and accuracy per epoch, evaluation under `no_grad`, and the allocator's numbers.
+//! Batches come from a `DataLoader` that assembles them in pinned memory on a worker thread and
+//! uploads them ahead with non-blocking copies (`--no-pin-memory` builds them on the main
+//! thread in pageable memory instead).
 //!
 //!     cargo run --release --example train -- --model cnn --epochs 3
 //!     cargo run --release --example train -- --data ~/mnist       # MNIST IDX files
 
 use clap::{value_parser, Arg, ArgAction, Command};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::data::{read_mnist, synthetic_glyphs, ImageSet};
+use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions};
 use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::ops::Conv2dParams;
 use kiln::optim::{Optimizer, Sgd};
@@ -58,6 +61,12 @@ fn args() -> clap::ArgMatches {
                 .long("data")
                 .value_parser(value_parser!(PathBuf))
                 .help("a directory with MNIST's IDX files"),
+        )
+        .arg(
+            Arg::new("no-pin-memory")
+                .long("no-pin-memory")
+                .action(ArgAction::SetTrue)
+                .help("build batches in pageable memory and upload them synchronously"),
         )
         .arg(
             Arg::new("checkpoint")
@@ -148,20 +157,6 @@ fn forward(blocks: &[Arc<Sequential>], x: &Tensor, checkpoint: bool) -> kiln::Re
     Ok(h)
 }
 
-/// Batch `b` of `order` as device tensors: images [n, 1, side, side] and labels [n].
-fn batch(set: &ImageSet, order: &[usize], device: &Device) -> kiln::Result<(Tensor, Tensor)> {
-    let px = set.side * set.side;
-    let mut images = Vec::with_capacity(order.len() * px);
-    for &i in order {
-        images.extend_from_slice(set.image(i));
-    }
-    let labels: Vec<i32> = order.iter().map(|&i| set.labels[i]).collect();
-    Ok((
-        Tensor::from_slice(&images, &[order.len(), 1, set.side, set.side], device)?,
-        Tensor::from_slice(&labels, &[order.len()], device)?,
-    ))
-}
-
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
@@ -225,19 +220,33 @@ fn main() -> kiln::Result<()> {
     let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
     let mut opt = Sgd::new(params, lr)?.momentum(0.9);
     let started = Instant::now();
-    let mut shuffle = 0x5EED_u64;
+    let pin_memory = !m.get_flag("no-pin-memory");
+    let test_len = test.len();
+    let mut train_loader = DataLoader::new(
+        Arc::new(train),
+        &device,
+        LoaderOptions {
+            batch_size,
+            shuffle: true,
+            drop_last: true,
+            pin_memory,
+            prefetch: 2,
+            seed: 0x5EED,
+        },
+    )?;
+    let mut test_loader = DataLoader::new(
+        Arc::new(test),
+        &device,
+        LoaderOptions {
+            batch_size: 256,
+            pin_memory,
+            ..Default::default()
+        },
+    )?;
 
     for epoch in 1..=epochs {
-        // A fresh permutation per epoch (xorshift; the data stay on the host).
-        let mut order: Vec<usize> = (0..train.len()).collect();
-        for i in (1..order.len()).rev() {
-            shuffle ^= shuffle << 13;
-            shuffle ^= shuffle >> 7;
-            shuffle ^= shuffle << 17;
-            order.swap(i, (shuffle % (i as u64 + 1)) as usize);
-        }
-        let batches: Vec<&[usize]> = order.chunks_exact(batch_size).collect();
-        let bar = ProgressBar::new(batches.len() as u64).with_style(
+        let steps = train_loader.len();
+        let bar = ProgressBar::new(steps as u64).with_style(
             ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
                 .expect("a valid template")
                 .progress_chars("=> "),
@@ -247,8 +256,9 @@ fn main() -> kiln::Result<()> {
         // The peak of this epoch's training steps (evaluation below has its own batches).
         device.reset_peak_memory_stats();
         let mut loss_sum = Tensor::zeros(&[], DType::F32, &device)?;
-        for (step, idx) in batches.iter().enumerate() {
-            let (x, y) = batch(&train, idx, &device)?;
+        // A fresh permutation per epoch; batches arrive already on the device.
+        for (step, batch) in train_loader.iter().enumerate() {
+            let (x, y) = batch?;
             let loss = cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)?;
             opt.zero_grad(true)?;
             loss.backward()?;
@@ -259,16 +269,15 @@ fn main() -> kiln::Result<()> {
             }
             bar.inc(1);
         }
-        let train_loss = loss_sum.item::<f32>()? / batches.len() as f32;
+        let train_loss = loss_sum.item::<f32>()? / steps as f32;
         bar.finish_with_message(format!("loss {train_loss:.4}"));
         let train_peak = device.max_memory_allocated();
 
         // Evaluation: no graph, no saved activations.
         let correct = kiln::no_grad(|| -> kiln::Result<usize> {
             let mut correct = Tensor::zeros(&[], DType::F32, &device)?;
-            let all: Vec<usize> = (0..test.len()).collect();
-            for idx in all.chunks(256) {
-                let (x, y) = batch(&test, idx, &device)?;
+            for batch in test_loader.iter() {
+                let (x, y) = batch?;
                 let pred = forward(&blocks, &x, false)?.argmax(1, false)?;
                 correct = correct.add(&pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?)?;
             }
@@ -276,7 +285,7 @@ fn main() -> kiln::Result<()> {
         })?;
         println!(
             "epoch {epoch}: train loss {train_loss:.4}, test accuracy {:.2}% | memory_allocated {:.2} MiB, max_memory_allocated (training) {:.2} MiB, memory_reserved {:.2} MiB",
-            100.0 * correct as f64 / test.len() as f64,
+            100.0 * correct as f64 / test_len as f64,
             mib(device.memory_allocated()),
             mib(train_peak),
             mib(device.memory_reserved()),
@@ -287,7 +296,17 @@ fn main() -> kiln::Result<()> {
         println!("saved the state dict to {}", path.display());
     }
     device.synchronize()?;
-    println!("trained in {:.1} s\n", started.elapsed().as_secs_f64());
+    println!("trained in {:.1} s", started.elapsed().as_secs_f64());
+    let host = device.host_memory_stats();
+    if host.num_host_alloc > 0 {
+        println!(
+            "pinned memory (host_memory_stats): {} blocks, {:.2} MiB cached, {} cudaHostAlloc-equivalents",
+            host.allocations.current,
+            mib(host.allocated_bytes.current as u64),
+            host.num_host_alloc
+        );
+    }
+    println!();
     println!("{}", device.memory_summary(false));
     Ok(())
 }

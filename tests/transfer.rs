@@ -273,3 +273,63 @@ fn events_and_futures_complete() {
         assert!(Tensor::empty_pinned(&[4], DType::F32, &cpu, PinnedKind::Upload).is_err());
     }
 }
+
+#[test]
+fn data_loader_batches_match_the_dataset_on_every_device() {
+    use kiln::data::{synthetic_glyphs, DataLoader, LoaderOptions};
+    use std::sync::Arc;
+    let set = Arc::new(synthetic_glyphs(50, 7));
+    let px = set.side * set.side;
+    let mut devices = gpus();
+    devices.push(Device::cpu().unwrap());
+    for dev in devices {
+        for pin in [true, false] {
+            let opts = LoaderOptions {
+                batch_size: 16,
+                pin_memory: pin,
+                prefetch: 2,
+                ..Default::default()
+            };
+            let mut loader = DataLoader::new(set.clone(), &dev, opts.clone()).unwrap();
+            assert_eq!(loader.len(), 4);
+            let mut images = Vec::new();
+            let mut labels = Vec::new();
+            let mut sizes = Vec::new();
+            for b in loader.iter() {
+                let (x, y) = b.unwrap();
+                assert!(x.device() == &dev && y.device() == &dev);
+                assert_eq!(&x.shape()[1..], &[1, set.side, set.side]);
+                sizes.push(x.shape()[0]);
+                images.extend(x.to_vec::<f32>().unwrap());
+                labels.extend(y.to_vec::<i32>().unwrap());
+            }
+            assert_eq!(sizes, vec![16, 16, 16, 2]);
+            assert!(images == set.images, "pin_memory {pin} on {}", dev.name());
+            assert_eq!(labels, set.labels);
+            // Shuffled epochs: permutations of the data, different each epoch, the same for the
+            // same seed; drop_last drops the short batch.
+            let shuffled = LoaderOptions {
+                shuffle: true,
+                drop_last: true,
+                ..opts
+            };
+            let mut a = DataLoader::new(set.clone(), &dev, shuffled.clone()).unwrap();
+            let mut b = DataLoader::new(set.clone(), &dev, shuffled).unwrap();
+            let epoch = |l: &mut DataLoader<_>| -> Vec<Vec<f32>> {
+                l.iter()
+                    .flat_map(|batch| {
+                        let x = batch.unwrap().0.to_vec::<f32>().unwrap();
+                        x.chunks(px).map(<[f32]>::to_vec).collect::<Vec<_>>()
+                    })
+                    .collect()
+            };
+            let (e1, e2, f1) = (epoch(&mut a), epoch(&mut a), epoch(&mut b));
+            assert_eq!(e1.len(), 48);
+            assert_eq!(e1, f1, "same seed, same order");
+            assert_ne!(e1, e2, "a fresh permutation each epoch");
+            for img in &e1 {
+                assert!((0..set.len()).any(|i| set.image(i) == img.as_slice()));
+            }
+        }
+    }
+}

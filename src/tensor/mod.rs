@@ -46,11 +46,20 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
+/// The elements' little-endian bytes, padded to whole 4-byte words (what a GPU copy moves).
 fn encode<T: Element>(data: &[T]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(data.len() * T::DTYPE.size_bytes());
-    for &x in data {
-        x.write_le(&mut bytes);
+    let n = data.len() * T::DTYPE.size_bytes();
+    let mut bytes = Vec::with_capacity(n.next_multiple_of(4));
+    if cfg!(target_endian = "little") && std::mem::size_of::<T>() == T::DTYPE.size_bytes() {
+        // SAFETY: every `Element` (f32, f64, i32, u32, f16, bool) is plain data whose in-memory
+        // form on a little-endian machine is its little-endian encoding (bool: one byte, 0/1).
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), n) });
+    } else {
+        for &x in data {
+            x.write_le(&mut bytes);
+        }
     }
+    bytes.resize(n.next_multiple_of(4), 0);
     bytes
 }
 
@@ -82,9 +91,7 @@ impl Tensor {
             });
         }
         let t = Tensor::empty(shape, T::DTYPE, device)?;
-        let mut bytes = encode(data);
-        bytes.resize(bytes.len().next_multiple_of(4), 0);
-        t.storage.block.write(0, &bytes)?;
+        t.storage.block.write(0, &encode(data))?;
         Ok(t)
     }
 

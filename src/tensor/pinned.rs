@@ -90,6 +90,43 @@ impl Tensor {
         f(&self.contiguous_bytes()?)
     }
 
+    /// Runs `f` on the elements of a contiguous CPU tensor (pinned or not) in place, for the
+    /// host to fill (a data loader writing a batch into pinned memory). Waits for a copy in
+    /// flight first; bumps the version.
+    pub fn with_host_data_mut<T: super::Element + bytemuck::Pod, R>(
+        &self,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> Result<R> {
+        super::dtype::expect_dtype("with_host_data_mut", T::DTYPE, self.dtype)?;
+        if !self.device().is_cpu() || !self.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op: "with_host_data_mut",
+                msg: format!(
+                    "needs a contiguous CPU tensor, got {:?} on {}",
+                    self.strides(),
+                    self.device().name()
+                ),
+            });
+        }
+        self.check_inplace("with_host_data_mut")?;
+        let n = self.numel();
+        let Some(ptr) = self.storage.block.host_address()? else {
+            return Ok(f(&mut []));
+        };
+        // SAFETY: the contiguous tensor covers n elements of its block from its offset, and
+        // host memory is at least 4-byte aligned (blocks start at aligned offsets, elements at
+        // multiples of their size).
+        let data = unsafe {
+            std::slice::from_raw_parts_mut(
+                ptr.add(self.layout.offset * self.dtype.size_bytes()) as *mut T,
+                n,
+            )
+        };
+        let r = f(data);
+        self.bump_version();
+        Ok(r)
+    }
+
     /// Whether the storage is pinned memory.
     pub fn is_pinned(&self) -> bool {
         self.storage.block.pinned().is_some()

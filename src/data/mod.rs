@@ -1,5 +1,10 @@
 //! Datasets for the examples and tests: a procedurally generated image set that needs no
-//! download, and a reader for MNIST's IDX files.
+//! download, a reader for MNIST's IDX files, and the `DataLoader` that feeds them to a device
+//! through pinned memory.
+
+mod loader;
+
+pub use loader::{Batch, Batches, DataLoader, Dataset, LoaderOptions};
 
 use crate::{Error, Result};
 use std::path::Path;

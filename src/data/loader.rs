@@ -1,0 +1,245 @@
+//! `DataLoader`: PyTorch's loader with `pin_memory=True` and prefetching. A worker thread
+//! assembles each batch straight into pinned memory; the iterator keeps `prefetch` batches
+//! uploaded ahead with non-blocking copies, so batch assembly and uploads overlap the training
+//! step that runs on the batch before. See Note [Pinned host memory] in ARCHITECTURE.md.
+
+use super::ImageSet;
+use crate::device::Device;
+use crate::host::PinnedKind;
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+/// A map-style dataset (PyTorch's `Dataset`): samples of one shape with class labels.
+pub trait Dataset: Send + Sync + 'static {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The shape of one sample's features.
+    fn sample_shape(&self) -> Vec<usize>;
+    /// Writes sample `index` into `out` (as many f32 as the sample shape holds); its label.
+    fn get(&self, index: usize, out: &mut [f32]) -> i32;
+}
+
+impl Dataset for ImageSet {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+    fn sample_shape(&self) -> Vec<usize> {
+        vec![1, self.side, self.side]
+    }
+    fn get(&self, index: usize, out: &mut [f32]) -> i32 {
+        out.copy_from_slice(self.image(index));
+        self.labels[index]
+    }
+}
+
+/// PyTorch's `DataLoader` arguments that kiln has.
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    pub batch_size: usize,
+    /// A fresh permutation each epoch (seeded: the same order on every run).
+    pub shuffle: bool,
+    /// Drop the last batch if it is smaller than `batch_size`.
+    pub drop_last: bool,
+    /// Assemble batches in pinned memory and upload them with non-blocking copies (GPU
+    /// devices); otherwise batches are built in pageable memory and copied on the main thread.
+    pub pin_memory: bool,
+    /// Batches uploaded ahead of the one being used (PyTorch's `prefetch_factor`, per loader).
+    pub prefetch: usize,
+    pub seed: u64,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            batch_size: 64,
+            shuffle: false,
+            drop_last: false,
+            pin_memory: true,
+            prefetch: 2,
+            seed: 0x5EED,
+        }
+    }
+}
+
+pub struct DataLoader<D: Dataset> {
+    dataset: Arc<D>,
+    device: Device,
+    options: LoaderOptions,
+    epoch: u64,
+}
+
+/// One batch on the device: features [n, ...sample_shape] (f32) and labels [n] (i32).
+pub type Batch = (Tensor, Tensor);
+
+impl<D: Dataset> DataLoader<D> {
+    pub fn new(dataset: Arc<D>, device: &Device, options: LoaderOptions) -> Result<Self> {
+        if options.batch_size == 0 {
+            return Err(Error::InvalidArgument {
+                op: "DataLoader",
+                msg: "batch_size must be at least 1".into(),
+            });
+        }
+        Ok(DataLoader {
+            dataset,
+            device: device.clone(),
+            options,
+            epoch: 0,
+        })
+    }
+
+    /// Batches per epoch.
+    pub fn len(&self) -> usize {
+        let (n, b) = (self.dataset.len(), self.options.batch_size);
+        if self.options.drop_last {
+            n / b
+        } else {
+            n.div_ceil(b)
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The sample order of the next epoch.
+    fn order(&mut self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.dataset.len()).collect();
+        if self.options.shuffle {
+            let mut s = self.options.seed ^ self.epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for i in (1..order.len()).rev() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                order.swap(i, (s % (i as u64 + 1)) as usize);
+            }
+        }
+        self.epoch += 1;
+        order
+    }
+
+    /// One epoch's batches, in order, on the device.
+    pub fn iter(&mut self) -> Batches {
+        let order = self.order();
+        let b = self.options.batch_size;
+        let mut batches: Vec<Vec<usize>> = order.chunks(b).map(<[usize]>::to_vec).collect();
+        if self.options.drop_last && batches.last().is_some_and(|l| l.len() < b) {
+            batches.pop();
+        }
+        let pinned = self.options.pin_memory && !self.device.is_cpu();
+        let depth = self.options.prefetch.max(1);
+        let (tx, rx) = sync_channel(depth);
+        let dataset = self.dataset.clone();
+        let gpu = self.device.clone();
+        let worker = std::thread::spawn(move || {
+            for idx in batches {
+                let batch = assemble(dataset.as_ref(), &idx, pinned.then_some(&gpu));
+                if tx.send(batch).is_err() {
+                    return; // the iterator was dropped
+                }
+            }
+        });
+        Batches {
+            rx,
+            ready: VecDeque::new(),
+            device: self.device.clone(),
+            depth,
+            pinned,
+            worker: Some(worker),
+        }
+    }
+}
+
+/// A batch in host memory: pinned on `gpu` (written in place) or on the CPU device.
+fn assemble<D: Dataset>(dataset: &D, idx: &[usize], gpu: Option<&Device>) -> Result<Batch> {
+    let shape = dataset.sample_shape();
+    let per: usize = shape.iter().product();
+    let mut full = vec![idx.len()];
+    full.extend_from_slice(&shape);
+    let (x, y) = match gpu {
+        Some(g) => (
+            Tensor::empty_pinned(&full, DType::F32, g, PinnedKind::Upload)?,
+            Tensor::empty_pinned(&[idx.len()], DType::I32, g, PinnedKind::Upload)?,
+        ),
+        None => {
+            let cpu = Device::cpu()?;
+            (
+                Tensor::empty(&full, DType::F32, &cpu)?,
+                Tensor::empty(&[idx.len()], DType::I32, &cpu)?,
+            )
+        }
+    };
+    let labels = x.with_host_data_mut(|xs: &mut [f32]| {
+        idx.iter()
+            .zip(xs.chunks_exact_mut(per.max(1)))
+            .map(|(&i, out)| dataset.get(i, out))
+            .collect::<Vec<i32>>()
+    })?;
+    y.with_host_data_mut(|ys: &mut [i32]| ys.copy_from_slice(&labels))?;
+    Ok((x, y))
+}
+
+/// An epoch in flight: `next` hands out batch k while batches k+1.. are being assembled by the
+/// worker and uploaded.
+pub struct Batches {
+    rx: Receiver<Result<Batch>>,
+    ready: VecDeque<Batch>,
+    device: Device,
+    depth: usize,
+    pinned: bool,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Batches {
+    /// Moves the next assembled batch to the device (non-blocking from pinned memory).
+    fn upload_one(&mut self) -> Option<Result<()>> {
+        let (x, y) = match self.rx.recv() {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(_) => return None, // the worker is done
+        };
+        let up = |t: &Tensor| {
+            if self.pinned {
+                t.to_device_non_blocking(&self.device)
+            } else {
+                t.to_device(&self.device)
+            }
+        };
+        Some(
+            up(&x)
+                .and_then(|gx| Ok((gx, up(&y)?)))
+                .map(|b| self.ready.push_back(b)),
+        )
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        // Keep `depth` batches uploaded beyond the one handed out.
+        while self.ready.len() <= self.depth {
+            match self.upload_one() {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Some(Err(e)),
+                None => break,
+            }
+        }
+        self.ready.pop_front().map(Ok)
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        // Unblock the worker (its sends fail once the receiver is gone), then join it.
+        let (_, dead) = sync_channel(1);
+        drop(std::mem::replace(&mut self.rx, dead));
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
