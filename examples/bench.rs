@@ -501,6 +501,37 @@ fn loader_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         best = best.min(t.elapsed().as_secs_f64());
     }
     report("DataLoader pin_memory prefetch 2", best);
+    // The loader alone: its throughput bounds (b) from below.
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for b in loader.iter() {
+            drop(b?);
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    report("DataLoader alone (no step)", best);
+    // (b') four threads assembling each batch.
+    let mut loader4 = DataLoader::new(
+        set.clone(),
+        dev,
+        LoaderOptions {
+            num_workers: 4,
+            ..opts.clone()
+        },
+    )?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for b in loader4.iter() {
+            let (x, y) = b?;
+            step(&x, &y)?;
+        }
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    report("DataLoader pin_memory prefetch 2, num_workers 4", best);
     // (c) assembled on the main thread, pageable copies.
     let px = 784;
     let mut best = f64::INFINITY;

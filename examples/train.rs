@@ -231,6 +231,7 @@ fn main() -> kiln::Result<()> {
             drop_last: true,
             pin_memory,
             prefetch: 2,
+            num_workers: 1,
             seed: 0x5EED,
         },
     )?;

@@ -288,6 +288,7 @@ fn data_loader_batches_match_the_dataset_on_every_device() {
                 batch_size: 16,
                 pin_memory: pin,
                 prefetch: 2,
+                num_workers: if pin { 3 } else { 1 },
                 ..Default::default()
             };
             let mut loader = DataLoader::new(set.clone(), &dev, opts.clone()).unwrap();

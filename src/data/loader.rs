@@ -50,6 +50,9 @@ pub struct LoaderOptions {
     pub pin_memory: bool,
     /// Batches uploaded ahead of the one being used (PyTorch's `prefetch_factor`, per loader).
     pub prefetch: usize,
+    /// Threads that assemble each batch (PyTorch's `num_workers`, which kiln spends within a
+    /// batch: one loader thread hands batches out in order, its helpers split the samples).
+    pub num_workers: usize,
     pub seed: u64,
 }
 
@@ -61,6 +64,7 @@ impl Default for LoaderOptions {
             drop_last: false,
             pin_memory: true,
             prefetch: 2,
+            num_workers: 1,
             seed: 0x5EED,
         }
     }
@@ -135,9 +139,10 @@ impl<D: Dataset> DataLoader<D> {
         let (tx, rx) = sync_channel(depth);
         let dataset = self.dataset.clone();
         let gpu = self.device.clone();
+        let threads = self.options.num_workers.max(1);
         let worker = std::thread::spawn(move || {
             for idx in batches {
-                let batch = assemble(dataset.as_ref(), &idx, pinned.then_some(&gpu));
+                let batch = assemble(dataset.as_ref(), &idx, pinned.then_some(&gpu), threads);
                 if tx.send(batch).is_err() {
                     return; // the iterator was dropped
                 }
@@ -155,7 +160,12 @@ impl<D: Dataset> DataLoader<D> {
 }
 
 /// A batch in host memory: pinned on `gpu` (written in place) or on the CPU device.
-fn assemble<D: Dataset>(dataset: &D, idx: &[usize], gpu: Option<&Device>) -> Result<Batch> {
+fn assemble<D: Dataset>(
+    dataset: &D,
+    idx: &[usize],
+    gpu: Option<&Device>,
+    threads: usize,
+) -> Result<Batch> {
     let shape = dataset.sample_shape();
     let per: usize = shape.iter().product();
     let mut full = vec![idx.len()];
@@ -173,12 +183,35 @@ fn assemble<D: Dataset>(dataset: &D, idx: &[usize], gpu: Option<&Device>) -> Res
             )
         }
     };
-    let labels = x.with_host_data_mut(|xs: &mut [f32]| {
+    let fill = |idx: &[usize], xs: &mut [f32]| -> Vec<i32> {
         idx.iter()
             .zip(xs.chunks_exact_mut(per.max(1)))
             .map(|(&i, out)| dataset.get(i, out))
-            .collect::<Vec<i32>>()
+            .collect()
+    };
+    let labels = x.with_host_data_mut(|xs: &mut [f32]| {
+        if threads < 2 || idx.len() < 2 * threads {
+            return fill(idx, xs);
+        }
+        let rows = idx.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = idx
+                .chunks(rows)
+                .zip(xs.chunks_mut(rows * per.max(1)))
+                .map(|(i, x)| s.spawn(move || fill(i, x)))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|p| p.join().unwrap_or_default())
+                .collect()
+        })
     })?;
+    if labels.len() != idx.len() {
+        return Err(Error::InvalidArgument {
+            op: "DataLoader",
+            msg: "a dataset's get panicked on a worker thread".into(),
+        });
+    }
     y.with_host_data_mut(|ys: &mut [i32]| ys.copy_from_slice(&labels))?;
     Ok((x, y))
 }

@@ -122,15 +122,14 @@ impl PinnedBuffer {
                 }
                 _ => {}
             }
-            // The buffer's copies are complete, so the map lands at the next poll or so.
-            let poll = if spins < 64 {
-                wgpu::PollType::Poll
-            } else {
-                wgpu::PollType::wait_indefinitely()
-            };
+            // The buffer's copies are complete, so the map lands at the next poll or so; no
+            // blocking wait here (it would wait for all queued work, not this buffer).
             g.device
-                .poll(poll)
+                .poll(wgpu::PollType::Poll)
                 .map_err(|e| wgpu_err("pinned wait")(&e))?;
+            if spins > 64 {
+                std::thread::yield_now();
+            }
             spins += 1;
         }
     }
@@ -140,8 +139,7 @@ impl PinnedBuffer {
         let p = match *state {
             MapState::Mapped(p) => return Ok(p),
             MapState::Unmapped(event) => {
-                lock(&g.stream)
-                    .wait(&g.device, &g.queue, event)
+                super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, event)
                     .map_err(|e| wgpu_err("pinned wait")(&e))?;
                 self.request_map();
                 *state = MapState::Mapping;

@@ -10,6 +10,9 @@ use std::sync::Arc;
 /// about 8 us of CPU on the H100, so batches of this size keep it under 0.1 us per dispatch).
 pub(crate) const DISPATCHES_PER_SUBMIT: usize = 128;
 
+/// How long a wait spins on non-blocking polls before it blocks.
+const SPIN_BEFORE_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
+
 pub(crate) struct Stream {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
@@ -105,30 +108,42 @@ impl Stream {
     }
 
     /// Blocks until `event` has completed, submitting it first if it is still being recorded.
+    /// Holds the stream for the whole wait; `wait_unlocked` lets other threads record meanwhile.
     pub fn wait(
         &mut self,
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         event: u64,
     ) -> Result<(), wgpu::PollError> {
+        match self.prepare_wait(queue, event) {
+            None => Ok(()),
+            Some(w) => {
+                w.block(device)?;
+                self.retire();
+                Ok(())
+            }
+        }
+    }
+
+    /// What waiting for `event` takes, if it has not completed: submits it if it is still being
+    /// recorded. The returned `Wait` blocks without the stream.
+    pub fn prepare_wait(&mut self, queue: &wgpu::Queue, event: u64) -> Option<Wait> {
         if event >= self.next_event {
             self.submit(queue);
         }
         if self.completed.load(Ordering::Acquire) >= event {
-            return Ok(());
+            return None;
         }
         let index = self
             .in_flight
             .iter()
             .find(|(e, _)| *e >= event)
             .map(|(_, i)| i.clone());
-        device.poll(wgpu::PollType::Wait {
-            submission_index: index,
-            timeout: None,
-        })?;
-        self.completed.fetch_max(event, Ordering::AcqRel);
-        self.retire();
-        Ok(())
+        Some(Wait {
+            event,
+            index,
+            completed: self.completed.clone(),
+        })
     }
 
     fn retire(&mut self) {
@@ -136,5 +151,47 @@ impl Stream {
         while self.in_flight.front().is_some_and(|(e, _)| *e <= done) {
             self.in_flight.pop_front();
         }
+    }
+}
+
+/// A wait for one event, taken from the stream so that it can block without holding it.
+pub(crate) struct Wait {
+    event: u64,
+    index: Option<wgpu::SubmissionIndex>,
+    completed: Arc<AtomicU64>,
+}
+
+impl Wait {
+    pub fn block(self, device: &wgpu::Device) -> Result<(), wgpu::PollError> {
+        // Spin on non-blocking polls for a short while first: a blocking wait costs a semaphore
+        // wake-up (about 20 us on the H100) that short jobs need not pay.
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < SPIN_BEFORE_WAIT {
+            device.poll(wgpu::PollType::Poll)?;
+            if self.completed.load(Ordering::Acquire) >= self.event {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        device.poll(wgpu::PollType::Wait {
+            submission_index: self.index,
+            timeout: None,
+        })?;
+        self.completed.fetch_max(self.event, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// Blocks until `event` of `stream` has completed, holding the stream only to submit.
+pub(crate) fn wait_unlocked(
+    stream: &std::sync::Mutex<Stream>,
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    event: u64,
+) -> Result<(), wgpu::PollError> {
+    let wait = super::lock(stream).prepare_wait(queue, event);
+    match wait {
+        Some(w) => w.block(device),
+        None => Ok(()),
     }
 }

@@ -99,8 +99,7 @@ pub(crate) fn upload(g: &GpuDevice, dst: &wgpu::Buffer, offset: u64, data: &[u8]
     for (i, piece) in data.chunks(chunk).enumerate() {
         if in_flight.len() >= DEPTH {
             let oldest = in_flight.pop_front().expect("non-empty");
-            lock(&g.stream)
-                .wait(&g.device, &g.queue, oldest)
+            super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, oldest)
                 .map_err(|e| wgpu_err("upload")(&e))?;
         }
         let mut staging = Staging::new(g, piece.len() as u64, PinnedKind::Upload)?;
@@ -192,8 +191,7 @@ impl Event {
         let Some(g) = self.device.gpu() else {
             return Ok(());
         };
-        lock(&g.stream)
-            .wait(&g.device, &g.queue, self.seq)
+        super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, self.seq)
             .map_err(|e| wgpu_err("event synchronize")(&e))?;
         g.check("event synchronize")
     }
