@@ -12,6 +12,7 @@ pub mod kernels;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod profiler;
 pub mod tensor;
 
 pub use autograd::{checkpoint, enable_grad, inference_mode, no_grad};

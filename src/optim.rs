@@ -220,6 +220,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
+        let _scope = crate::alloc::kiln_scope(|| "SGD.step".into(), "kiln optim");
         no_grad(|| (0..self.params.len()).try_for_each(|i| self.step_one(i)))
     }
     fn params(&self) -> &[Tensor] {
@@ -344,6 +345,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
+        let _scope = crate::alloc::kiln_scope(|| "Adam.step".into(), "kiln optim");
         no_grad(|| (0..self.params.len()).try_for_each(|i| self.step_one(i)))
     }
     fn params(&self) -> &[Tensor] {

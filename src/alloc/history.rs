@@ -4,7 +4,17 @@
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Allocators recording history with frames, process-wide: while none is, kiln's op and module
+/// scopes cost one atomic load.
+static RECORDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any device records allocation frames.
+pub fn frames_wanted() -> bool {
+    RECORDING.load(Ordering::Relaxed) > 0
+}
 
 /// One frame of where an allocation came from: kiln's op or scope, or a Rust frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -108,6 +118,14 @@ impl Default for History {
     }
 }
 
+impl Drop for History {
+    fn drop(&mut self) {
+        if self.wants_frames() {
+            RECORDING.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 pub(crate) fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -116,6 +134,20 @@ pub(crate) fn now_us() -> u64 {
 }
 
 impl History {
+    /// Whether this recorder wants frames (for the process-wide count).
+    pub fn wants_frames(&self) -> bool {
+        self.enabled.is_some() && self.context != HistoryContext::None
+    }
+
+    /// Replaces the recorder, keeping the process-wide count of frame-recording allocators
+    /// (the old one leaves the count when dropped).
+    pub fn replace(&mut self, new: History) {
+        if new.wants_frames() {
+            RECORDING.fetch_add(1, Ordering::Relaxed);
+        }
+        *self = new;
+    }
+
     /// Frames to keep on a block at allocation time, if recording wants them.
     pub fn gather(&self) -> Option<Frames> {
         if self.enabled.is_none() || self.context == HistoryContext::None {
@@ -177,6 +209,36 @@ pub fn push_scope(name: impl Into<String>, filename: impl Into<String>, line: u3
     ScopeGuard {
         _not_send: std::marker::PhantomData,
     }
+}
+
+/// A frame for kiln's own op, module or optimizer scope, only while some device records frames.
+pub fn kiln_scope(name: impl FnOnce() -> String, filename: &'static str) -> Option<ScopeGuard> {
+    frames_wanted().then(|| push_scope(name(), filename, 0))
+}
+
+/// `MmBackward0` -> `mm` (forward) or `mm_backward`; `MaxPool2DWithIndicesBackward0` ->
+/// `max_pool2d_with_indices`: the op names frames carry.
+pub fn op_frame_name(node: &str, backward: bool) -> String {
+    let base = node
+        .strip_suffix("Backward0")
+        .or_else(|| node.strip_suffix("Backward1"))
+        .unwrap_or(node);
+    let chars: Vec<char> = base.chars().collect();
+    let mut out = String::with_capacity(base.len() + 8);
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            let prev = chars[i - 1];
+            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
+            if prev.is_ascii_lowercase() || (prev.is_ascii_uppercase() && next_lower) {
+                out.push('_');
+            }
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    if backward {
+        out.push_str("_backward");
+    }
+    out
 }
 
 /// The current frames, innermost first (PyTorch lists the innermost frame first).

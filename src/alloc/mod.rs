@@ -6,6 +6,7 @@ mod config;
 mod format;
 mod history;
 mod oom;
+pub mod pickle;
 pub mod replay;
 mod snapshot;
 mod source;
@@ -17,8 +18,8 @@ pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMAL
 pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
 pub use format::format_size;
 pub use history::{
-    push_scope, Frame, Frames, HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard,
-    TraceAction, TraceEntry,
+    frames_wanted, kiln_scope, op_frame_name, push_scope, Frame, Frames, HistoryContext,
+    HistoryEnabled, HistoryStacks, ScopeGuard, TraceAction, TraceEntry,
 };
 pub use oom::OutOfMemory;
 pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};

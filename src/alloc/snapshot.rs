@@ -71,6 +71,12 @@ impl Snapshot {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("snapshot is plain data")
     }
+
+    /// The dict as `torch.cuda.memory._dump_snapshot` pickles it (protocol 4), for
+    /// pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
+    pub fn to_pickle(&self) -> Vec<u8> {
+        super::pickle::to_pickle(self).expect("snapshot is plain data")
+    }
 }
 
 impl<S: SegmentSource> CachingAllocator<S> {

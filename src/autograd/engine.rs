@@ -117,7 +117,13 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                     msg: format!("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed), through {}. Saved intermediate values of the graph are freed when you call backward(); specify retain_graph=true if you need to backward through the graph a second time.", node.name),
                 });
             };
-            let grads = f(&g, &needs)?;
+            let grads = {
+                let _scope = crate::alloc::kiln_scope(
+                    || crate::alloc::op_frame_name(node.name, true),
+                    "kiln autograd",
+                );
+                f(&g, &needs)?
+            };
             if !retain_graph {
                 *slot = None;
             }

@@ -131,6 +131,7 @@ pub(crate) fn record(
 ) -> Result<Tensor> {
     let needed = needs_grad(inputs);
     let mut out = {
+        let _scope = crate::alloc::kiln_scope(|| crate::alloc::op_frame_name(name, false), "kiln");
         let _guard = GradModeGuard::new(false);
         forward()?
     };

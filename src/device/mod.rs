@@ -335,6 +335,22 @@ impl Device {
         with_alloc!(self, a => a.snapshot(0))
     }
 
+    /// `torch.cuda.memory._dump_snapshot(path)`: the snapshot as a pickle PyTorch's viewers
+    /// open, or as JSON when `path` ends in `.json` (the same dict).
+    pub fn dump_snapshot(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let snapshot = self.memory_snapshot();
+        let bytes = if path.extension().is_some_and(|e| e == "json") {
+            snapshot.to_json().into_bytes()
+        } else {
+            snapshot.to_pickle()
+        };
+        std::fs::write(path, bytes).map_err(|e| Error::InvalidArgument {
+            op: "dump_snapshot",
+            msg: format!("writing {}: {e}", path.display()),
+        })
+    }
+
     /// `torch.cuda.memory._record_memory_history`: `enabled = None` stops and clears.
     pub fn record_memory_history(
         &self,

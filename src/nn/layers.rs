@@ -414,7 +414,9 @@ impl Sequential {
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.clone();
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
+            // The module path in allocation frames, as PyTorch's stacks show `model.0`.
+            let _scope = crate::alloc::kiln_scope(|| format!("Sequential.{i}"), "kiln nn");
             y = layer.forward(&y)?;
         }
         Ok(y)

@@ -702,19 +702,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
     ) {
         let h = &mut self.history;
         match enabled {
-            None => *h = History::default(),
+            None => h.replace(History::default()),
             Some(e) => {
-                h.enabled = Some(e);
-                h.context = context;
-                h.stacks = stacks;
-                h.max_entries = if e == HistoryEnabled::State {
-                    1
-                } else {
-                    max_entries
+                let mut new = History {
+                    enabled: Some(e),
+                    context,
+                    stacks,
+                    max_entries: if e == HistoryEnabled::State {
+                        1
+                    } else {
+                        max_entries
+                    },
+                    ring: std::mem::take(&mut h.ring),
                 };
-                while h.ring.len() > h.max_entries {
-                    h.ring.pop_front();
+                while new.ring.len() > new.max_entries {
+                    new.ring.pop_front();
                 }
+                h.replace(new);
             }
         }
     }
