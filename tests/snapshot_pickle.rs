@@ -7,7 +7,7 @@
 use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks};
 use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
 use kiln::optim::{Optimizer, Sgd};
-use kiln::{DType, Device, Tensor};
+use kiln::{DType, Tensor};
 use std::path::PathBuf;
 use std::process::Command;
 
