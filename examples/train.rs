@@ -13,6 +13,7 @@ use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions};
 use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::ops::Conv2dParams;
 use kiln::optim::{Optimizer, Sgd};
+use kiln::profiler::record_function;
 use kiln::{DType, Device, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,6 +74,12 @@ fn args() -> clap::ArgMatches {
                 .long("checkpoint")
                 .action(ArgAction::SetTrue)
                 .help("recompute every block but the last in backward (gradient checkpointing)"),
+        )
+        .arg(
+            Arg::new("snapshot")
+                .long("snapshot")
+                .value_parser(value_parser!(PathBuf))
+                .help("record memory history and dump the snapshot here (.pickle for PyTorch's viewers, .json)"),
         )
         .arg(
             Arg::new("save")
@@ -190,6 +197,16 @@ fn main() -> kiln::Result<()> {
         if use_checkpoint { ", gradient checkpointing" } else { "" }
     );
 
+    let snapshot = m.get_one::<PathBuf>("snapshot");
+    if snapshot.is_some() {
+        use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks};
+        device.record_memory_history(
+            Some(HistoryEnabled::All),
+            HistoryContext::All,
+            HistoryStacks::Kiln,
+            1_000_000,
+        );
+    }
     device.manual_seed(0);
     let blocks = model(&kind, train.side, train.classes, &device)?;
     // One Sequential view of the blocks' parameters for the state dict: `{block}.{layer}.{name}`.
@@ -260,10 +277,13 @@ fn main() -> kiln::Result<()> {
         // A fresh permutation per epoch; batches arrive already on the device.
         for (step, batch) in train_loader.iter().enumerate() {
             let (x, y) = batch?;
-            let loss = cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)?;
+            // Named phases: they show as frames in memory snapshots and timelines.
+            let loss = record_function("## forward ##", || {
+                cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)
+            })?;
             opt.zero_grad(true)?;
-            loss.backward()?;
-            opt.step()?;
+            record_function("## backward ##", || loss.backward())?;
+            record_function("## optimizer ##", || opt.step())?;
             loss_sum = loss_sum.add(&loss.detach())?;
             if step % 25 == 24 {
                 bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
@@ -309,5 +329,9 @@ fn main() -> kiln::Result<()> {
     }
     println!();
     println!("{}", device.memory_summary(false));
+    if let Some(path) = snapshot {
+        device.dump_snapshot(path)?;
+        println!("memory snapshot written to {}", path.display());
+    }
     Ok(())
 }
