@@ -331,7 +331,18 @@ fn main() -> kiln::Result<()> {
     println!("{}", device.memory_summary(false));
     if let Some(path) = snapshot {
         device.dump_snapshot(path)?;
-        println!("memory snapshot written to {}", path.display());
+        // The same trace as a picture, next to it.
+        let opts = kiln::viz::TimelineOptions {
+            title: format!("kiln train ({kind}): active memory on {}", device.name()),
+            ..Default::default()
+        };
+        kiln::viz::write_timeline(&device.memory_snapshot(), path, &opts)?;
+        println!(
+            "memory snapshot written to {} (timeline: {}, {})",
+            path.display(),
+            path.with_extension("svg").display(),
+            path.with_extension("png").display()
+        );
     }
     Ok(())
 }

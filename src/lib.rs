@@ -14,6 +14,7 @@ pub mod ops;
 pub mod optim;
 pub mod profiler;
 pub mod tensor;
+pub mod viz;
 
 pub use autograd::{checkpoint, enable_grad, inference_mode, no_grad};
 pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, Transfer};

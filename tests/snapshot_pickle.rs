@@ -187,3 +187,81 @@ fn pickled_scalars_match_pythons_on_edge_values() {
     );
     assert_eq!(out.trim(), want);
 }
+
+#[test]
+fn timeline_stacks_the_active_bytes_and_writes_svg_and_png() {
+    let dev = kiln::Device::cpu().unwrap();
+    dev.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::All,
+        HistoryStacks::Kiln,
+        100_000,
+    );
+    let x = Tensor::randn(&[64, 64], DType::F32, &dev).unwrap();
+    let kept = kiln::profiler::record_function("## phase a ##", || {
+        let a = x.matmul(&x).unwrap();
+        let b = a.relu().unwrap();
+        drop(a);
+        b
+    });
+    kiln::profiler::record_function("## phase b ##", || {
+        for _ in 0..3 {
+            let t = x.exp().unwrap();
+            drop(t);
+        }
+    });
+    drop(kept);
+    let snap = dev.memory_snapshot();
+    let tl = kiln::viz::Timeline::from_snapshot(&snap, 0);
+    // Independent replay: active bytes after each alloc / free_completed event.
+    let mut active = 0i64;
+    let mut want = Vec::new();
+    for e in &snap.device_traces[0] {
+        match e.action {
+            kiln::alloc::TraceAction::Alloc => active += e.size as i64,
+            kiln::alloc::TraceAction::FreeCompleted => active -= e.size as i64,
+            _ => continue,
+        }
+        want.push(active as u64);
+    }
+    assert_eq!(tl.active, want);
+    // Every band sits on the ones below: at each event the live bands tile [0, active).
+    for t in 0..tl.events {
+        let mut spans: Vec<(u64, u64)> = tl
+            .bands
+            .iter()
+            .filter(|b| b.steps[0].0 <= t && t < b.end)
+            .map(|b| {
+                let bottom = b.steps.iter().rev().find(|(s, _)| *s <= t).unwrap().1;
+                (bottom, bottom + b.size)
+            })
+            .collect();
+        spans.sort();
+        let mut at = 0;
+        for (lo, hi) in spans {
+            assert_eq!(lo, at, "gap or overlap at event {t}");
+            at = hi;
+        }
+        assert_eq!(at, tl.active[t]);
+    }
+    let names: Vec<&str> = tl.categories.iter().map(String::as_str).collect();
+    for want in ["normal_", "mm", "relu", "exp"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    assert_eq!(tl.phase_names(), vec!["## phase a ##", "## phase b ##"]);
+    let stem = temp("timeline");
+    kiln::viz::write_timeline(&snap, &stem, &Default::default()).unwrap();
+    let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
+    assert_eq!(svg.matches("<polygon").count(), tl.bands.len());
+    assert!(
+        svg.contains("\n## phase a ##\n") && svg.contains("\nmm\n"),
+        "labels"
+    );
+    let png = std::fs::read(stem.with_extension("png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let (w, h) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (1400, 700));
+}

@@ -235,6 +235,7 @@ impl Batches {
             Ok(Err(e)) => return Some(Err(e)),
             Err(_) => return None, // the worker is done
         };
+        let _scope = crate::alloc::kiln_scope(|| "DataLoader.__next__".into(), "kiln data");
         let up = |t: &Tensor| {
             if self.pinned {
                 t.to_device_non_blocking(&self.device)

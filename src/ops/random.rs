@@ -23,6 +23,10 @@ fn draw(
             why: "(random floats)".into(),
         });
     }
+    let _scope = crate::alloc::kiln_scope(
+        || if normal { "normal_" } else { "uniform_" }.into(),
+        "kiln",
+    );
     let out = Tensor::empty(shape, dtype, device)?;
     let n = out.numel();
     let (seed, offset) = device.advance_rng(if normal { 2 * n as u64 } else { n as u64 });
