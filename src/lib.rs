@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod autograd;
 mod cpu;
 pub mod data;
+pub mod debug;
 pub mod device;
 mod error;
 pub mod host;

@@ -13,7 +13,12 @@ static RECORDING: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether any device records allocation frames.
 pub fn frames_wanted() -> bool {
-    RECORDING.load(Ordering::Relaxed) > 0
+    RECORDING.load(Ordering::Relaxed) > 0 || crate::debug::tracking()
+}
+
+/// kiln's frames of this thread now (innermost first), without a Rust backtrace.
+pub fn current_kiln_frames() -> Frames {
+    current_frames(HistoryStacks::Kiln)
 }
 
 /// One frame of where an allocation came from: kiln's op or scope, or a Rust frame.

@@ -18,8 +18,8 @@ pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMAL
 pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
 pub use format::format_size;
 pub use history::{
-    frames_wanted, kiln_scope, op_frame_name, push_scope, Frame, Frames, HistoryContext,
-    HistoryEnabled, HistoryStacks, ScopeGuard, TraceAction, TraceEntry,
+    current_kiln_frames, frames_wanted, kiln_scope, op_frame_name, push_scope, Frame, Frames,
+    HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard, TraceAction, TraceEntry,
 };
 pub use oom::OutOfMemory;
 pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};

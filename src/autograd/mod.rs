@@ -35,7 +35,7 @@ pub(crate) type BackwardFn =
 /// The autograd state of a tensor that requires grad.
 pub(crate) struct AutogradMeta {
     /// `None` for a leaf.
-    grad_fn: Option<Arc<Node>>,
+    pub(crate) grad_fn: Option<Arc<Node>>,
     grad: Mutex<Option<Tensor>>,
     retains_grad: AtomicBool,
 }
@@ -61,6 +61,43 @@ pub(crate) struct Node {
     /// The output's shape and dtype, to check and to create implicit gradients.
     shape: Vec<usize>,
     dtype: DType,
+    /// The storages the backward closure saved (for `kiln::debug`'s graph sizes).
+    saved: Vec<Weak<crate::tensor::Storage>>,
+}
+
+thread_local! {
+    /// Storages saved since the last node was attached on this thread.
+    static SAVED_FOR_NODE: std::cell::RefCell<Vec<Weak<crate::tensor::Storage>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Node {
+    /// Nodes reachable from this one (itself included) and the bytes of the distinct storages
+    /// their pending backward closures hold.
+    pub(crate) fn graph_size(self: &Arc<Node>) -> (usize, u64) {
+        let mut seen_nodes = std::collections::HashSet::new();
+        let mut seen_storage = std::collections::HashSet::new();
+        let mut stack = vec![self.clone()];
+        let mut bytes = 0u64;
+        while let Some(n) = stack.pop() {
+            if !seen_nodes.insert(Arc::as_ptr(&n) as usize) {
+                continue;
+            }
+            if lock(&n.backward).is_some() {
+                for s in n.saved.iter().filter_map(Weak::upgrade) {
+                    if seen_storage.insert(Arc::as_ptr(&s) as usize) {
+                        bytes += s.block.block_size();
+                    }
+                }
+            }
+            for e in n.edges.iter().flatten() {
+                if let Edge::Node(next) = e {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        (seen_nodes.len(), bytes)
+    }
 }
 
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -82,6 +119,7 @@ impl Saved {
                 msg: "Inference tensors cannot be saved for backward. To work around you can make a clone to get a normal tensor and use it in autograd.".into(),
             });
         }
+        SAVED_FOR_NODE.with(|v| v.borrow_mut().push(Arc::downgrade(&t.storage)));
         Ok(Saved {
             tensor: t.detach(),
             version: t.version(),
@@ -137,6 +175,7 @@ pub(crate) fn record(
     };
     out.autograd = None;
     if needed {
+        SAVED_FOR_NODE.with(|v| v.borrow_mut().clear());
         let f = backward(&out)?;
         attach(&mut out, name, inputs, f);
     }
@@ -154,12 +193,15 @@ pub(crate) fn attach(out: &mut Tensor, name: &'static str, inputs: &[&Tensor], f
         retained: Mutex::new(None),
         shape: out.shape().to_vec(),
         dtype: out.dtype(),
+        saved: SAVED_FOR_NODE.with(|v| std::mem::take(&mut *v.borrow_mut())),
     });
-    out.autograd = Some(Arc::new(AutogradMeta {
+    let meta = Arc::new(AutogradMeta {
         grad_fn: Some(node),
         grad: Mutex::new(None),
         retains_grad: AtomicBool::new(false),
-    }));
+    });
+    crate::debug::register_graph(&meta, out);
+    out.autograd = Some(meta);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -69,7 +69,7 @@ impl Tensor {
         crate::ops::check_dtype_on(device, "empty", dtype)?;
         let bytes = (numel(shape) * dtype.size_bytes()) as u64;
         let block = device.allocate(bytes)?;
-        Ok(Tensor {
+        let t = Tensor {
             storage: Arc::new(Storage {
                 block,
                 version: AtomicU64::new(0),
@@ -78,7 +78,9 @@ impl Tensor {
             layout: Layout::contiguous(shape),
             dtype,
             autograd: None,
-        })
+        };
+        crate::debug::register(&t);
+        Ok(t)
     }
 
     /// A tensor holding `data` (row-major) with `shape`.

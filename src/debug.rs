@@ -1,0 +1,204 @@
+//! Finding leaks: which tensors are alive, where they were made, and which of them keep an
+//! autograd graph (and its saved activations) alive. Turn tracking on with `track_tensors(true)`
+//! before the code under suspicion; tensors made while it is on are listed by `live_tensors()`
+//! and grouped by `report()` so that the usual culprits (a stored loss, an undetached hidden
+//! state, evaluation with grad mode on) stand out.
+
+use crate::alloc::Frames;
+use crate::autograd::AutogradMeta;
+use crate::tensor::{DType, Storage, Tensor};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+static TRACKING: AtomicBool = AtomicBool::new(false);
+
+struct Tracked {
+    storage: Weak<Storage>,
+    shape: Vec<usize>,
+    dtype: DType,
+    frames: Frames,
+}
+
+static TENSORS: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
+/// Non-leaf tensors' autograd metas (each holds a graph) and their outputs' storages.
+static GRAPHS: Mutex<Vec<(Weak<AutogradMeta>, Weak<Storage>)>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts (or stops) recording where tensors are made. While on, kiln's op, module and
+/// optimizer scopes are pushed as in memory history, so each tensor knows its op and scope.
+pub fn track_tensors(on: bool) {
+    TRACKING.store(on, Ordering::Relaxed);
+    if !on {
+        lock(&TENSORS).clear();
+        lock(&GRAPHS).clear();
+    }
+}
+
+pub(crate) fn tracking() -> bool {
+    TRACKING.load(Ordering::Relaxed)
+}
+
+/// Notes a new tensor's storage (called where storages are made).
+pub(crate) fn register(t: &Tensor) {
+    if !tracking() {
+        return;
+    }
+    let mut v = lock(&TENSORS);
+    if v.len() >= 4096 && v.len().is_power_of_two() {
+        v.retain(|e| e.storage.strong_count() > 0);
+    }
+    v.push(Tracked {
+        storage: Arc::downgrade(&t.storage),
+        shape: t.shape().to_vec(),
+        dtype: t.dtype(),
+        frames: crate::alloc::current_kiln_frames(),
+    });
+}
+
+/// Notes a non-leaf tensor's graph.
+pub(crate) fn register_graph(meta: &Arc<AutogradMeta>, out: &Tensor) {
+    if !tracking() {
+        return;
+    }
+    let mut v = lock(&GRAPHS);
+    if v.len() >= 4096 && v.len().is_power_of_two() {
+        v.retain(|(m, _)| m.strong_count() > 0);
+    }
+    v.push((Arc::downgrade(meta), Arc::downgrade(&out.storage)));
+}
+
+/// One live tensor storage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveTensor {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// The bytes its block holds in the allocator.
+    pub bytes: u64,
+    pub device: String,
+    /// The op that made it (the innermost frame), or `-` if made outside any.
+    pub op: String,
+    /// The user's scope it was made in (the outermost frame not made by kiln), or `-`.
+    pub scope: String,
+    /// Whether a tensor over this storage holds an autograd graph.
+    pub holds_graph: bool,
+    /// Nodes of the graphs it holds.
+    pub graph_nodes: usize,
+    /// Bytes of the saved tensors those graphs keep (each storage once).
+    pub saved_bytes: u64,
+}
+
+/// Tensors made while tracking was on that are still alive, oldest first.
+pub fn live_tensors() -> Vec<LiveTensor> {
+    let graphs: Vec<(Arc<AutogradMeta>, Weak<Storage>)> = lock(&GRAPHS)
+        .iter()
+        .filter_map(|(m, s)| m.upgrade().map(|m| (m, s.clone())))
+        .collect();
+    let tensors = lock(&TENSORS);
+    tensors
+        .iter()
+        .filter_map(|e| {
+            let storage = e.storage.upgrade()?;
+            let held: Vec<&Arc<AutogradMeta>> = graphs
+                .iter()
+                .filter(|(_, s)| s.as_ptr() == Arc::as_ptr(&storage))
+                .map(|(m, _)| m)
+                .collect();
+            let (mut nodes, mut saved) = (0, 0);
+            for m in &held {
+                if let Some(node) = &m.grad_fn {
+                    let (n, b) = node.graph_size();
+                    nodes += n;
+                    saved += b;
+                }
+            }
+            let scope = e
+                .frames
+                .iter()
+                .rev()
+                .find(|f| !f.filename.starts_with("kiln"))
+                .map_or("-".to_string(), |f| f.name.clone());
+            Some(LiveTensor {
+                shape: e.shape.clone(),
+                dtype: e.dtype,
+                bytes: storage.block.block_size(),
+                device: storage.block.device().spec().to_string(),
+                op: e.frames.first().map_or("-".to_string(), |f| f.name.clone()),
+                scope,
+                holds_graph: !held.is_empty(),
+                graph_nodes: nodes,
+                saved_bytes: saved,
+            })
+        })
+        .collect()
+}
+
+/// Live tensors grouped by (device, op, scope, shape, dtype, graph), largest first, with a hint
+/// where a group looks like a usual leak.
+pub fn report() -> String {
+    #[derive(Default)]
+    struct Group {
+        count: usize,
+        bytes: u64,
+        saved: u64,
+        nodes: usize,
+    }
+    let mut groups: BTreeMap<(String, String, String, String, bool), Group> = BTreeMap::new();
+    for t in live_tensors() {
+        let g = groups
+            .entry((
+                t.device,
+                t.op,
+                t.scope,
+                format!("{:?} {}", t.shape, t.dtype),
+                t.holds_graph,
+            ))
+            .or_default();
+        g.count += 1;
+        g.bytes += t.bytes;
+        g.saved += t.saved_bytes;
+        g.nodes += t.graph_nodes;
+    }
+    let mut rows: Vec<_> = groups.into_iter().collect();
+    rows.sort_by_key(|(_, g)| std::cmp::Reverse(g.bytes + g.saved));
+    let mut out = format!(
+        "{:>6} {:>12} {:>14}  {:<10} {:<22} {:<18} {}\n",
+        "count", "bytes", "graph saves", "device", "op", "scope", "shape"
+    );
+    let size = |b: u64| crate::alloc::format_size(b);
+    for ((device, op, scope, shape, graph), g) in &rows {
+        out += &format!(
+            "{:>6} {:>12} {:>14}  {:<10} {:<22} {:<18} {}\n",
+            g.count,
+            size(g.bytes),
+            if *graph { size(g.saved) } else { "-".into() },
+            device,
+            op,
+            scope,
+            shape
+        );
+        if *graph && g.count > 1 {
+            out += &format!(
+                "       ^ {} tensors each keep an autograd graph alive ({} nodes, {} of saved tensors): store .item() or .detach() instead\n",
+                g.count,
+                g.nodes,
+                size(g.saved)
+            );
+        } else if *graph && g.saved > g.bytes {
+            out += &format!(
+                "       ^ keeps a graph of {} nodes alive ({} of saved tensors): detach() it if it outlives its step\n",
+                g.nodes,
+                size(g.saved)
+            );
+        } else if g.count >= 16 {
+            out += &format!(
+                "       ^ {} live tensors of the same shape from one place: stored in a loop?\n",
+                g.count
+            );
+        }
+    }
+    out
+}
