@@ -13,7 +13,65 @@ static RECORDING: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether any device records allocation frames.
 pub fn frames_wanted() -> bool {
-    RECORDING.load(Ordering::Relaxed) > 0 || crate::debug::tracking()
+    RECORDING.load(Ordering::Relaxed) > 0
+        || crate::debug::tracking()
+        || SCOPE_LOG_ON.load(Ordering::Relaxed)
+}
+
+/// The scope log the profiler reads: every scope pushed while it is on, with its thread and
+/// wall-clock span.
+static SCOPE_LOG_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SCOPE_LOG: std::sync::Mutex<Vec<ScopeRecord>> = std::sync::Mutex::new(Vec::new());
+
+/// One logged scope.
+#[derive(Clone, Debug)]
+pub struct ScopeRecord {
+    pub name: String,
+    pub filename: String,
+    pub line: u32,
+    pub thread: u64,
+    pub depth: usize,
+    pub start: std::time::Instant,
+    pub end: Option<std::time::Instant>,
+    /// Input shapes, for op scopes (`annotate_scope`).
+    pub shapes: String,
+}
+
+fn scope_log() -> std::sync::MutexGuard<'static, Vec<ScopeRecord>> {
+    SCOPE_LOG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts logging scopes (clearing the log).
+pub fn start_scope_log() {
+    scope_log().clear();
+    SCOPE_LOG_ON.store(true, Ordering::Relaxed);
+}
+
+/// Stops logging and returns the log.
+pub fn take_scope_log() -> Vec<ScopeRecord> {
+    SCOPE_LOG_ON.store(false, Ordering::Relaxed);
+    std::mem::take(&mut *scope_log())
+}
+
+/// Attaches the input shapes to this thread's innermost logged scope (ops call it).
+pub fn annotate_scope(shapes: impl FnOnce() -> String) {
+    if !SCOPE_LOG_ON.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(i) = OPEN_LOGGED.with(|o| o.borrow().last().copied()) {
+        if let Some(r) = scope_log().get_mut(i) {
+            r.shapes = shapes();
+        }
+    }
+}
+
+/// A small number per thread, for traces.
+pub fn thread_number() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    thread_local! {
+        static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    ID.with(|i| *i)
 }
 
 /// kiln's frames of this thread now (innermost first), without a Rust backtrace.
@@ -131,7 +189,7 @@ impl Drop for History {
     }
 }
 
-pub(crate) fn now_us() -> u64 {
+pub fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -187,16 +245,24 @@ impl History {
 
 thread_local! {
     static SCOPES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    static OPEN_LOGGED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Pops its frame from this thread's allocation context when dropped.
 pub struct ScopeGuard {
+    logged: Option<usize>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
         SCOPES.with(|s| s.borrow_mut().pop());
+        if let Some(i) = self.logged {
+            OPEN_LOGGED.with(|o| o.borrow_mut().pop());
+            if let Some(r) = scope_log().get_mut(i) {
+                r.end = Some(std::time::Instant::now());
+            }
+        }
     }
 }
 
@@ -204,14 +270,31 @@ impl Drop for ScopeGuard {
 /// context until the guard drops. Allocations made meanwhile carry it when history is recorded.
 #[must_use = "the scope ends when the guard drops"]
 pub fn push_scope(name: impl Into<String>, filename: impl Into<String>, line: u32) -> ScopeGuard {
-    SCOPES.with(|s| {
-        s.borrow_mut().push(Frame {
-            filename: filename.into(),
+    let frame = Frame {
+        filename: filename.into(),
+        line,
+        name: name.into(),
+    };
+    let logged = SCOPE_LOG_ON.load(Ordering::Relaxed).then(|| {
+        let depth = OPEN_LOGGED.with(|o| o.borrow().len());
+        let mut log = scope_log();
+        log.push(ScopeRecord {
+            name: frame.name.clone(),
+            filename: frame.filename.clone(),
             line,
-            name: name.into(),
-        })
+            thread: thread_number(),
+            depth,
+            start: std::time::Instant::now(),
+            end: None,
+            shapes: String::new(),
+        });
+        let i = log.len() - 1;
+        OPEN_LOGGED.with(|o| o.borrow_mut().push(i));
+        i
     });
+    SCOPES.with(|s| s.borrow_mut().push(frame));
     ScopeGuard {
+        logged,
         _not_send: std::marker::PhantomData,
     }
 }

@@ -18,8 +18,9 @@ pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMAL
 pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
 pub use format::format_size;
 pub use history::{
-    current_kiln_frames, frames_wanted, kiln_scope, op_frame_name, push_scope, Frame, Frames,
-    HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard, TraceAction, TraceEntry,
+    annotate_scope, current_kiln_frames, frames_wanted, kiln_scope, now_us, op_frame_name,
+    push_scope, start_scope_log, take_scope_log, thread_number, Frame, Frames, HistoryContext,
+    HistoryEnabled, HistoryStacks, ScopeGuard, ScopeRecord, TraceAction, TraceEntry,
 };
 pub use oom::OutOfMemory;
 pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};

@@ -170,6 +170,10 @@ pub(crate) fn record(
     let needed = needs_grad(inputs);
     let mut out = {
         let _scope = crate::alloc::kiln_scope(|| crate::alloc::op_frame_name(name, false), "kiln");
+        crate::alloc::annotate_scope(|| {
+            let shapes: Vec<String> = inputs.iter().map(|t| format!("{:?}", t.shape())).collect();
+            format!("[{}]", shapes.join(", "))
+        });
         let _guard = GradModeGuard::new(false);
         forward()?
     };

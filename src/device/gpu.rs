@@ -26,6 +26,8 @@ pub(crate) struct GpuDevice {
     pub host_device: super::Device,
     /// Bytes per chunk of a pageable copy.
     staging_chunk: AtomicU64,
+    /// Kernel and copy timing while a profile runs. Lock order: before the stream.
+    pub timer: Mutex<Option<super::kernel_timer::KernelTimer>>,
     pub kernels: Mutex<KernelCache>,
     /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
     pub coop_f16: bool,
@@ -153,6 +155,7 @@ impl GpuDevice {
             host: Mutex::new(CachingHostAllocator::new(pinned_source)),
             host_device,
             staging_chunk: AtomicU64::new(DEFAULT_STAGING_CHUNK.min(limits.max_buffer_size)),
+            timer: Mutex::new(None),
             kernels: Mutex::default(),
             coop_f16,
             bind_groups,

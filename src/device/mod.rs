@@ -4,6 +4,7 @@
 mod adapters;
 mod block;
 pub(crate) mod gpu;
+pub(crate) mod kernel_timer;
 mod memory;
 pub(crate) mod pinned;
 pub(crate) mod stream;
@@ -13,6 +14,7 @@ mod wgpu_source;
 
 pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
+pub use kernel_timer::KernelEntry;
 pub use timer::gpu_time;
 pub use transfer::{Event, Transfer};
 

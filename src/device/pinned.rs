@@ -186,6 +186,7 @@ impl PinnedBuffer {
         &self,
         g: &super::gpu::GpuDevice,
         submit: bool,
+        (what, bytes): (&'static str, u64),
         record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<u64> {
         let mut state = lock(&self.state);
@@ -198,8 +199,14 @@ impl PinnedBuffer {
                 self.buffer.unmap();
             }
         }
+        let mut timer = lock(&g.timer);
         let mut stream = lock(&g.stream);
-        record(stream.copy_encoder(&g.device), &self.buffer);
+        let enc = stream.copy_encoder(&g.device);
+        match timer.as_mut() {
+            Some(t) => t.copy(&g.device, enc, what, bytes, |e| record(e, &self.buffer)),
+            None => record(enc, &self.buffer),
+        }
+        drop(timer);
         let event = stream.pending_event();
         *state = MapState::Unmapped(event);
         if submit {

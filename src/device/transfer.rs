@@ -74,9 +74,10 @@ impl<'a> Staging<'a> {
     fn record(
         &mut self,
         submit: bool,
+        what: (&'static str, u64),
         record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<u64> {
-        let event = self.buffer.record_copy(self.g, submit, record)?;
+        let event = self.buffer.record_copy(self.g, submit, what, record)?;
         lock(&self.g.host).record_event(self.id, event);
         self.event = Some(event);
         Ok(event)
@@ -112,7 +113,7 @@ pub(crate) fn upload(g: &GpuDevice, dst: &wgpu::Buffer, offset: u64, data: &[u8]
         let at = offset + (i * chunk) as u64;
         let len = piece.len() as u64;
         // Several chunks: submit each so the DMA runs while the next chunk is copied.
-        let event = staging.record(many, |enc, src| {
+        let event = staging.record(many, ("memcpy HtoD (pageable)", len), |enc, src| {
             enc.copy_buffer_to_buffer(src, 0, dst, at, len)
         })?;
         in_flight.push_back(event);
@@ -146,7 +147,7 @@ pub(crate) fn download(
         let words = (len as u64).next_multiple_of(4);
         let mut staging = Staging::new(g, words, PinnedKind::Download)?;
         let from = offset + at as u64;
-        staging.record(true, |enc, dst_buf| {
+        staging.record(true, ("memcpy DtoH (pageable)", words), |enc, dst_buf| {
             enc.copy_buffer_to_buffer(src, from, dst_buf, 0, words)
         })?;
         pending.push_back((staging, at, len));

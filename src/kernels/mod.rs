@@ -386,12 +386,19 @@ pub(crate) fn launch_groups(
         &compiled.layout,
         &bindings,
     );
+    let mut timer = crate::device::lock(&g.timer);
     let mut stream = crate::device::lock(&g.stream);
     let pass = stream.pass(&g.device);
     pass.set_pipeline(&compiled.pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.set_immediates(0, bytemuck::cast_slice(immediates));
-    pass.dispatch_workgroups(x, y, z);
+    match timer.as_mut() {
+        Some(t) => t.dispatch(&g.device, pass, kernel.name().into_owned(), |p| {
+            p.dispatch_workgroups(x, y, z)
+        }),
+        None => pass.dispatch_workgroups(x, y, z),
+    }
+    drop(timer);
     stream.recorded(&g.queue);
     Ok(())
 }

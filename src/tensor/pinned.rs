@@ -213,7 +213,8 @@ impl Tensor {
                         return self.copy_blocking(src);
                     };
                     let src_at = src.storage.block.offset() + src_off;
-                    let event = buffer.record_copy(g, true, |enc, pinned| {
+                    let what = ("memcpy DtoH (pinned)", words);
+                    let event = buffer.record_copy(g, true, what, |enc, pinned| {
                         enc.copy_buffer_to_buffer(src_buf, src_at, pinned, dst_off, words)
                     })?;
                     crate::device::lock(&g.host).record_event(id, event);
@@ -230,7 +231,8 @@ impl Tensor {
                         return self.copy_blocking(src);
                     };
                     let dst_at = self.storage.block.offset() + dst_off;
-                    let event = buffer.record_copy(g, true, |enc, pinned| {
+                    let what = ("memcpy HtoD (pinned)", words);
+                    let event = buffer.record_copy(g, true, what, |enc, pinned| {
                         enc.copy_buffer_to_buffer(pinned, src_off, dst_buf, dst_at, words)
                     })?;
                     crate::device::lock(&g.host).record_event(id, event);
