@@ -82,6 +82,12 @@ fn args() -> clap::ArgMatches {
                 .help("record memory history and dump the snapshot here (.pickle for PyTorch's viewers, .json)"),
         )
         .arg(
+            Arg::new("profile")
+                .long("profile")
+                .value_parser(value_parser!(PathBuf))
+                .help("profile ten training steps first: print the table, write a Chrome trace here"),
+        )
+        .arg(
             Arg::new("save")
                 .long("save")
                 .value_parser(value_parser!(PathBuf))
@@ -261,6 +267,34 @@ fn main() -> kiln::Result<()> {
             ..Default::default()
         },
     )?;
+
+    if let Some(path) = m.get_one::<PathBuf>("profile") {
+        use kiln::profiler::{profile, ProfileOptions};
+        let opts = ProfileOptions {
+            devices: vec![device.clone()],
+            profile_memory: true,
+        };
+        let ((), prof) = profile(&opts, || {
+            for batch in train_loader.iter().take(10) {
+                let (x, y) = batch?;
+                let loss = record_function("## forward ##", || {
+                    cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)
+                })?;
+                opt.zero_grad(true)?;
+                record_function("## backward ##", || loss.backward())?;
+                record_function("## optimizer ##", || opt.step())?;
+            }
+            device.synchronize()
+        })?;
+        let sort = if prof.gpu_measured {
+            "self_gpu_time_total"
+        } else {
+            "self_cpu_time_total"
+        };
+        println!("{}", prof.key_averages().table(sort, 15));
+        prof.export_chrome_trace(path)?;
+        println!("Chrome trace of ten steps written to {}\n", path.display());
+    }
 
     for epoch in 1..=epochs {
         let steps = train_loader.len();
