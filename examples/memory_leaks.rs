@@ -40,7 +40,7 @@ fn measure(
     name: &str,
     mistake: bool,
     out: &Path,
-    mut body: impl FnMut(bool) -> kiln::Result<u64>,
+    mut body: impl FnMut(bool) -> kiln::Result<(u64, u64)>,
 ) -> kiln::Result<Run> {
     dev.synchronize()?;
     dev.empty_cache();
@@ -54,13 +54,13 @@ fn measure(
     );
     kiln::debug::track_tensors(true);
     let base = dev.memory_allocated();
-    let at_end = body(mistake)?;
+    let (at_end, reserved) = body(mistake)?;
     dev.synchronize()?;
     let stats = dev.memory_stats();
     let run = Run {
         allocated: at_end.saturating_sub(base),
         peak: dev.max_memory_allocated() - base,
-        reserved: dev.memory_reserved(),
+        reserved,
         allocations: stats["allocation.all.allocated"],
     };
     let which = if mistake { "mistake" } else { "fix" };
@@ -101,7 +101,7 @@ fn main() -> kiln::Result<()> {
 
     // 1. Gradients never zeroed: they stay allocated between steps (and keep growing in value).
     let name = "gradients never zeroed";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         dev.manual_seed(0);
         let model = mlp(&dev)?;
         let mut opt = Sgd::new(model.parameters(), 1e-3)?;
@@ -114,7 +114,7 @@ fn main() -> kiln::Result<()> {
                 opt.zero_grad(true)?;
             }
         }
-        Ok(dev.memory_allocated())
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
     };
     let (a, b) = (
         measure(&dev, name, true, &out, &mut go)?,
@@ -130,7 +130,7 @@ fn main() -> kiln::Result<()> {
     // 2. Losses stored with their graph: every step's activations stay alive.
     let name = "losses stored with graph";
     let mut culprits = String::new();
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         dev.manual_seed(0);
         let model = mlp(&dev)?;
         let mut opt = Sgd::new(model.parameters(), 1e-3)?;
@@ -156,7 +156,7 @@ fn main() -> kiln::Result<()> {
         if mistake {
             culprits = kiln::debug::report();
         }
-        Ok(dev.memory_allocated())
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
     };
     let a = measure(&dev, name, true, &out, &mut go)?;
     let b = measure(&dev, name, false, &out, &mut go)?;
@@ -165,7 +165,7 @@ fn main() -> kiln::Result<()> {
 
     // 3. An LSTM hidden state carried across batches without detach: the graph spans every batch.
     let name = "hidden state not detached";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         dev.manual_seed(0);
         let cell = LstmCell::new(64, 128, &dev)?;
         let (mut h, mut c) = cell.zero_state(32)?;
@@ -181,7 +181,7 @@ fn main() -> kiln::Result<()> {
             cell.zero_grad(true)?;
             (h, c) = (h2, c2);
         }
-        Ok(dev.memory_allocated())
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
     };
     let a = measure(&dev, name, true, &out, &mut go)?;
     let b = measure(&dev, name, false, &out, &mut go)?;
@@ -194,7 +194,7 @@ fn main() -> kiln::Result<()> {
 
     // 4. Evaluation without no_grad: every output keeps its activations.
     let name = "eval without no_grad";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         dev.manual_seed(0);
         let model = mlp(&dev)?;
         let eval = || -> kiln::Result<Vec<Tensor>> {
@@ -211,7 +211,7 @@ fn main() -> kiln::Result<()> {
         } else {
             kiln::no_grad(eval)?
         };
-        let at_end = dev.memory_allocated();
+        let at_end = (dev.memory_allocated(), dev.memory_reserved());
         drop(outputs);
         Ok(at_end)
     };
@@ -226,7 +226,7 @@ fn main() -> kiln::Result<()> {
 
     // 5. A checkpointed result cached on the model: the cache keeps its graph and inputs.
     let name = "checkpoint result cached";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         dev.manual_seed(0);
         let model = std::sync::Arc::new(mlp(&dev)?);
         let mut cache: Vec<Tensor> = Vec::new();
@@ -246,7 +246,7 @@ fn main() -> kiln::Result<()> {
                 cache.remove(0);
             }
         }
-        Ok(dev.memory_allocated())
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
     };
     let a = measure(&dev, name, true, &out, &mut go)?;
     let b = measure(&dev, name, false, &out, &mut go)?;
@@ -254,7 +254,7 @@ fn main() -> kiln::Result<()> {
 
     // 6. A fresh tensor per iteration instead of one reused buffer.
     let name = "allocation per iteration";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
+    let mut go = |mistake: bool| -> kiln::Result<(u64, u64)> {
         let src = Tensor::randn(&[512, 512], DType::F32, &dev)?;
         let buf = Tensor::zeros(&[512, 512], DType::F32, &dev)?;
         for _ in 0..iters * 10 {
@@ -266,7 +266,7 @@ fn main() -> kiln::Result<()> {
                 buf.mul_scalar_(2.0)?;
             }
         }
-        Ok(dev.memory_allocated())
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
     };
     let a = measure(&dev, name, true, &out, &mut go)?;
     let b = measure(&dev, name, false, &out, &mut go)?;
@@ -278,11 +278,10 @@ fn main() -> kiln::Result<()> {
     ));
 
     // 7. Fragmentation from varying batch sizes: reserved grows past what is allocated.
+    // `empty_cache` gives the cached segments back; `max_split_size_mb` is no cure here: blocks
+    // above it are never split, so every size gets segments of its own (PyTorch PR #113481).
     let name = "fragmentation";
-    let mut go = |mistake: bool| -> kiln::Result<u64> {
-        if !mistake {
-            dev.set_allocator_settings("max_split_size_mb:20")?;
-        }
+    let varying = |release: bool| -> kiln::Result<(u64, u64)> {
         let mut keep: Vec<Tensor> = Vec::new();
         let mut s = 12345u64;
         for i in 0..iters * 10 {
@@ -290,7 +289,9 @@ fn main() -> kiln::Result<()> {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let rows = 256 + (s >> 33) as usize % 8192;
-            let t = Tensor::empty(&[rows, 1024], DType::F32, &dev)?;
+            let t = record_function("## activations ##", || {
+                Tensor::empty(&[rows, 1024], DType::F32, &dev)
+            })?;
             if i % 3 == 0 {
                 keep.push(t);
                 if keep.len() > 6 {
@@ -298,13 +299,28 @@ fn main() -> kiln::Result<()> {
                 }
             }
         }
-        let at_end = dev.memory_allocated();
-        if !mistake {
-            drop(keep);
+        if release {
             dev.empty_cache();
-            dev.set_allocator_settings("")?;
         }
-        Ok(at_end)
+        Ok((dev.memory_allocated(), dev.memory_reserved()))
+    };
+    let mut go = |mistake: bool| varying(!mistake);
+    let a = measure(&dev, name, true, &out, &mut go)?;
+    let b = measure(&dev, name, false, &out, &mut go)?;
+    table.push((
+        name.into(),
+        a,
+        b,
+        "empty_cache() returns the cached segments (reserved)",
+    ));
+    let name = "max_split_size_mb";
+    let mut go = |mistake: bool| {
+        if !mistake {
+            dev.set_allocator_settings("max_split_size_mb:20")?;
+        }
+        let r = varying(false);
+        dev.set_allocator_settings("")?;
+        r
     };
     let a = measure(&dev, name, true, &out, &mut go)?;
     let b = measure(&dev, name, false, &out, &mut go)?;
@@ -312,7 +328,7 @@ fn main() -> kiln::Result<()> {
         name.into(),
         a,
         b,
-        "max_split_size_mb:20, then empty_cache() (reserved)",
+        "max_split_size_mb:20: higher here (oversize blocks unsplit)",
     ));
 
     println!(

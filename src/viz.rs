@@ -34,6 +34,8 @@ pub struct Timeline {
     pub phases: Vec<(String, usize, usize)>,
     /// Active bytes after each event.
     pub active: Vec<u64>,
+    /// Reserved bytes (the allocator's segments) after each event.
+    pub reserved: Vec<u64>,
     pub events: usize,
 }
 
@@ -82,6 +84,35 @@ impl Timeline {
                     base += e.size;
                 }
                 _ => {}
+            }
+        }
+        // Reserved bytes along the same events: segments now, less what the trace added.
+        let mut reserved_at = Vec::with_capacity(events.len());
+        {
+            let now: u64 = snapshot
+                .segments
+                .iter()
+                .filter(|s| s.device as usize == device)
+                .map(|s| s.total_size)
+                .sum();
+            let net: i64 = trace
+                .iter()
+                .map(|e| match e.action {
+                    TraceAction::SegmentAlloc => e.size as i64,
+                    TraceAction::SegmentFree => -(e.size as i64),
+                    _ => 0,
+                })
+                .sum();
+            let mut r = now as i64 - net;
+            for e in trace {
+                match e.action {
+                    TraceAction::SegmentAlloc => r += e.size as i64,
+                    TraceAction::SegmentFree => r -= e.size as i64,
+                    TraceAction::Alloc | TraceAction::FreeCompleted => {
+                        reserved_at.push(r.max(0) as u64)
+                    }
+                    _ => {}
+                }
             }
         }
         let mut active = Vec::with_capacity(events.len());
@@ -151,6 +182,7 @@ impl Timeline {
             categories: order.iter().map(|&c| cat_names[c].clone()).collect(),
             phases,
             active,
+            reserved: reserved_at,
             events: events.len(),
         }
     }
@@ -251,7 +283,10 @@ where
     let (left, right, top, bottom) = (80, 230, 40, 40);
     let (pw, ph) = ((w - left - right).max(10), (h - top - bottom).max(10));
     let events = tl.events.max(1) as f64;
-    let peak = tl.peak().max(1) as f64 * 1.05;
+    let top_bytes = tl
+        .peak()
+        .max(tl.reserved.iter().copied().max().unwrap_or(0));
+    let peak = top_bytes.max(1) as f64 * 1.05;
     let x = |t: usize| left + (t as f64 / events * pw as f64).round() as i32;
     let y = |b: u64| top + ph - (b as f64 / peak * ph as f64).round() as i32;
     let font = |size: u32| ("sans-serif", size).into_font();
@@ -295,6 +330,19 @@ where
         let mut points = lower;
         points.extend(upper);
         area.draw(&Polygon::new(points, colour(b.category).filled()))
+            .map_err(draw_err)?;
+    }
+    // Reserved memory (the allocator's segments) as a line over the bands.
+    if tl.reserved.iter().any(|&r| r > 0) {
+        let mut line = Vec::with_capacity(tl.reserved.len() * 2);
+        for (t, &r) in tl.reserved.iter().enumerate() {
+            if let Some(&(_, py)) = line.last() {
+                line.push((x(t), py));
+            }
+            line.push((x(t), y(r)));
+        }
+        line.push((x(tl.events), y(*tl.reserved.last().expect("non-empty"))));
+        area.draw(&PathElement::new(line, BLACK.stroke_width(2)))
             .map_err(draw_err)?;
     }
     // Axes.
@@ -356,6 +404,20 @@ where
                 .map_err(draw_err)?;
         }
         let mut ly = top + 18 * tl.categories.len().min(PALETTE.len()) as i32;
+        if tl.reserved.iter().any(|&r| r > 0) {
+            area.draw(&PathElement::new(
+                vec![(lx, ly + 6), (lx + 12, ly + 6)],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(draw_err)?;
+            area.draw(&Text::new(
+                "reserved (segments)",
+                (lx + 18, ly),
+                font(12).color(&BLACK),
+            ))
+            .map_err(draw_err)?;
+            ly += 18;
+        }
         if tl.categories.len() > PALETTE.len() {
             area.draw(&Rectangle::new(
                 [(lx, ly), (lx + 12, ly + 12)],

@@ -225,6 +225,10 @@ fn timeline_stacks_the_active_bytes_and_writes_svg_and_png() {
         want.push(active as u64);
     }
     assert_eq!(tl.active, want);
+    // Reserved memory never falls below active memory.
+    assert_eq!(tl.reserved.len(), tl.events);
+    assert!(tl.reserved.iter().zip(&tl.active).all(|(r, a)| r >= a));
+    assert_eq!(*tl.reserved.last().unwrap(), dev.memory_reserved());
     // Every band sits on the ones below: at each event the live bands tile [0, active).
     for t in 0..tl.events {
         let mut spans: Vec<(u64, u64)> = tl

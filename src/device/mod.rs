@@ -353,6 +353,11 @@ impl Device {
         })
     }
 
+    /// Whether this device records an alloc/free trace now.
+    pub fn is_recording_memory_history(&self) -> bool {
+        with_alloc!(self, a => a.history_enabled() == Some(HistoryEnabled::All))
+    }
+
     /// `torch.cuda.memory._record_memory_history`: `enabled = None` stops and clears.
     pub fn record_memory_history(
         &self,

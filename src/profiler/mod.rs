@@ -6,8 +6,8 @@
 //! prints PyTorch's table; `export_chrome_trace` writes a trace Perfetto and chrome://tracing
 //! load.
 //!
-//! Memory events come from the devices' allocator history, which profiling turns on and, at the
-//! end, off (an ongoing `record_memory_history` of a profiled device ends there too).
+//! Memory events come from the devices' allocator history: an ongoing `record_memory_history`
+//! is read and left running; otherwise profiling turns it on and, at the end, off.
 
 mod report;
 
@@ -127,12 +127,17 @@ pub fn profile<R>(
     options: &ProfileOptions,
     f: impl FnOnce() -> crate::Result<R>,
 ) -> crate::Result<(R, Profile)> {
-    for d in &options.devices {
+    let recording: Vec<bool> = options
+        .devices
+        .iter()
+        .map(Device::is_recording_memory_history)
+        .collect();
+    for (d, &was) in options.devices.iter().zip(&recording) {
         d.synchronize()?;
         if let Some(g) = d.gpu() {
             g.start_kernel_timer();
         }
-        if options.profile_memory {
+        if options.profile_memory && !was {
             d.record_memory_history(
                 Some(HistoryEnabled::All),
                 HistoryContext::None,
@@ -165,9 +170,14 @@ pub fn profile<R>(
                     TraceAction::FreeCompleted => -(e.size as i64),
                     _ => continue,
                 };
-                memory.push((i, e.time_us as f64 - t0_unix, bytes));
+                let t = e.time_us as f64 - t0_unix;
+                if t >= 0.0 {
+                    memory.push((i, t, bytes));
+                }
             }
-            d.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+            if !recording[i] {
+                d.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+            }
         }
     }
     let r = result?;

@@ -692,6 +692,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.reset_accumulated();
     }
 
+    /// What `record_memory_history` last enabled.
+    pub fn history_enabled(&self) -> Option<HistoryEnabled> {
+        self.history.enabled
+    }
+
     /// `record_memory_history`: `enabled = None` stops recording and clears the ring.
     pub fn record_memory_history(
         &mut self,
