@@ -222,6 +222,39 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         }
     }
     let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+    // The timed matmuls multiply constants; first check the 128-tile kernel this adapter gets
+    // (padded or swizzled shared memory) on ragged, transposed random operands against the CPU.
+    {
+        let cpu = Device::cpu()?;
+        kiln::ops::force_matmul_tile(Some(128));
+        let mut worst = 0f64;
+        for (m, k, n, transposed) in [(257, 131, 385, false), (300, 77, 260, true)] {
+            let a = Tensor::randn(&[m, k], DType::F32, &cpu)?;
+            let b = Tensor::randn(&[k, n], DType::F32, &cpu)?;
+            let (ga, gb) = (a.to_device(dev)?, b.to_device(dev)?);
+            let (ga, gb) = if transposed {
+                (ga.t()?.contiguous()?.t()?, gb.t()?.contiguous()?.t()?)
+            } else {
+                (ga, gb)
+            };
+            let got = ga.matmul(&gb)?.to_vec::<f32>()?;
+            let want = a.matmul(&b)?.to_vec::<f32>()?;
+            for (g, w) in got.iter().zip(&want) {
+                worst = worst.max(((g - w).abs() / (1.0 + w.abs())) as f64);
+            }
+        }
+        kiln::ops::force_matmul_tile(None);
+        if worst > 1e-4 {
+            return Err(kiln::Error::InvalidArgument {
+                op: "bench",
+                msg: format!("matmul 128-tile check failed: relative error {worst}"),
+            });
+        }
+        println!(
+            "matmul 128-tile kernel check on {}: max relative error {worst:.2e}",
+            dev.name()
+        );
+    }
     let sizes: &[usize] = if software { &[256] } else { &[1024, 4096] };
     for &size in sizes {
         for dtype in [DType::F32, DType::F16] {

@@ -553,9 +553,17 @@ fn matmul_matches_the_cpu() {
         // Whole 128x128 tiles: the tensor-core path for f16 where the adapter has it.
         (&[128, 64], &[64, 256], &[128, 256]),
         (&[2, 128, 48], &[48, 256], &[2, 128, 256]),
+        // The 128x128-tile kernel with ragged edges and a K that is no multiple of 16.
+        (&[2, 131, 45], &[45, 257], &[2, 131, 257]),
         (&[1, 1], &[1, 1], &[1, 1]),
     ];
-    for dev in gpus() {
+    for (dev, tile) in gpus()
+        .into_iter()
+        .flat_map(|d| [(d.clone(), None), (d, Some(128))])
+    {
+        // Every case also through the 128x128-tile kernel, which picks itself only for big
+        // products.
+        kiln::ops::force_matmul_tile(tile);
         for (dtype, rtol, atol) in dtypes(&dev) {
             for (i, &(sa, sb, want_shape)) in cases.iter().enumerate() {
                 let na: usize = sa.iter().product();
@@ -584,27 +592,30 @@ fn matmul_matches_the_cpu() {
                     &format!("{dev:?} {dtype} {sa:?} @ {sb:?}"),
                 );
             }
-            // Transposed and sliced operands, read through their strides.
-            let va = random(80 * 90, 41, -1.0, 1.0);
-            let on = |d: &Device| Tensor::from_f64_slice(&va, &[80, 90], dtype, d).unwrap();
-            let (g, c) = (on(&dev), on(&cpu));
-            let f = |t: &Tensor| {
-                t.narrow(1, 5, 70)
-                    .unwrap()
-                    .t()
-                    .unwrap()
-                    .matmul(&t.narrow(1, 1, 33).unwrap())
-                    .unwrap()
-            };
-            let (got, want) = (f(&g), f(&c));
-            assert_eq!(got.shape(), &[70, 33]);
-            close(
-                &got.to_f64_vec().unwrap(),
-                &want.to_f64_vec().unwrap(),
-                rtol * 10.0,
-                atol * 70.0,
-                &format!("{dev:?} {dtype} transposed"),
-            );
+            // Transposed and sliced operands, read through their strides (small and 128-tile
+            // kernels).
+            for (rows, cols, na, nb) in [(80, 90, 70, 33), (150, 180, 150, 140)] {
+                let va = random(rows * cols, 41, -1.0, 1.0);
+                let on = |d: &Device| Tensor::from_f64_slice(&va, &[rows, cols], dtype, d).unwrap();
+                let (g, c) = (on(&dev), on(&cpu));
+                let f = |t: &Tensor| {
+                    t.narrow(1, 5, na)
+                        .unwrap()
+                        .t()
+                        .unwrap()
+                        .matmul(&t.narrow(1, 1, nb).unwrap())
+                        .unwrap()
+                };
+                let (got, want) = (f(&g), f(&c));
+                assert_eq!(got.shape(), &[na, nb]);
+                close(
+                    &got.to_f64_vec().unwrap(),
+                    &want.to_f64_vec().unwrap(),
+                    rtol * 10.0,
+                    atol * rows as f64,
+                    &format!("{dev:?} {dtype} transposed {rows}x{cols}"),
+                );
+            }
         }
         let a = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
         assert!(matches!(
@@ -617,6 +628,7 @@ fn matmul_matches_the_cpu() {
             Err(kiln::Error::UnsupportedDType { .. })
         ));
     }
+    kiln::ops::force_matmul_tile(None);
 }
 
 /// Comparisons, casts, where and masked_fill against the CPU, bools one byte each.

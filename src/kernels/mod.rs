@@ -35,6 +35,9 @@ pub enum Kernel {
     Softmax(SoftmaxKernel),
     /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
     Matmul(DType),
+    /// `shaders/matmul128.wgsl`: the same contract with 128x128 tiles, for large products; with
+    /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
+    Matmul128(DType, bool),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
@@ -78,6 +81,11 @@ impl Kernel {
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [Kernel::Matmul128(d, false), Kernel::Matmul128(d, true)]),
+            )
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
@@ -125,6 +133,16 @@ impl Kernel {
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
             Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
+            Kernel::Matmul128(d, padded) => {
+                let (row, swz) = if *padded { (33, 0) } else { (32, 1) };
+                Cow::Owned(
+                    per_dtype(include_str!("../../shaders/matmul128.wgsl"), *d)
+                        .replace("{{ROW}}", &row.to_string())
+                        .replace("{{SWZ}}", &swz.to_string())
+                        .replace("{{TILE}}", &(32 * row).to_string())
+                        .replace("{{HALF}}", &(16 * row).to_string()),
+                )
+            }
         }
     }
 
@@ -136,6 +154,10 @@ impl Kernel {
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
+            Kernel::Matmul128(d, padded) => Cow::Owned(format!(
+                "matmul128_{d}{}",
+                if *padded { "_padded" } else { "" }
+            )),
             Kernel::Predicate(k) => Cow::Owned(k.name()),
             Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
             Kernel::ArgReduce(d) => Cow::Owned(format!("argreduce_{d}")),
@@ -154,7 +176,7 @@ impl Kernel {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
-            Kernel::Matmul(_) => 3,
+            Kernel::Matmul(_) | Kernel::Matmul128(..) => 3,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
@@ -182,7 +204,7 @@ impl Kernel {
     /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
     /// every index is guarded in the WGSL).
     fn trusted(&self) -> bool {
-        matches!(self, Kernel::Matmul(_))
+        matches!(self, Kernel::Matmul(_) | Kernel::Matmul128(..))
     }
 
     /// Bytes of immediates.
@@ -193,7 +215,7 @@ impl Kernel {
             Kernel::Reduce(_) => 96,
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
-            Kernel::Matmul(_) => 48,
+            Kernel::Matmul(_) | Kernel::Matmul128(..) => 48,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,

@@ -73,6 +73,31 @@ fn coop_eligible(
             .all(|v| v % 8 == 0)
 }
 
+static FORCED_TILE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// The f32/f16 SIMT matmul's tile: 0 picks by size; `KILN_MATMUL_TILE=64|128` or
+/// `force_matmul_tile` force one.
+fn forced_tile() -> u32 {
+    use std::sync::atomic::Ordering;
+    let t = FORCED_TILE.load(Ordering::Relaxed);
+    if t != u32::MAX {
+        return t;
+    }
+    let env = std::env::var("KILN_MATMUL_TILE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|t| *t == 64 || *t == 128)
+        .unwrap_or(0);
+    FORCED_TILE.store(env, Ordering::Relaxed);
+    env
+}
+
+/// Forces the SIMT matmul's tile (64 or 128; `None` picks by size), for tests and benchmarks.
+#[doc(hidden)]
+pub fn force_matmul_tile(tile: Option<u32>) {
+    FORCED_TILE.store(tile.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
 /// `a @ b`.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     crate::autograd::record(
@@ -269,13 +294,31 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 u32_of(OP, sbk)?,
                 u32_of(OP, sbn)?,
             ];
+            // 128x128 tiles where the product fills them (KILN_MATMUL_TILE=64 forces 64).
+            // 128-tiles once there are enough of them to spread (measured on the H100: the
+            // 128-tile kernel wins from 64 tiles on); else 64.
+            let tiles = m.div_ceil(128) * n.div_ceil(128) * flat.batch;
+            let big = match forced_tile() {
+                0 => m >= 128 && n >= 128 && tiles >= 64,
+                t => t == 128,
+            };
+            let (tile, kernel) = if big {
+                // Padded shared rows where the device gives a workgroup 33 KiB.
+                let padded = a
+                    .device()
+                    .adapter_info()
+                    .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024);
+                (128, Kernel::Matmul128(a.dtype(), padded))
+            } else {
+                (64, Kernel::Matmul(a.dtype()))
+            };
             let groups = (
-                n.div_ceil(64) as u32,
-                m.div_ceil(64) as u32,
+                n.div_ceil(tile) as u32,
+                m.div_ceil(tile) as u32,
                 u32_of(OP, flat.batch)?,
             );
             launch_groups(
-                Kernel::Matmul(a.dtype()),
+                kernel,
                 &[&fa.storage.block, &fb.storage.block, &out.storage.block],
                 &imm,
                 groups,
