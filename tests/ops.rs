@@ -555,6 +555,9 @@ fn matmul_matches_the_cpu() {
         (&[2, 128, 48], &[48, 256], &[2, 128, 256]),
         // The 128x128-tile kernel with ragged edges and a K that is no multiple of 16.
         (&[2, 131, 45], &[45, 257], &[2, 131, 257]),
+        // Few tiles over a long K: split into chunks summed afterwards (f32 on GPUs).
+        (&[70, 2048], &[2048, 10], &[70, 10]),
+        (&[2048], &[2048, 10], &[10]),
         (&[1, 1], &[1, 1], &[1, 1]),
     ];
     for (dev, tile) in gpus()

@@ -4,7 +4,7 @@
 use super::{same_device, u32_of};
 use crate::kernels::{launch_groups, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 
 /// Batched operands with one batch dim: (batch, stride) per operand after coalescing.
 struct Batched {
@@ -172,6 +172,24 @@ fn isize_shape(s: &[usize]) -> Vec<isize> {
     s.iter().map(|&d| d as isize).collect()
 }
 
+/// Chunks to split K into, for 2-D f32 products on a GPU with too few 64x64 tiles to fill it
+/// and a long K (each chunk at least 128 deep, about 128 workgroups in all).
+fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<usize> {
+    if a.device().is_cpu() || a.dtype() != DType::F32 || !batch.is_empty() || k < 1024 {
+        return None;
+    }
+    let tiles = m.div_ceil(64) * n.div_ceil(64);
+    if tiles >= 32 {
+        return None;
+    }
+    let mut s = (k / 128).min(128 / tiles).max(1);
+    s = 1 << s.ilog2();
+    while s > 1 && k % s != 0 {
+        s /= 2;
+    }
+    (s >= 2).then_some(s)
+}
+
 fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
@@ -216,6 +234,25 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         });
     }
     let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
+    // Few output tiles over a long contraction (an MLP's last layer: 512x4096 @ 4096x10): s
+    // independent chunks of K as a batched product (views, no copies), then a sum over them.
+    let chunks = split_k(a, m, n, k, &batch_shape).and_then(|s| {
+        let ks = (k / s) as isize;
+        let parts = a2.view(&[m as isize, s as isize, ks]).ok()?;
+        let bparts = b2.view(&[s as isize, ks, n as isize]).ok()?;
+        Some((parts.permute(&[1, 0, 2]).ok()?, bparts))
+    });
+    if let Some((parts, bparts)) = chunks {
+        let sum = matmul_forward(&parts, &bparts)?.sum(&[0], false)?;
+        let mut shape: Vec<isize> = Vec::new();
+        if a.rank() > 1 {
+            shape.push(m as isize);
+        }
+        if b.rank() > 1 {
+            shape.push(n as isize);
+        }
+        return sum.reshape(&shape);
+    }
     let full = |tail: [usize; 2]| {
         batch_shape
             .iter()
