@@ -184,7 +184,7 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
     }
     let mut s = (k / 128).min(128 / tiles).max(1);
     s = 1 << s.ilog2();
-    while s > 1 && k % s != 0 {
+    while s > 1 && !k.is_multiple_of(s) {
         s /= 2;
     }
     (s >= 2).then_some(s)
