@@ -52,11 +52,23 @@ fn fused(
     flags: u32,
     floats: [f32; 7],
 ) -> Result<()> {
-    let off = |t: Option<&Tensor>| t.map_or(0, |t| t.layout().offset as u32);
+    // Four elements per invocation where every count and offset allows vec4 loads.
+    let all = [Some(p), Some(g), m, v];
+    let vec4 = p.numel().is_multiple_of(4)
+        && all
+            .iter()
+            .flatten()
+            .all(|t| t.layout().offset.is_multiple_of(4));
+    let (kind, w) = match (kind, vec4) {
+        (OptimKernel::Sgd, true) => (OptimKernel::Sgd4, 4),
+        (OptimKernel::Adam, true) => (OptimKernel::Adam4, 4),
+        (k, _) => (k, 1),
+    };
+    let off = |t: Option<&Tensor>| t.map_or(0, |t| (t.layout().offset / w) as u32);
     let mut imm = vec![
-        p.numel() as u32,
-        p.layout().offset as u32,
-        g.layout().offset as u32,
+        (p.numel() / w) as u32,
+        (p.layout().offset / w) as u32,
+        (g.layout().offset / w) as u32,
         off(m),
         off(v),
         flags,
@@ -70,7 +82,7 @@ fn fused(
         Kernel::Optim(kind),
         &[pb, &g.storage.block, mb, vb],
         &imm,
-        p.numel() as u64,
+        (p.numel() / w) as u64,
     )?;
     p.bump_version();
     Ok(())

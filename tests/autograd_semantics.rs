@@ -337,11 +337,17 @@ fn checkpoint_lowers_peak_memory_and_gives_the_same_gradients() {
 #[test]
 fn fused_optimizers_match_the_cpu_formulas() {
     let cpu = Device::cpu().unwrap();
-    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+    // Five elements take the one-per-invocation kernels, eight the vec4 ones.
+    let values = [0.5, -1.0, 2.0, 0.25, -0.75, 1.5, -0.125, 0.875];
+    for (dev, n) in devices()
+        .into_iter()
+        .filter(|d| !d.is_cpu())
+        .flat_map(|d| [(d.clone(), 5), (d, 8)])
+    {
         for which in ["sgd", "nesterov", "adam", "adamw"] {
             let mut results = Vec::new();
             for d in [&cpu, &dev] {
-                let p = leaf(&[0.5, -1.0, 2.0, 0.25, -0.75], &[5], d);
+                let p = leaf(&values[..n], &[n], d);
                 let mut opt: Box<dyn Optimizer> = match which {
                     "sgd" => Box::new(
                         Sgd::new(vec![p.clone()], 0.1)

@@ -286,6 +286,35 @@ fn reductions_match_the_cpu() {
             .sum(&[1], false)
             .unwrap();
         assert_eq!(rows.shape(), &[1024]);
+        // Sums and means over leading dims (a bias gradient's shape).
+        let values = random(3 * 40 * 96, 13, -1.0, 1.0);
+        let on = |d: &Device| Tensor::from_f64_slice(&values, &[3, 40, 96], DType::F32, d).unwrap();
+        let (g, c) = (on(&dev), on(&cpu));
+        for (d, keep) in [
+            (&[0isize, 1][..], false),
+            (&[0][..], true),
+            (&[0, 1][..], true),
+        ] {
+            for mean in [false, true] {
+                let f = |t: &Tensor| {
+                    if mean {
+                        t.mean(d, keep)
+                    } else {
+                        t.sum(d, keep)
+                    }
+                    .unwrap()
+                };
+                let (got, want) = (f(&g), f(&c));
+                assert_eq!(got.shape(), want.shape(), "{d:?} {keep}");
+                close(
+                    &got.to_f64_vec().unwrap(),
+                    &want.to_f64_vec().unwrap(),
+                    1e-5,
+                    1e-4,
+                    &format!("{dev:?} leading dims {d:?} keep {keep} mean {mean}"),
+                );
+            }
+        }
     }
 }
 
