@@ -6,6 +6,7 @@
 
 use crate::alloc::Frames;
 use crate::autograd::AutogradMeta;
+use crate::device::lock;
 use crate::tensor::{DType, Storage, Tensor};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,10 +24,6 @@ struct Tracked {
 static TENSORS: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
 /// Non-leaf tensors' autograd metas (each holds a graph) and their outputs' storages.
 static GRAPHS: Mutex<Vec<(Weak<AutogradMeta>, Weak<Storage>)>> = Mutex::new(Vec::new());
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Starts (or stops) recording where tensors are made. While on, kiln's op, module and
 /// optimizer scopes are pushed as in memory history, so each tensor knows its op and scope.

@@ -320,12 +320,11 @@ where
             lower.push((x(t), y(bottom)));
         }
         lower.push((x(end), y(b.steps.last().expect("placed").1)));
+        let height = (b.size as f64 / peak * ph as f64).round() as i32;
         let upper: Vec<(i32, i32)> = lower
             .iter()
             .rev()
-            .map(|&(px, _)| px)
-            .zip(lower.iter().rev().map(|&(_, py)| py))
-            .map(|(px, py)| (px, py - (b.size as f64 / peak * ph as f64).round() as i32))
+            .map(|&(px, py)| (px, py - height))
             .collect();
         let mut points = lower;
         points.extend(upper);

@@ -223,9 +223,13 @@ impl DeviceBlock {
                 // SAFETY: this block owns [offset, offset + requested) of its memory.
                 let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, self.requested as usize) };
                 let pattern = value.to_le_bytes();
-                for (i, b) in bytes.iter_mut().enumerate() {
-                    *b = pattern[i % 4];
+                let mut words = bytes.chunks_exact_mut(4);
+                for w in &mut words {
+                    w.copy_from_slice(&pattern);
                 }
+                let tail = words.into_remainder();
+                let n = tail.len();
+                tail.copy_from_slice(&pattern[..n]);
                 Ok(())
             }
             (Some(Mem::Gpu(buffer)), Some(g)) => {

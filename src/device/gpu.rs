@@ -28,6 +28,8 @@ pub(crate) struct GpuDevice {
     staging_chunk: AtomicU64,
     /// Kernel and copy timing while a profile runs. Lock order: before the stream.
     pub timer: Mutex<Option<super::kernel_timer::KernelTimer>>,
+    /// Whether `timer` is set: lets every dispatch skip its lock when no profile runs.
+    pub timing: AtomicBool,
     pub kernels: Mutex<KernelCache>,
     /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
     pub coop_f16: bool,
@@ -156,6 +158,7 @@ impl GpuDevice {
             host_device,
             staging_chunk: AtomicU64::new(DEFAULT_STAGING_CHUNK.min(limits.max_buffer_size)),
             timer: Mutex::new(None),
+            timing: AtomicBool::new(false),
             kernels: Mutex::default(),
             coop_f16,
             bind_groups,
@@ -186,35 +189,49 @@ impl GpuDevice {
 
     /// Reads and clears the assert flag if a checking kernel ran since the last read: an
     /// `Error::DeviceAssert` naming those ops if one found bad input. A sync point.
+    /// Records `record` (which copies into a fresh `bytes`-byte `MAP_READ` buffer) after the
+    /// queued work, waits for it and returns the buffer's bytes: the readback of small results
+    /// the device computes (assert flags, timestamps). A sync point.
+    pub fn read_back(
+        &self,
+        op: &'static str,
+        bytes: u64,
+        record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
+    ) -> Result<Vec<u8>> {
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln readback"),
+            size: bytes.next_multiple_of(4).max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut stream = lock(&self.stream);
+        record(stream.copy_encoder(&self.device), &readback);
+        let event = stream.submit(&self.queue);
+        readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        stream
+            .wait(&self.device, &self.queue, event)
+            .map_err(super::wgpu_err(op))?;
+        drop(stream);
+        // The map callback runs inside poll; wait once more for it to have run.
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(super::wgpu_err(op))?;
+        let view = readback
+            .slice(..)
+            .get_mapped_range()
+            .map_err(super::wgpu_err(op))?;
+        Ok(view[..bytes as usize].to_vec())
+    }
+
     pub fn check_asserts(&self) -> Result<()> {
         let ops = std::mem::take(&mut *lock(&self.pending_asserts));
         if ops.is_empty() {
             return Ok(());
         }
-        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln assert readback"),
-            size: 16,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let err = |e: &dyn std::fmt::Display| Error::Wgpu {
-            op: "check_asserts",
-            msg: e.to_string(),
-        };
-        let mut stream = lock(&self.stream);
-        let enc = stream.copy_encoder(&self.device);
-        enc.copy_buffer_to_buffer(&self.assert_flag, 0, &readback, 0, 16);
-        enc.clear_buffer(&self.assert_flag, 0, None);
-        let event = stream.submit(&self.queue);
-        readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-        stream
-            .wait(&self.device, &self.queue, event)
-            .map_err(|e| err(&e))?;
-        drop(stream);
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| err(&e))?;
-        let view = readback.slice(..).get_mapped_range().map_err(|e| err(&e))?;
+        let view = self.read_back("check_asserts", 16, |enc, readback| {
+            enc.copy_buffer_to_buffer(&self.assert_flag, 0, readback, 0, 16);
+            enc.clear_buffer(&self.assert_flag, 0, None);
+        })?;
         let raised = u32::from_le_bytes([view[0], view[1], view[2], view[3]]);
         if raised != 0 {
             let mut names: Vec<&str> = ops.clone();

@@ -4,7 +4,9 @@
 
 use super::gpu::GpuDevice;
 use super::lock;
-use crate::{Error, Result};
+use crate::Result;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 const QUERIES_PER_SET: u32 = 4096;
@@ -127,20 +129,25 @@ impl GpuDevice {
     /// Starts timing kernels and copies.
     pub fn start_kernel_timer(&self) {
         *lock(&self.timer) = Some(KernelTimer::new(&self.device));
+        self.timing.store(true, Ordering::Release);
+    }
+
+    /// The timer while a profile runs (one atomic load otherwise: dispatches call this).
+    pub fn kernel_timer(&self) -> Option<MutexGuard<'_, Option<KernelTimer>>> {
+        self.timing
+            .load(Ordering::Acquire)
+            .then(|| lock(&self.timer))
     }
 
     /// Stops timing and returns the entries with their GPU times resolved (a sync point), and
     /// whether kernels were measured on the GPU.
     pub fn take_kernel_times(&self) -> Result<(Vec<KernelEntry>, bool)> {
+        self.timing.store(false, Ordering::Release);
         let Some(mut timer) = lock(&self.timer).take() else {
             return Ok((Vec::new(), false));
         };
         self.synchronize()?;
         let period = self.queue.get_timestamp_period() as f64;
-        let err = |e: &dyn std::fmt::Display| Error::Wgpu {
-            op: "profiler",
-            msg: e.to_string(),
-        };
         let mut ticks: Vec<Vec<u64>> = Vec::new();
         for (i, set) in timer.sets.iter().enumerate() {
             let count = if i + 1 == timer.sets.len() {
@@ -155,29 +162,13 @@ impl GpuDevice {
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
-            let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kiln profiler readback"),
-                size: bytes.max(8),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut stream = lock(&self.stream);
-            let enc = stream.copy_encoder(&self.device);
-            if count > 0 {
-                enc.resolve_query_set(set, 0..count, &resolve, 0);
-                enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
-            }
-            let event = stream.submit(&self.queue);
-            readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-            stream
-                .wait(&self.device, &self.queue, event)
-                .map_err(|e| err(&e))?;
-            drop(stream);
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| err(&e))?;
-            let view = readback.slice(..).get_mapped_range().map_err(|e| err(&e))?;
-            ticks.push(bytemuck::pod_collect_to_vec(&view[..bytes as usize]));
+            let view = self.read_back("profiler", bytes, |enc, readback| {
+                if count > 0 {
+                    enc.resolve_query_set(set, 0..count, &resolve, 0);
+                    enc.copy_buffer_to_buffer(&resolve, 0, readback, 0, bytes);
+                }
+            })?;
+            ticks.push(bytemuck::pod_collect_to_vec(&view));
         }
         for e in &mut timer.entries {
             if let Some((s, i)) = e.slot {

@@ -27,6 +27,14 @@ use gpu::GpuDevice;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A wgpu error, or a failed wait or map, as `Error::Wgpu` naming `op`.
+pub(crate) fn wgpu_err<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Wgpu {
+        op,
+        msg: e.to_string(),
+    }
+}
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: the allocator's state
 /// is updated under one lock by code that does not panic, so it stays consistent.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -2,8 +2,8 @@
 //! memory of a pinned tensor, and the source that makes them for the host caching allocator.
 //! See Note [Pinned host memory] in ARCHITECTURE.md.
 
-use super::lock;
 use super::stream::Stream;
+use super::{lock, wgpu_err};
 use crate::host::{PinnedKind, PinnedSource};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -49,13 +49,6 @@ impl std::fmt::Debug for PinnedBuffer {
     }
 }
 
-fn wgpu_err(op: &'static str) -> impl Fn(&dyn std::fmt::Display) -> Error {
-    move |e| Error::Wgpu {
-        op,
-        msg: e.to_string(),
-    }
-}
-
 impl PinnedBuffer {
     /// Write mappings only for split upload memory; unified memory maps for reading and the
     /// host writes through that mapping too.
@@ -91,18 +84,19 @@ impl PinnedBuffer {
 
     /// The start of the mapping, which must be complete.
     fn mapped_ptr(&self) -> Result<*mut u8> {
-        let err = wgpu_err("pinned map");
         let slice = self.buffer.slice(..);
         // Views only guard against overlapping views; the mapping itself stays until `unmap`,
         // so the pointer outlives the view.
         Ok(if self.writes_mapping() {
-            let mut view = slice.get_mapped_range_mut().map_err(|e| err(&e))?;
+            let mut view = slice
+                .get_mapped_range_mut()
+                .map_err(wgpu_err("pinned map"))?;
             view.slice(..).as_raw_element_ptr().as_ptr()
         } else {
             // Unified memory is written through this read mapping: on Vulkan, gpu-allocator
             // gives mappable buffers only HOST_COHERENT memory, so host writes reach the GPU at
             // the next submit, and wgpu's unmap of a read mapping leaves the contents alone.
-            let view = slice.get_mapped_range().map_err(|e| err(&e))?;
+            let view = slice.get_mapped_range().map_err(wgpu_err("pinned map"))?;
             view.as_ptr() as *mut u8
         })
     }
@@ -126,7 +120,7 @@ impl PinnedBuffer {
             // blocking wait here (it would wait for all queued work, not this buffer).
             g.device
                 .poll(wgpu::PollType::Poll)
-                .map_err(|e| wgpu_err("pinned wait")(&e))?;
+                .map_err(wgpu_err("pinned wait"))?;
             if spins > 64 {
                 std::thread::yield_now();
             }
@@ -140,7 +134,7 @@ impl PinnedBuffer {
             MapState::Mapped(p) => return Ok(p),
             MapState::Unmapped(event) => {
                 super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, event)
-                    .map_err(|e| wgpu_err("pinned wait")(&e))?;
+                    .map_err(wgpu_err("pinned wait"))?;
                 self.request_map();
                 *state = MapState::Mapping;
                 self.finish_map(g)?
@@ -199,10 +193,10 @@ impl PinnedBuffer {
                 self.buffer.unmap();
             }
         }
-        let mut timer = lock(&g.timer);
+        let mut timer = g.kernel_timer();
         let mut stream = lock(&g.stream);
         let enc = stream.copy_encoder(&g.device);
-        match timer.as_mut() {
+        match timer.as_mut().and_then(|t| t.as_mut()) {
             Some(t) => t.copy(&g.device, enc, what, bytes, |e| record(e, &self.buffer)),
             None => record(enc, &self.buffer),
         }

@@ -2,14 +2,7 @@
 //! encoder around it. For benchmarks: separates kernel time from host-side noise.
 
 use super::{lock, Device};
-use crate::{Error, Result};
-
-fn wgpu_err(e: impl std::fmt::Display) -> Error {
-    Error::Wgpu {
-        op: "gpu_time",
-        msg: e.to_string(),
-    }
-}
+use crate::Result;
 
 /// Runs `f` (which queues GPU work) and returns the GPU seconds between the start and the end
 /// of that work, or `None` where the adapter has no timestamp queries inside encoders (or for
@@ -38,30 +31,16 @@ pub fn gpu_time(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Optio
         usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
-    let readback = g.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("kiln timer readback"),
-        size: 16,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
     lock(&g.stream)
         .copy_encoder(&g.device)
         .write_timestamp(&set, 0);
     f()?;
-    let mut stream = lock(&g.stream);
-    let enc = stream.copy_encoder(&g.device);
-    enc.write_timestamp(&set, 1);
-    enc.resolve_query_set(&set, 0..2, &resolve, 0);
-    enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, 16);
-    let event = stream.submit(&g.queue);
-    readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-    stream.wait(&g.device, &g.queue, event).map_err(wgpu_err)?;
-    drop(stream);
-    g.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(wgpu_err)?;
+    let view = g.read_back("gpu_time", 16, |enc, readback| {
+        enc.write_timestamp(&set, 1);
+        enc.resolve_query_set(&set, 0..2, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, readback, 0, 16);
+    })?;
     g.check("gpu_time")?;
-    let view = readback.slice(..).get_mapped_range().map_err(wgpu_err)?;
     let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[..16]);
     let period_ns = g.queue.get_timestamp_period() as f64;
     Ok(Some(

@@ -4,7 +4,7 @@
 
 use super::gpu::GpuDevice;
 use super::pinned::PinnedBuffer;
-use super::{lock, Device};
+use super::{lock, wgpu_err, Device};
 use crate::host::PinnedKind;
 use crate::{Error, Result};
 use std::collections::VecDeque;
@@ -14,13 +14,6 @@ use std::sync::Arc;
 const DEPTH: usize = 3;
 /// Host copies at least this large are split across threads (one thread copies ~10 GB/s).
 const PARALLEL_COPY_BYTES: usize = 4 << 20;
-
-fn wgpu_err(op: &'static str) -> impl Fn(&dyn std::fmt::Display) -> Error {
-    move |e| Error::Wgpu {
-        op,
-        msg: e.to_string(),
-    }
-}
 
 /// Threads for large host copies: `KILN_COPY_THREADS`, else the cores up to 8.
 fn copy_threads() -> usize {
@@ -101,7 +94,7 @@ pub(crate) fn upload(g: &GpuDevice, dst: &wgpu::Buffer, offset: u64, data: &[u8]
         if in_flight.len() >= DEPTH {
             let oldest = in_flight.pop_front().expect("non-empty");
             super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, oldest)
-                .map_err(|e| wgpu_err("upload")(&e))?;
+                .map_err(wgpu_err("upload"))?;
         }
         let mut staging = Staging::new(g, piece.len() as u64, PinnedKind::Upload)?;
         let ptr = staging.buffer.host_ptr(g)?;
@@ -193,7 +186,7 @@ impl Event {
             return Ok(());
         };
         super::stream::wait_unlocked(&g.stream, &g.device, &g.queue, self.seq)
-            .map_err(|e| wgpu_err("event synchronize")(&e))?;
+            .map_err(wgpu_err("event synchronize"))?;
         g.check("event synchronize")
     }
 

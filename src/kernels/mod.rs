@@ -3,6 +3,7 @@
 
 mod bind_cache;
 mod elementwise;
+mod matmul128;
 mod predicate;
 mod reduce;
 mod softmax;
@@ -152,6 +153,7 @@ impl Kernel {
                 let (row, swz) = if *padded { (33, 0) } else { (32, 1) };
                 Cow::Owned(
                     per_dtype(include_str!("../../shaders/matmul128.wgsl"), *d)
+                        .replace("{{MAIN}}", &matmul128::main_fn())
                         .replace("{{ROW}}", &row.to_string())
                         .replace("{{SWZ}}", &swz.to_string())
                         .replace("{{TILE}}", &(32 * row).to_string())
@@ -431,13 +433,13 @@ pub(crate) fn launch_groups(
         &compiled.layout,
         &bindings,
     );
-    let mut timer = crate::device::lock(&g.timer);
+    let mut timer = g.kernel_timer();
     let mut stream = crate::device::lock(&g.stream);
     let pass = stream.pass(&g.device);
     pass.set_pipeline(&compiled.pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.set_immediates(0, bytemuck::cast_slice(immediates));
-    match timer.as_mut() {
+    match timer.as_mut().and_then(|t| t.as_mut()) {
         Some(t) => t.dispatch(&g.device, pass, kernel.name().into_owned(), |p| {
             p.dispatch_workgroups(x, y, z)
         }),

@@ -68,8 +68,14 @@ impl Tensor {
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         crate::ops::check_dtype_on(device, "empty", dtype)?;
         let bytes = (numel(shape) * dtype.size_bytes()) as u64;
-        let block = device.allocate(bytes)?;
-        let t = Tensor {
+        let t = Tensor::on_block(device.allocate(bytes)?, shape, dtype);
+        crate::debug::register(&t);
+        Ok(t)
+    }
+
+    /// A fresh contiguous tensor over `block` (its storage's first and only tensor).
+    pub(crate) fn on_block(block: DeviceBlock, shape: &[usize], dtype: DType) -> Tensor {
+        Tensor {
             storage: Arc::new(Storage {
                 block,
                 version: AtomicU64::new(0),
@@ -78,9 +84,7 @@ impl Tensor {
             layout: Layout::contiguous(shape),
             dtype,
             autograd: None,
-        };
-        crate::debug::register(&t);
-        Ok(t)
+        }
     }
 
     /// A tensor holding `data` (row-major) with `shape`.

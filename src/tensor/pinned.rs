@@ -2,11 +2,10 @@
 //! `torch.empty(..., pin_memory=True)`, `copy_` across devices and `non_blocking=True`.
 //! See Note [Pinned host memory] in ARCHITECTURE.md.
 
-use super::{numel, Layout, Storage, Tensor};
+use super::{numel, Tensor};
 use crate::device::{Device, DeviceBlock, Event, Transfer};
 use crate::host::PinnedKind;
 use crate::{DType, Error, Result};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// A non-blocking copy moves whole 4-byte words from and to 4-byte aligned offsets.
@@ -15,19 +14,6 @@ fn word_aligned(t: &Tensor) -> bool {
 }
 
 impl Tensor {
-    fn on_block(block: DeviceBlock, shape: &[usize], dtype: DType) -> Tensor {
-        Tensor {
-            storage: Arc::new(Storage {
-                block,
-                version: AtomicU64::new(0),
-                inference: crate::autograd::is_inference_mode_enabled(),
-            }),
-            layout: Layout::contiguous(shape),
-            dtype,
-            autograd: None,
-        }
-    }
-
     /// An uninitialised pinned CPU tensor: its storage is a block of `gpu`'s pinned pool (a
     /// mapped staging buffer), which the host reads and writes in place and `gpu` copies
     /// without an extra host copy. On Vulkan, pinned memory is host-cached system memory the
@@ -204,41 +190,40 @@ impl Tensor {
             );
             // Rounding up to a word must not spill into bytes another view of `self` owns.
             let spill_ok = bytes == words || dst_off + words <= self.storage.block.block_size();
-            // Download: GPU -> pinned.
-            if let Some((gpu, buffer, id)) = dst_pin {
-                if buffer.can_download() && src.device() == gpu && spill_ok {
-                    self.check_inplace("copy_")?;
-                    let g = gpu.gpu().expect("pinned memory belongs to a GPU");
-                    let Some(src_buf) = src.storage.block.gpu_buffer() else {
-                        return self.copy_blocking(src);
-                    };
-                    let src_at = src.storage.block.offset() + src_off;
-                    let what = ("memcpy DtoH (pinned)", words);
-                    let event = buffer.record_copy(g, true, what, |enc, pinned| {
-                        enc.copy_buffer_to_buffer(src_buf, src_at, pinned, dst_off, words)
-                    })?;
-                    crate::device::lock(&g.host).record_event(id, event);
-                    self.bump_version();
-                    return Ok(Transfer::new(gpu, event, Some(buffer.clone())));
+            // The pinned side, where its memory may go this way, and the GPU tensor: GPU ->
+            // pinned (download) first, as a pinned destination asks, else pinned -> GPU.
+            let plan = match (dst_pin, src_pin) {
+                (Some((gpu, buffer, id)), _) if buffer.can_download() && src.device() == gpu => {
+                    Some((gpu, buffer, id, src, true))
                 }
-            }
-            // Upload: pinned -> GPU.
-            if let Some((gpu, buffer, id)) = src_pin {
-                if buffer.can_upload() && self.device() == gpu && spill_ok {
-                    self.check_inplace("copy_")?;
-                    let g = gpu.gpu().expect("pinned memory belongs to a GPU");
-                    let Some(dst_buf) = self.storage.block.gpu_buffer() else {
-                        return self.copy_blocking(src);
-                    };
-                    let dst_at = self.storage.block.offset() + dst_off;
-                    let what = ("memcpy HtoD (pinned)", words);
-                    let event = buffer.record_copy(g, true, what, |enc, pinned| {
-                        enc.copy_buffer_to_buffer(pinned, src_off, dst_buf, dst_at, words)
-                    })?;
-                    crate::device::lock(&g.host).record_event(id, event);
-                    self.bump_version();
-                    return Ok(Transfer::new(gpu, event, Some(buffer.clone())));
+                (_, Some((gpu, buffer, id))) if buffer.can_upload() && self.device() == gpu => {
+                    Some((gpu, buffer, id, self, false))
                 }
+                _ => None,
+            };
+            if let (Some((gpu, buffer, id, on_gpu, download)), true) = (plan, spill_ok) {
+                self.check_inplace("copy_")?;
+                let g = gpu.gpu().expect("pinned memory belongs to a GPU");
+                let Some(gpu_buf) = on_gpu.storage.block.gpu_buffer() else {
+                    return self.copy_blocking(src);
+                };
+                let gpu_at =
+                    on_gpu.storage.block.offset() + if download { src_off } else { dst_off };
+                let name = if download {
+                    "memcpy DtoH (pinned)"
+                } else {
+                    "memcpy HtoD (pinned)"
+                };
+                let event = buffer.record_copy(g, true, (name, words), |enc, pinned| {
+                    if download {
+                        enc.copy_buffer_to_buffer(gpu_buf, gpu_at, pinned, dst_off, words)
+                    } else {
+                        enc.copy_buffer_to_buffer(pinned, src_off, gpu_buf, gpu_at, words)
+                    }
+                })?;
+                crate::device::lock(&g.host).record_event(id, event);
+                self.bump_version();
+                return Ok(Transfer::new(gpu, event, Some(buffer.clone())));
             }
         }
         self.copy_blocking(src)
