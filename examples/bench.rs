@@ -255,6 +255,9 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             dev.name()
         );
     }
+    if f16 && std::env::var("KILN_BENCH_NOCHECK").is_err() {
+        check_f16_matmul(dev)?;
+    }
     let sizes: &[usize] = if software { &[256] } else { &[1024, 4096] };
     for &size in sizes {
         for dtype in [DType::F32, DType::F16] {
@@ -329,6 +332,23 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         }
         let iters = if software { 20 } else { 200 };
         let t = wall_time(dev, iters, &mut step)?;
+        // KILN_BENCH_PROFILE=1: where ten steps' GPU time goes, by op and input shape.
+        if std::env::var("KILN_BENCH_PROFILE").is_ok() {
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let ((), prof) = kiln::profiler::profile(&options, || {
+                for _ in 0..10 {
+                    step()?;
+                }
+                dev.synchronize()
+            })?;
+            println!(
+                "{name}, ten steps:\n{}",
+                prof.key_averages_by(true).table("self_gpu_time_total", 30)
+            );
+        }
         rows.push(Row {
             adapter: dev.name(),
             suite: "train",
@@ -649,5 +669,47 @@ fn main() -> kiln::Result<()> {
             }
         })?;
     }
+    Ok(())
+}
+
+/// The f16 matmul (tensor cores where the adapter has cooperative matrices: these shapes are
+/// whole tiles) on random operands, a batch and an offset view, against the CPU's product of the
+/// same f16 values in f32: only the final rounding to f16 differs.
+fn check_f16_matmul(dev: &Device) -> kiln::Result<()> {
+    let cpu = Device::cpu()?;
+    let mut worst = 0f64;
+    for (batch, m, k, n, offset) in [
+        (1, 256, 512, 256, 0),
+        (2, 256, 96, 512, 0),
+        (1, 512, 256, 256, 8),
+    ] {
+        let a = Tensor::randn(&[batch, m + offset, k], DType::F32, &cpu)?
+            .to_dtype(DType::F16)?
+            .narrow(1, offset, m)?;
+        let b = Tensor::randn(&[batch, k, n], DType::F32, &cpu)?.to_dtype(DType::F16)?;
+        let got = a
+            .to_device(dev)?
+            .matmul(&b.to_device(dev)?)?
+            .to_dtype(DType::F32)?
+            .to_vec::<f32>()?;
+        let want = a
+            .to_dtype(DType::F32)?
+            .matmul(&b.to_dtype(DType::F32)?)?
+            .to_vec::<f32>()?;
+        for (g, w) in got.iter().zip(&want) {
+            worst = worst.max(((g - w).abs() / (1.0 + w.abs())) as f64);
+        }
+    }
+    // f16 keeps 11 significant bits: the cast of the f32 sum is off by at most 2^-11 of it.
+    if worst > 1e-3 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "bench",
+            msg: format!("f16 matmul check failed: relative error {worst}"),
+        });
+    }
+    println!(
+        "f16 matmul check on {}: max relative error {worst:.2e}",
+        dev.name()
+    );
     Ok(())
 }

@@ -10,3 +10,30 @@ fn every_kernel_validates() {
         }
     }
 }
+
+/// The tensor-core kernels through naga's SPIR-V writer as wgpu runs them (trusted: no bounds
+/// checks) and with checks: naga 30's writer has panicked on coop stores it did not expect.
+#[test]
+fn coop_kernels_write_spirv() {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    for t in kiln::kernels::CoopTile::ALL {
+        let k = kiln::kernels::Kernel::MatmulCoop(t);
+        let info = kiln::kernels::validate(&k).unwrap();
+        let module = naga::front::wgsl::parse_str(&k.source()).unwrap();
+        for policy in [BoundsCheckPolicy::Unchecked, BoundsCheckPolicy::ReadZeroSkipWrite] {
+            let options = naga::back::spv::Options {
+                lang_version: (1, 6),
+                bounds_check_policies: BoundsCheckPolicies {
+                    index: policy,
+                    buffer: policy,
+                    image_load: policy,
+                    binding_array: policy,
+                },
+                ..Default::default()
+            };
+            let words = naga::back::spv::write_vec(&module, &info, &options, None)
+                .unwrap_or_else(|e| panic!("{}: {e}", k.name()));
+            assert_eq!(words[0], 0x0723_0203, "{}: SPIR-V magic", k.name());
+        }
+    }
+}

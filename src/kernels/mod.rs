@@ -4,12 +4,14 @@
 mod bind_cache;
 mod elementwise;
 mod matmul128;
+mod matmul_coop;
 mod predicate;
 mod reduce;
 mod softmax;
 
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
+pub use matmul_coop::CoopTile;
 pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp};
 pub use softmax::SoftmaxKernel;
@@ -53,8 +55,9 @@ pub enum Kernel {
     Pool2d(DType),
     /// `shaders/scatter_add.wgsl` for f32 or i32 (checks its indices).
     ScatterAdd(DType),
-    /// `shaders/matmul_coop.wgsl`: f16 matmul on cooperative matrices (tensor cores).
-    MatmulCoop,
+    /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
+    /// `matmul_coop.rs`.
+    MatmulCoop(CoopTile),
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 parameters.
     Optim(OptimKernel),
 }
@@ -98,7 +101,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
             .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
-            .chain([Kernel::MatmulCoop])
+            .chain(CoopTile::ALL.map(Kernel::MatmulCoop))
             .chain(
                 [
                     OptimKernel::Sgd,
@@ -120,7 +123,7 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
-            Kernel::MatmulCoop => Cow::Borrowed(include_str!("../../shaders/matmul_coop.wgsl")),
+            Kernel::MatmulCoop(t) => Cow::Owned(t.source()),
             Kernel::Optim(OptimKernel::Sgd4 | OptimKernel::Adam4) => Cow::Owned(
                 include_str!("../../shaders/optim.wgsl").replace("array<f32>", "array<vec4<f32>>"),
             ),
@@ -182,7 +185,7 @@ impl Kernel {
             Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
-            Kernel::MatmulCoop => Cow::Borrowed("matmul_coop_f16"),
+            Kernel::MatmulCoop(t) => Cow::Owned(t.name()),
             Kernel::Optim(k) => Cow::Owned(format!(
                 "optim_{}{}",
                 self.entry_point_of(*k),
@@ -206,7 +209,7 @@ impl Kernel {
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
-            Kernel::MatmulCoop => 3,
+            Kernel::MatmulCoop(_) => 3,
             Kernel::Pool2d(_) => 2,
             Kernel::Optim(_) => 4,
         }
@@ -230,6 +233,8 @@ impl Kernel {
     /// every index is guarded in the WGSL).
     fn trusted(&self) -> bool {
         matches!(self, Kernel::Matmul(_) | Kernel::Matmul128(..))
+            || (matches!(self, Kernel::MatmulCoop(_))
+                && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -248,7 +253,7 @@ impl Kernel {
             Kernel::Conv2d(_) => 80,
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
-            Kernel::MatmulCoop => 48,
+            Kernel::MatmulCoop(_) => 48,
             Kernel::Optim(_) => 64,
         }
     }

@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{same_device, u32_of};
-use crate::kernels::{launch_groups, Kernel};
+use crate::kernels::{launch_groups, CoopTile, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -50,27 +50,29 @@ fn flatten_batch(a: Tensor, b: Tensor, batch_shape: &[usize]) -> Result<Batched>
     })
 }
 
-/// Whether the tensor-core path applies: f16 on an adapter with cooperative matrices, whole
-/// 128x128 tiles, K in steps of 16, row-major operands with 16-byte aligned rows and offsets.
-fn coop_eligible(
+/// The tensor-core tile shape for this product, where the path applies: f16 on an adapter with
+/// cooperative matrices, whole tiles, whole K slices, row-major operands with 16-byte aligned
+/// rows and offsets.
+fn coop_tile(
     a: &Tensor,
     [m, n, k]: [usize; 3],
     fa: &Tensor,
     fb: &Tensor,
     s: [usize; 6],
-) -> bool {
+) -> Option<CoopTile> {
     let [sam, sak, sbk, sbn, sab, sbb] = s;
-    let coop = a.device().gpu().is_some_and(|g| g.coop_f16);
-    coop && a.dtype() == crate::tensor::DType::F16
-        && m % 128 == 0
-        && n % 128 == 0
-        && k % 16 == 0
+    let tile = a.device().gpu().and_then(|g| g.coop_f16)?;
+    let fits = a.dtype() == crate::tensor::DType::F16
+        && m % tile.block_m() as usize == 0
+        && n % tile.block_n() as usize == 0
+        && k % tile.k_step() as usize == 0
         && k > 0
         && sak == 1
         && sbn == 1
         && [sam, sbk, sab, sbb, fa.layout().offset, fb.layout().offset]
             .iter()
-            .all(|v| v % 8 == 0)
+            .all(|v| v % 8 == 0);
+    fits.then_some(tile)
 }
 
 static FORCED_TILE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
@@ -282,7 +284,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 [flat.sab, sam, sak],
                 [flat.sbb, sbk, sbn],
             );
-        } else if coop_eligible(
+        } else if let Some(tile) = coop_tile(
             a,
             [m, n, k],
             fa,
@@ -308,9 +310,13 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             .iter()
             .map(|&v| u32_of(OP, v))
             .collect::<Result<Vec<u32>>>()?;
-            let groups = ((n / 128) as u32, (m / 128) as u32, u32_of(OP, flat.batch)?);
+            let groups = (
+                n as u32 / tile.block_n(),
+                m as u32 / tile.block_m(),
+                u32_of(OP, flat.batch)?,
+            );
             launch_groups(
-                Kernel::MatmulCoop,
+                Kernel::MatmulCoop(tile),
                 &[&fa.storage.block, &fb.storage.block, &acc.storage.block],
                 &imm,
                 groups,

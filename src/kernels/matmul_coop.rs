@@ -1,0 +1,475 @@
+//! The f16 tensor-core matmul's WGSL, generated per tile shape (`CoopTile`).
+//!
+//! A workgroup of `wm x wn` subgroups (32 invocations each: the kernel is offered only where
+//! subgroups have exactly 32) computes a `(wm*tm*16) x (wn*tn*16)` block of C; each subgroup a
+//! `tm x tn` grid of 16x16 f32 accumulators. The K loop walks slices `bk` deep: every invocation
+//! loads its share of the A and B slices from memory as 16-byte vectors (eight f16), stores them
+//! into workgroup memory, and the subgroups read their 16x16 operands from there with
+//! `coopLoadT` (which the driver turns into shared-memory matrix loads). The next slice is loaded
+//! into registers while the current one is multiplied (`depth` 0 and 1; 2 loads two ahead), into
+//! one shared buffer with two barriers per slice (`depth` 0) or two with one.
+//!
+//! What the H100 said (f16 4096, BENCHMARKS.md): operands loaded straight from global memory
+//! (the first kernel) ran 72.7 TFLOP/s; naga's runtime bounds checks cost 40% (80 -> 133), so
+//! the module is trusted (every access is in range by `coop_tile`'s conditions); the multiplies
+//! alone reach 386 while loads, shared stores and barriers alone run at 167, so the kernel is
+//! bound by its loads: slices of 32-64 f16 (64-128 contiguous bytes per row of A) beat slices of
+//! 16 (32 bytes) by 40%, whatever the prefetch depth or the tile order.
+//!
+//! Workgroup memory is `array<vec4<f16>>`: `coopLoadT` wants a pointer to a scalar or vector
+//! of the matrix's type. Loading f16 matrices from `array<u32>` (the load reinterprets, as
+//! SPIR-V allows) passed naga but lost the device on NVIDIA's driver 580. Rows are padded by 16
+//! bytes so that the rows of a 16x16 load fall in different banks. Global memory is read as
+//! `vec4<u32>` and unpacked (`mat2x4<f16>` loads were 7% slower).
+//!
+//! naga 30: coop store addresses and strides must be `let`s, or its SPIR-V writer panics on an
+//! expression it never emitted (spec/wgpu-notes.md, section 2).
+
+use std::fmt::Write;
+
+/// A tile shape for the tensor-core kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    /// Subgroups along M and N.
+    pub wm: u32,
+    pub wn: u32,
+    /// 16x16 tiles per subgroup along M and N.
+    pub tm: u32,
+    pub tn: u32,
+    /// Depth of a K slice (a multiple of 16).
+    pub bk: u32,
+    /// Slices loaded ahead into registers (1 or 2; 2 needs K in steps of two slices), with
+    /// two shared buffers; 0: one slice ahead, one shared buffer, two barriers per slice.
+    pub depth: u32,
+    /// Rows of tiles walked together (grouped order, for L2 reuse of B); 0 walks row by row.
+    pub group: u32,
+}
+
+/// Padding of a shared row, in words (16 bytes).
+const PAD: u32 = 4;
+
+impl CoopTile {
+    /// The shape kiln uses unless `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]` says otherwise:
+    /// the fastest measured on the H100 (f16 4096: 218.9 TFLOP/s; BENCHMARKS.md lists the rest):
+    /// 128x256 per workgroup, eight subgroups of 64x64, K slices of 32 in one shared buffer,
+    /// tiles walked in groups of eight rows.
+    pub const DEFAULT: CoopTile = CoopTile {
+        wm: 2,
+        wn: 4,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+        depth: 0,
+        group: 8,
+    };
+
+    /// Shapes the registry validates: the default and others measured against it.
+    pub const ALL: [CoopTile; 4] = [
+        CoopTile::DEFAULT,
+        // 128x128, K slices of 64 (212.5).
+        CoopTile {
+            wm: 2,
+            wn: 4,
+            tm: 4,
+            tn: 2,
+            bk: 64,
+            depth: 0,
+            group: 8,
+        },
+        // Two shared buffers, one slice ahead (154), and two slices ahead (157).
+        CoopTile {
+            wm: 2,
+            wn: 2,
+            tm: 4,
+            tn: 4,
+            bk: 16,
+            depth: 1,
+            group: 0,
+        },
+        CoopTile {
+            wm: 2,
+            wn: 4,
+            tm: 4,
+            tn: 4,
+            bk: 16,
+            depth: 2,
+            group: 8,
+        },
+    ];
+
+    /// `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]`, where valid; else the default.
+    pub fn from_env() -> CoopTile {
+        let parsed = std::env::var("KILN_COOP_TILE").ok().and_then(|s| {
+            let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            match v[..] {
+                [wm, wn, tm, tn, bk] => Some(CoopTile {
+                    wm,
+                    wn,
+                    tm,
+                    tn,
+                    bk,
+                    depth: 1,
+                    group: 0,
+                }),
+                [wm, wn, tm, tn, bk, depth, group] => Some(CoopTile {
+                    wm,
+                    wn,
+                    tm,
+                    tn,
+                    bk,
+                    depth,
+                    group,
+                }),
+                _ => None,
+            }
+        });
+        parsed
+            .filter(|t| t.valid(48 * 1024))
+            .unwrap_or(CoopTile::DEFAULT)
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.wm * self.wn * 32
+    }
+
+    pub fn block_m(&self) -> u32 {
+        self.wm * self.tm * 16
+    }
+
+    pub fn block_n(&self) -> u32 {
+        self.wn * self.tn * 16
+    }
+
+    /// K must be a multiple of this.
+    pub fn k_step(&self) -> u32 {
+        self.bk * self.depth.max(1)
+    }
+
+    /// Shared buffers of each operand.
+    fn buffers(&self) -> u32 {
+        if self.depth == 0 {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn row_a(&self) -> u32 {
+        self.bk / 2 + PAD
+    }
+
+    fn row_b(&self) -> u32 {
+        self.block_n() / 2 + PAD
+    }
+
+    /// Words of one shared buffer for A and for B.
+    fn words(&self) -> (u32, u32) {
+        (self.block_m() * self.row_a(), self.bk * self.row_b())
+    }
+
+    /// Bytes of workgroup memory (all buffers of A and B).
+    pub fn shared_bytes(&self) -> u32 {
+        let (a, b) = self.words();
+        self.buffers() * 4 * (a + b)
+    }
+
+    /// Vector loads per invocation per slice, for A and for B.
+    fn loads(&self) -> (u32, u32) {
+        (
+            self.block_m() * self.bk / 8 / self.threads(),
+            self.bk * self.block_n() / 8 / self.threads(),
+        )
+    }
+
+    /// Whether the shape is well formed and fits `shared_limit` bytes of workgroup memory.
+    pub fn valid(&self, shared_limit: u32) -> bool {
+        let t = self.threads();
+        self.wm > 0
+            && self.wn > 0
+            && self.tm > 0
+            && self.tn > 0
+            && self.bk >= 16
+            && self.bk % 16 == 0
+            && self.depth <= 2
+            && t <= 1024
+            && (self.block_m() * self.bk / 8) % t == 0
+            && (self.bk * self.block_n() / 8) % t == 0
+            && self.loads().0 > 0
+            && self.loads().1 > 0
+            && self.shared_bytes() <= shared_limit
+    }
+
+    pub fn name(&self) -> String {
+        format!(
+            "matmul_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
+            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+        )
+    }
+
+    /// The WGSL.
+    pub fn source(&self) -> String {
+        let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
+        let (ra, rb) = (self.row_a(), self.row_b());
+        let (wa, wb) = self.words();
+        let (la, lb) = self.loads();
+        let (ca, cb) = (bk / 8, bn / 8);
+        // A word index (two halves) as an index into the shared `vec4<f16>` arrays.
+        let at = |w: &str| format!("({w}) / 2u");
+        // vec4<u32> global loads: 16 bytes (mat2x4<f16> loads were split and ran 7% slower).
+        let (vec, elem, v) = ("vec4<u32>", "vec4<f16>", 4);
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "// Generated by src/kernels/matmul_coop.rs: {name}.\n\
+             enable f16;\n\
+             enable wgpu_cooperative_matrix;\n\n\
+             struct Params {{\n    m: u32,\n    n: u32,\n    k: u32,\n    batch: u32,\n    \
+             off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
+             ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}}\n\n\
+             var<immediate> p: Params;\n\n\
+             @group(0) @binding(0) var<storage, read_write> a: array<{vec}>;\n\
+             @group(0) @binding(1) var<storage, read_write> b: array<{vec}>;\n\
+             @group(0) @binding(2) var<storage, read_write> c: array<f32>;\n\n\
+             var<workgroup> sa: array<{elem}, {sa}>;\n\
+             var<workgroup> sb: array<{elem}, {sb}>;\n\n\
+             @compute @workgroup_size({t})\n\
+             fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,\n        \
+             @builtin(local_invocation_index) li: u32) {{\n    \
+             let bt = wg.z;\n    \
+             let lda8 = p.lda / 8u;\n    \
+             let ldb8 = p.ldb / 8u;\n    \
+             let ldc = p.n;\n    \
+             {origin}\n    \
+             let a_base = (p.off_a + bt * p.sab) / 8u + m0 * lda8;\n    \
+             let b_base = (p.off_b + bt * p.sbb) / 8u + n0 / 8u;\n    \
+             let sg_m = (sg / {wn}u) * {sm}u;\n    \
+             let sg_n = (sg % {wn}u) * {sn}u;\n",
+            name = self.name(),
+            origin = if self.group == 0 {
+                format!("let m0 = wg.y * {bm}u;\n    let n0 = wg.x * {bn}u;")
+            } else {
+                format!(
+                    "let tiles_n = p.n / {bn}u;\n    \
+                     let id = wg.y * tiles_n + wg.x;\n    \
+                     let width = {g}u * tiles_n;\n    \
+                     let first = (id / width) * {g}u;\n    \
+                     let gm = min(p.m / {bm}u - first, {g}u);\n    \
+                     let m0 = (first + (id % width) % gm) * {bm}u;\n    \
+                     let n0 = ((id % width) / gm) * {bn}u;",
+                    g = self.group
+                )
+            },
+            sa = self.buffers() * wa * 2 / v,
+            sb = self.buffers() * wb * 2 / v,
+            wn = self.wn,
+            sm = self.tm * 16,
+            sn = self.tn * 16,
+        );
+        // Where each invocation's loads come from (vectors relative to the slice start) and go
+        // to (words in a shared buffer): A is bm rows of ca vectors, B bk rows of cb vectors.
+        for i in 0..la {
+            let _ = writeln!(
+                s,
+                "    let ga{i} = ((li + {o}u) / {ca}u) * lda8 + (li + {o}u) % {ca}u;\n    \
+                 let sa{i} = ((li + {o}u) / {ca}u) * {ra}u + ((li + {o}u) % {ca}u) * 4u;",
+                o = i * t
+            );
+        }
+        for i in 0..lb {
+            let _ = writeln!(
+                s,
+                "    let gb{i} = ((li + {o}u) / {cb}u) * ldb8 + (li + {o}u) % {cb}u;\n    \
+                 let sb{i} = ((li + {o}u) / {cb}u) * {rb}u + ((li + {o}u) % {cb}u) * 4u;",
+                o = i * t
+            );
+        }
+        for i in 0..self.tm {
+            for j in 0..self.tn {
+                let _ = writeln!(s, "    var c{i}_{j} = coop_mat16x16<f32, C>();");
+            }
+        }
+        let loads = |s: &mut String, k: &str, set: &str, decl: &str, indent: &str| {
+            for i in 0..la {
+                let _ = writeln!(
+                    s,
+                    "{indent}{decl}ra{set}{i} = a[a_base + {k} / 8u + ga{i}];"
+                );
+            }
+            for i in 0..lb {
+                let _ = writeln!(
+                    s,
+                    "{indent}{decl}rb{set}{i} = b[b_base + {k} * ldb8 + gb{i}];"
+                );
+            }
+        };
+        let stores = |s: &mut String, buf: &str, set: &str, indent: &str| {
+            for (n, count, words) in [("a", la, wa), ("b", lb, wb)] {
+                for i in 0..count {
+                    let w = at(&format!("{buf} * {words}u + s{n}{i}"));
+                    let _ = writeln!(s, "{indent}{{\n{indent}    let w = {w};");
+                    let half = |q: usize| {
+                        let c = ["x", "y", "z", "w"][q];
+                        format!("vec2<f16>(unpack2x16float(r{n}{set}{i}.{c}))")
+                    };
+                    let _ = writeln!(
+                        s,
+                        "{indent}    s{n}[w] = vec4<f16>({}, {});\n\
+                         {indent}    s{n}[w + 1u] = vec4<f16>({}, {});",
+                        half(0),
+                        half(1),
+                        half(2),
+                        half(3)
+                    );
+                    let _ = writeln!(s, "{indent}}}");
+                }
+            }
+        };
+        // The multiplies of the slice in shared buffer `cur` (a WGSL expression).
+        let compute = |s: &mut String, cur: &str| {
+            for kk in 0..bk / 16 {
+                for i in 0..self.tm {
+                    let _ = writeln!(
+                    s,
+                    "        let pa{kk}_{i} = {cur} * {wa}u + (sg_m + {r}u) * {ra}u + {kw}u;\n        \
+                     let a{kk}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[{ix}], {rf}u);",
+                    ix = at(&format!("pa{kk}_{i}")),
+                    rf = ra * 2 / v,
+                    r = i * 16,
+                    kw = kk * 8
+                );
+                }
+                for j in 0..self.tn {
+                    let _ = writeln!(
+                    s,
+                    "        let pb{kk}_{j} = {cur} * {wb}u + {kr}u * {rb}u + (sg_n + {c}u) / 2u;\n        \
+                     let b{kk}_{j} = coopLoadT<coop_mat16x16<f16, B>>(&sb[{ix}], {rf}u);",
+                    ix = at(&format!("pb{kk}_{j}")),
+                    rf = rb * 2 / v,
+                    kr = kk * 16,
+                    c = j * 16
+                );
+                }
+                for i in 0..self.tm {
+                    for j in 0..self.tn {
+                        let _ = writeln!(
+                            s,
+                            "        c{i}_{j} = coopMultiplyAdd(a{kk}_{i}, b{kk}_{j}, c{i}_{j});"
+                        );
+                    }
+                }
+            }
+        };
+        // Stores of register set `set` into buffer `buf`, where a next slice exists, and the
+        // slice's barrier.
+        let finish = |s: &mut String, more: &str, buf: &str, set: &str| {
+            let _ = writeln!(s, "        if {more} {{");
+            stores(s, buf, set, "            ");
+            let _ = writeln!(s, "        }}\n        workgroupBarrier();");
+        };
+        // Prologue: slice 0 into buffer 0 (and slice 1 into registers).
+        if self.depth == 2 {
+            for i in 0..la {
+                let _ = writeln!(s, "    var ra0{i}: {vec};\n    var ra1{i}: {vec};");
+            }
+            for i in 0..lb {
+                let _ = writeln!(s, "    var rb0{i}: {vec};\n    var rb1{i}: {vec};");
+            }
+            loads(&mut s, "0u", "0", "", "    ");
+            stores(&mut s, "0u", "0", "    ");
+            loads(&mut s, &format!("{bk}u"), "1", "", "    ");
+            let _ = writeln!(s, "    workgroupBarrier();");
+            let _ = writeln!(s, "    for (var k0 = 0u; k0 < p.k; k0 += {}u) {{", 2 * bk);
+            for par in 0..2u32 {
+                // Slice ks: load slice ks + 2 into the set it came from, multiply, store slice
+                // ks + 1 (loaded a slice ago) into the other buffer.
+                let _ = writeln!(
+                    s,
+                    "        let ks{par} = k0 + {o}u;\n        \
+                     let more{par} = ks{par} + {bk}u < p.k;\n        \
+                     let kl{par} = select(ks{par}, ks{par} + {bk2}u, ks{par} + {bk2}u < p.k);",
+                    o = par * bk,
+                    bk2 = 2 * bk
+                );
+                let _ = writeln!(s, "        {{");
+                loads(
+                    &mut s,
+                    &format!("kl{par}"),
+                    &par.to_string(),
+                    "",
+                    "        ",
+                );
+                compute(&mut s, &format!("{par}u"));
+                let _ = writeln!(s, "        }}");
+                finish(
+                    &mut s,
+                    &format!("more{par}"),
+                    &format!("{}u", 1 - par),
+                    &(1 - par).to_string(),
+                );
+            }
+            let _ = writeln!(s, "    }}");
+        } else {
+            let _ = writeln!(s, "    {{");
+            loads(&mut s, "0u", "", "let ", "        ");
+            stores(&mut s, "0u", "", "        ");
+            let _ = writeln!(s, "    }}\n    workgroupBarrier();");
+            let _ = writeln!(
+                s,
+                "    for (var k0 = 0u; k0 < p.k; k0 += {bk}u) {{\n        \
+                 let cur = (k0 / {bk}u) % 2u;\n        \
+                 let nxt = 1u - cur;\n        \
+                 let more = k0 + {bk}u < p.k;\n        \
+                 let kn = select(k0, k0 + {bk}u, more);"
+            );
+            // The next slice into registers (a repeat of the current one on the last slice:
+            // the loads stay unconditional, the stores are skipped).
+            loads(&mut s, "kn", "", "let ", "        ");
+            if self.depth == 0 {
+                compute(&mut s, "0u");
+                let _ = writeln!(s, "        workgroupBarrier();");
+                finish(&mut s, "more", "0u", "");
+            } else {
+                compute(&mut s, "cur");
+                finish(&mut s, "more", "nxt", "");
+            }
+            let _ = writeln!(s, "    }}");
+        }
+
+        let _ = writeln!(s, "    let o = (bt * p.m + m0 + sg_m) * ldc + n0 + sg_n;");
+        for i in 0..self.tm {
+            for j in 0..self.tn {
+                let _ = writeln!(
+                    s,
+                    "    let o{i}_{j} = o + {r}u * ldc + {c}u;\n    \
+                     coopStoreT(c{i}_{j}, &c[o{i}_{j}], ldc);",
+                    r = i * 16,
+                    c = j * 16
+                );
+            }
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_fit_the_h100s_shared_memory() {
+        for t in CoopTile::ALL {
+            assert!(t.valid(48 * 1024), "{t:?}: {} bytes", t.shared_bytes());
+        }
+        assert_eq!(CoopTile::DEFAULT.shared_bytes(), 4 * (128 * 20 + 32 * 132));
+        assert_eq!(
+            CoopTile::ALL[2].shared_bytes(),
+            2 * 4 * (128 * 12 + 16 * 68)
+        );
+        assert!(!CoopTile {
+            bk: 24,
+            ..CoopTile::DEFAULT
+        }
+        .valid(48 * 1024));
+    }
+}
