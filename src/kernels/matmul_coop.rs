@@ -189,11 +189,11 @@ impl CoopTile {
             && self.tm > 0
             && self.tn > 0
             && self.bk >= 16
-            && self.bk % 16 == 0
+            && self.bk.is_multiple_of(16)
             && self.depth <= 2
             && t <= 1024
-            && (self.block_m() * self.bk / 8) % t == 0
-            && (self.bk * self.block_n() / 8) % t == 0
+            && (self.block_m() * self.bk / 8).is_multiple_of(t)
+            && (self.bk * self.block_n() / 8).is_multiple_of(t)
             && self.loads().0 > 0
             && self.loads().1 > 0
             && self.shared_bytes() <= shared_limit
