@@ -20,7 +20,10 @@ fn coop_kernels_write_spirv() {
         let k = kiln::kernels::Kernel::MatmulCoop(t);
         let info = kiln::kernels::validate(&k).unwrap();
         let module = naga::front::wgsl::parse_str(&k.source()).unwrap();
-        for policy in [BoundsCheckPolicy::Unchecked, BoundsCheckPolicy::ReadZeroSkipWrite] {
+        for policy in [
+            BoundsCheckPolicy::Unchecked,
+            BoundsCheckPolicy::ReadZeroSkipWrite,
+        ] {
             let options = naga::back::spv::Options {
                 lang_version: (1, 6),
                 bounds_check_policies: BoundsCheckPolicies {

@@ -58,6 +58,8 @@ pub enum Kernel {
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
     /// `matmul_coop.rs`.
     MatmulCoop(CoopTile),
+    /// `shaders/colsum.wgsl`: f32 sums over the leading dims of a contiguous tensor.
+    ColumnSum,
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 parameters.
     Optim(OptimKernel),
 }
@@ -111,6 +113,7 @@ impl Kernel {
                 ]
                 .map(Kernel::Optim),
             )
+            .chain([Kernel::ColumnSum])
             .collect()
     }
 
@@ -128,6 +131,7 @@ impl Kernel {
                 include_str!("../../shaders/optim.wgsl").replace("array<f32>", "array<vec4<f32>>"),
             ),
             Kernel::Optim(_) => Cow::Borrowed(include_str!("../../shaders/optim.wgsl")),
+            Kernel::ColumnSum => Cow::Borrowed(include_str!("../../shaders/colsum.wgsl")),
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
                     ("i32", "atomicAdd(&out[at], src[e]);")
@@ -186,6 +190,7 @@ impl Kernel {
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t) => Cow::Owned(t.name()),
+            Kernel::ColumnSum => Cow::Borrowed("colsum_f32"),
             Kernel::Optim(k) => Cow::Owned(format!(
                 "optim_{}{}",
                 self.entry_point_of(*k),
@@ -212,6 +217,7 @@ impl Kernel {
             Kernel::MatmulCoop(_) => 3,
             Kernel::Pool2d(_) => 2,
             Kernel::Optim(_) => 4,
+            Kernel::ColumnSum => 2,
         }
     }
 
@@ -255,6 +261,7 @@ impl Kernel {
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(_) => 48,
             Kernel::Optim(_) => 64,
+            Kernel::ColumnSum => 32,
         }
     }
 

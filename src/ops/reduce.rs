@@ -220,10 +220,71 @@ fn reduce_forward(
             |a, b| rop.cpu(a, b),
             rop.cpu_identity(),
         );
+    } else if let Some(cols) = leading_dims_sum(x, dims, rop)? {
+        gpu_sum_columns(x, &out, inner, cols, scale as f32, op)?;
     } else {
         gpu_reduce_rows(rop, &xp, &out, inner, scale as f32, op)?;
     }
     Ok(out)
+}
+
+/// The kept size where `x`'s reduction is an f32 sum over its leading dims with `x` contiguous
+/// and the kept size in vec4s (a bias gradient, `grad.sum(0)`): the column kernel's case.
+fn leading_dims_sum(x: &Tensor, dims: &[isize], rop: ReduceOp) -> Result<Option<usize>> {
+    let reduced = reduced_dims(dims, x.rank(), rop.name())?;
+    let prefix = reduced.iter().enumerate().all(|(i, &d)| i == d);
+    let cols: usize = x.shape()[reduced.len()..].iter().product();
+    let fits = rop == ReduceOp::Sum
+        && x.dtype == DType::F32
+        && prefix
+        && !reduced.is_empty()
+        && reduced.len() < x.rank()
+        && x.is_contiguous()
+        && cols.is_multiple_of(4)
+        && x.layout.offset.is_multiple_of(4);
+    Ok(fits.then_some(cols))
+}
+
+/// Sums the `rows` leading rows of contiguous `x` (`rows x cols`) into `out`, coalesced: chunks
+/// of rows to partial sums spread over the GPU, then the partials (see `shaders/colsum.wgsl`).
+/// Measured on the H100 for [512, 4096]: the row kernel walking columns took 21 us at 190 GB/s.
+fn gpu_sum_columns(
+    x: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+    scale: f32,
+    op: &'static str,
+) -> Result<()> {
+    let blocks = (cols / 4).div_ceil(64);
+    // About 256 workgroups, each summing at least 16 rows.
+    let chunks = 256usize.div_ceil(blocks).min(rows.div_ceil(16)).max(1);
+    let chunk_len = rows.div_ceil(chunks);
+    let chunks = rows.div_ceil(chunk_len);
+    let pass = |input: &Tensor, target: &Tensor, rows: usize, len: usize, n: usize, s: f32| {
+        let imm = [
+            u32_of(op, rows)?,
+            u32_of(op, cols / 4)?,
+            u32_of(op, len)?,
+            u32_of(op, input.layout.offset / 4)?,
+            s.to_bits(),
+            0,
+            0,
+            0,
+        ];
+        crate::kernels::launch_groups(
+            Kernel::ColumnSum,
+            &[&input.storage.block, &target.storage.block],
+            &imm,
+            (u32_of(op, blocks)?, u32_of(op, n)?, 1),
+        )
+    };
+    if chunks == 1 {
+        return pass(x, out, rows, rows, 1, scale);
+    }
+    let partial = Tensor::empty(&[chunks, cols], DType::F32, x.device())?;
+    pass(x, &partial, rows, chunk_len, chunks, 1.0)?;
+    pass(&partial, out, chunks, chunks, 1, scale)
 }
 
 /// max or min along `d` with the index of the first extreme (NaN counts as the extreme).
