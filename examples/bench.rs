@@ -239,9 +239,7 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             };
             let got = ga.matmul(&gb)?.to_vec::<f32>()?;
             let want = a.matmul(&b)?.to_vec::<f32>()?;
-            for (g, w) in got.iter().zip(&want) {
-                worst = worst.max(((g - w).abs() / (1.0 + w.abs())) as f64);
-            }
+            worst = worst.max(worst_relative(&got, &want));
         }
         kiln::ops::force_matmul_tile(None);
         if worst > 1e-4 {
@@ -696,9 +694,7 @@ fn check_f16_matmul(dev: &Device) -> kiln::Result<()> {
             .to_dtype(DType::F32)?
             .matmul(&b.to_dtype(DType::F32)?)?
             .to_vec::<f32>()?;
-        for (g, w) in got.iter().zip(&want) {
-            worst = worst.max(((g - w).abs() / (1.0 + w.abs())) as f64);
-        }
+        worst = worst.max(worst_relative(&got, &want));
     }
     // f16 keeps 11 significant bits: the cast of the f32 sum is off by at most 2^-11 of it.
     if worst > 1e-3 {
@@ -712,4 +708,12 @@ fn check_f16_matmul(dev: &Device) -> kiln::Result<()> {
         dev.name()
     );
     Ok(())
+}
+
+/// The largest error of `got` against `want`, relative to `1 + |want|`.
+fn worst_relative(got: &[f32], want: &[f32]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| ((g - w).abs() / (1.0 + w.abs())) as f64)
+        .fold(0.0, f64::max)
 }

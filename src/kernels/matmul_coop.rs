@@ -213,10 +213,9 @@ impl CoopTile {
         let (wa, wb) = self.words();
         let (la, lb) = self.loads();
         let (ca, cb) = (bk / 8, bn / 8);
-        // A word index (two halves) as an index into the shared `vec4<f16>` arrays.
+        // Offsets and strides are counted in words (two halves); the shared arrays hold
+        // `vec4<f16>`s (two words), so an index or stride there is half the word count.
         let at = |w: &str| format!("({w}) / 2u");
-        // vec4<u32> global loads: 16 bytes (mat2x4<f16> loads were split and ran 7% slower).
-        let (vec, elem, v) = ("vec4<u32>", "vec4<f16>", 4);
         let mut s = String::new();
         let _ = write!(
             s,
@@ -227,11 +226,11 @@ impl CoopTile {
              off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
              ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}}\n\n\
              var<immediate> p: Params;\n\n\
-             @group(0) @binding(0) var<storage, read_write> a: array<{vec}>;\n\
-             @group(0) @binding(1) var<storage, read_write> b: array<{vec}>;\n\
+             @group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;\n\
+             @group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;\n\
              @group(0) @binding(2) var<storage, read_write> c: array<f32>;\n\n\
-             var<workgroup> sa: array<{elem}, {sa}>;\n\
-             var<workgroup> sb: array<{elem}, {sb}>;\n\n\
+             var<workgroup> sa: array<vec4<f16>, {sa}>;\n\
+             var<workgroup> sb: array<vec4<f16>, {sb}>;\n\n\
              @compute @workgroup_size({t})\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,\n        \
              @builtin(local_invocation_index) li: u32) {{\n    \
@@ -259,8 +258,8 @@ impl CoopTile {
                     g = self.group
                 )
             },
-            sa = self.buffers() * wa * 2 / v,
-            sb = self.buffers() * wb * 2 / v,
+            sa = self.buffers() * wa / 2,
+            sb = self.buffers() * wb / 2,
             wn = self.wn,
             sm = self.tm * 16,
             sn = self.tn * 16,
@@ -333,7 +332,7 @@ impl CoopTile {
                     "        let pa{kk}_{i} = {cur} * {wa}u + (sg_m + {r}u) * {ra}u + {kw}u;\n        \
                      let a{kk}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[{ix}], {rf}u);",
                     ix = at(&format!("pa{kk}_{i}")),
-                    rf = ra * 2 / v,
+                    rf = ra / 2,
                     r = i * 16,
                     kw = kk * 8
                 );
@@ -344,7 +343,7 @@ impl CoopTile {
                     "        let pb{kk}_{j} = {cur} * {wb}u + {kr}u * {rb}u + (sg_n + {c}u) / 2u;\n        \
                      let b{kk}_{j} = coopLoadT<coop_mat16x16<f16, B>>(&sb[{ix}], {rf}u);",
                     ix = at(&format!("pb{kk}_{j}")),
-                    rf = rb * 2 / v,
+                    rf = rb / 2,
                     kr = kk * 16,
                     c = j * 16
                 );
@@ -369,10 +368,10 @@ impl CoopTile {
         // Prologue: slice 0 into buffer 0 (and slice 1 into registers).
         if self.depth == 2 {
             for i in 0..la {
-                let _ = writeln!(s, "    var ra0{i}: {vec};\n    var ra1{i}: {vec};");
+                let _ = writeln!(s, "    var ra0{i}: vec4<u32>;\n    var ra1{i}: vec4<u32>;");
             }
             for i in 0..lb {
-                let _ = writeln!(s, "    var rb0{i}: {vec};\n    var rb1{i}: {vec};");
+                let _ = writeln!(s, "    var rb0{i}: vec4<u32>;\n    var rb1{i}: vec4<u32>;");
             }
             loads(&mut s, "0u", "0", "", "    ");
             stores(&mut s, "0u", "0", "    ");
