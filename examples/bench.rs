@@ -1,8 +1,8 @@
 //! kiln's benchmark runner: `cargo run --release --example bench -- [--adapter all|INDEX]
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
-//! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `train` (an MLP
-//! step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
+//! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `matmul` (the
+//! big MLP step's f32 products by layout), `train` (an MLP step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
 //! (whether the DataLoader's assembly and uploads overlap training steps). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
@@ -282,6 +282,51 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         t * 1e6,
         "us",
     );
+    Ok(())
+}
+
+/// The f32 products of the big MLP step, by operand layout (GPU time): TFLOP/s.
+fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    let s = if dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu)
+    {
+        8
+    } else {
+        1
+    };
+    let r = |d: usize| Tensor::randn(&[d / s, 4096 / s], DType::F32, dev);
+    let (x, w) = (r(512)?, r(4096)?);
+    let xt = x.t()?;
+    let (wt, bias) = (w.t()?, Tensor::randn(&[4096 / s], DType::F32, dev)?);
+    type Case<'a> = (
+        &'static str,
+        [usize; 3],
+        Box<dyn Fn() -> kiln::Result<Tensor> + 'a>,
+    );
+    let cases: Vec<Case> = vec![
+        ("x @ W^T", [512, 4096, 4096], Box::new(|| x.matmul(&wt))),
+        (
+            "linear(x, W, b)",
+            [512, 4096, 4096],
+            Box::new(|| kiln::ops::linear(&x, &w, Some(&bias))),
+        ),
+        ("g @ W", [512, 4096, 4096], Box::new(|| x.matmul(&w))),
+        ("g^T @ x", [4096, 4096, 512], Box::new(|| xt.matmul(&x))),
+        ("W @ W", [4096, 4096, 4096], Box::new(|| w.matmul(&w))),
+    ];
+    for (name, [m, n, k], f) in cases {
+        let (t, stamped) = gpu_time(dev, 10, &f)?;
+        let clock = if stamped { "timestamps" } else { "wall clock" };
+        let flops = 2.0 * (m * n * k) as f64 / (s * s * s) as f64;
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "matmul",
+            case: format!("{name} {}x{}x{} f32 ({clock})", m / s, n / s, k / s),
+            value: flops / t / 1e12,
+            unit: "TFLOP/s",
+        });
+    }
     Ok(())
 }
 
@@ -631,6 +676,9 @@ fn main() -> kiln::Result<()> {
     for dev in &devices {
         if suite == "all" || suite == "ops" {
             ops_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "matmul" {
+            matmul_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "alloc" {
             alloc_suite(dev, &mut rows);

@@ -5,8 +5,23 @@
 
 use std::fmt::Write;
 
-/// Loads of the 128x16 slices at k `k` (a WGSL expression) into the prefetch registers.
-fn loads(out: &mut String, k: &str, indent: &str) {
+/// Loads of the 128x16 slices at k `k` (a WGSL expression) into the prefetch registers: eight
+/// scalars per operand, or two vec4s.
+fn loads(out: &mut String, k: &str, indent: &str, vec4: bool) {
+    if vec4 {
+        for r in 0..2 {
+            let e = r * 256;
+            let _ = writeln!(
+                out,
+                "{indent}ra[{r}] = load_a4(a_base, m0, {k}, li + {e}u);"
+            );
+            let _ = writeln!(
+                out,
+                "{indent}rb[{r}] = load_b4(b_base, n0, {k}, li + {e}u);"
+            );
+        }
+        return;
+    }
     for r in 0..8 {
         let e = r * 256;
         let _ = writeln!(out, "{indent}ra[{r}] = load_a(a_base, m0, {k}, li + {e}u);");
@@ -15,7 +30,15 @@ fn loads(out: &mut String, k: &str, indent: &str) {
 }
 
 /// Stores of the prefetch registers into the shared buffer at `base`.
-fn stores(out: &mut String, base: &str, indent: &str) {
+fn stores(out: &mut String, base: &str, indent: &str, vec4: bool) {
+    if vec4 {
+        for r in 0..2 {
+            let e = r * 256;
+            let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
+            let _ = writeln!(out, "{indent}store_b4({base}, li + {e}u, rb[{r}]);");
+        }
+        return;
+    }
     for r in 0..8 {
         let e = r * 256;
         let _ = write!(
@@ -61,8 +84,9 @@ fn k_step(out: &mut String, kk: usize) {
     let _ = writeln!(out, "        }}");
 }
 
-/// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store.
-pub(crate) fn main_fn() -> String {
+/// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store; with
+/// `vec4`, the access functions of `shaders/matmul128_vec4.wgsl`.
+pub(crate) fn main_fn(vec4: bool) -> String {
     let mut out = String::from(
         "@compute @workgroup_size(16, 16)\n\
          fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n\
@@ -76,9 +100,13 @@ pub(crate) fn main_fn() -> String {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    out += "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n";
-    loads(&mut out, "0u", "    ");
-    stores(&mut out, "0u", "    ");
+    out += if vec4 {
+        "    var ra: array<vec4<f32>, 2>;\n    var rb: array<vec4<f32>, 2>;\n"
+    } else {
+        "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n"
+    };
+    loads(&mut out, "0u", "    ", vec4);
+    stores(&mut out, "0u", "    ", vec4);
     out += "    workgroupBarrier();\n";
     out += "    // The swizzled columns this invocation reads, one per row class k % 8.\n";
     for i in 0..8 {
@@ -90,13 +118,13 @@ pub(crate) fn main_fn() -> String {
             \x20       let k1 = k0 + 16u;\n\
             \x20       let more = k1 < p.k;\n\
             \x20       if more {\n";
-    loads(&mut out, "k1", "            ");
+    loads(&mut out, "k1", "            ", vec4);
     out += "        }\n";
     for kk in 0..16 {
         k_step(&mut out, kk);
     }
     out += "        let next = {{HALF}}u - cur;\n        if more {\n";
-    stores(&mut out, "next", "            ");
+    stores(&mut out, "next", "            ", vec4);
     out += "        }\n        workgroupBarrier();\n        cur = next;\n    }\n";
     out += "    let r_lo = m0 + 4u * l.y;\n\
             \x20   let r_hi = m0 + 64u + 4u * l.y;\n\

@@ -41,6 +41,9 @@ pub enum Kernel {
     /// `shaders/matmul128.wgsl`: the same contract with 128x128 tiles, for large products; with
     /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
     Matmul128(DType, bool),
+    /// The 128-tile kernel for f32 operands in whole tiles with 16-byte aligned rows
+    /// (`shaders/matmul128_vec4.wgsl`): vector loads, no guards, and a bias epilogue (addmm).
+    Matmul128Vec4(bool),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
@@ -96,6 +99,7 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|d| [Kernel::Matmul128(d, false), Kernel::Matmul128(d, true)]),
             )
+            .chain([false, true].map(Kernel::Matmul128Vec4))
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
@@ -156,15 +160,28 @@ impl Kernel {
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
             Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
-            Kernel::Matmul128(d, padded) => {
-                let (row, swz) = if *padded { (33, 0) } else { (32, 1) };
+            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => {
+                let (d, padded, vec4) = match *self {
+                    Kernel::Matmul128(d, padded) => (d, padded, false),
+                    Kernel::Matmul128Vec4(padded) => (DType::F32, padded, true),
+                    _ => unreachable!(),
+                };
+                let (row, swz) = if padded { (33, 0) } else { (32, 1) };
+                let io = if vec4 {
+                    include_str!("../../shaders/matmul128_vec4.wgsl")
+                } else {
+                    include_str!("../../shaders/matmul128_io.wgsl")
+                };
                 Cow::Owned(
-                    per_dtype(include_str!("../../shaders/matmul128.wgsl"), *d)
-                        .replace("{{MAIN}}", &matmul128::main_fn())
-                        .replace("{{ROW}}", &row.to_string())
-                        .replace("{{SWZ}}", &swz.to_string())
-                        .replace("{{TILE}}", &(32 * row).to_string())
-                        .replace("{{HALF}}", &(16 * row).to_string()),
+                    per_dtype(
+                        &include_str!("../../shaders/matmul128.wgsl").replace("{{IO}}", io),
+                        d,
+                    )
+                    .replace("{{MAIN}}", &matmul128::main_fn(vec4))
+                    .replace("{{ROW}}", &row.to_string())
+                    .replace("{{SWZ}}", &swz.to_string())
+                    .replace("{{TILE}}", &(32 * row).to_string())
+                    .replace("{{HALF}}", &(16 * row).to_string()),
                 )
             }
         }
@@ -180,6 +197,10 @@ impl Kernel {
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::Matmul128(d, padded) => Cow::Owned(format!(
                 "matmul128_{d}{}",
+                if *padded { "_padded" } else { "" }
+            )),
+            Kernel::Matmul128Vec4(padded) => Cow::Owned(format!(
+                "matmul128_vec4_f32{}",
                 if *padded { "_padded" } else { "" }
             )),
             Kernel::Predicate(k) => Cow::Owned(k.name()),
@@ -210,6 +231,7 @@ impl Kernel {
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
             Kernel::Matmul(_) | Kernel::Matmul128(..) => 3,
+            Kernel::Matmul128Vec4(_) => 4,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
@@ -238,9 +260,10 @@ impl Kernel {
     /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
     /// every index is guarded in the WGSL).
     fn trusted(&self) -> bool {
-        matches!(self, Kernel::Matmul(_) | Kernel::Matmul128(..))
-            || (matches!(self, Kernel::MatmulCoop(_))
-                && std::env::var("KILN_COOP_CHECKED").is_err())
+        matches!(
+            self,
+            Kernel::Matmul(_) | Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_)
+        ) || (matches!(self, Kernel::MatmulCoop(_)) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -251,7 +274,8 @@ impl Kernel {
             Kernel::Reduce(_) => 96,
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
-            Kernel::Matmul(_) | Kernel::Matmul128(..) => 48,
+            Kernel::Matmul(_) => 48,
+            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,
@@ -282,7 +306,7 @@ impl Kernel {
 }
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
-fn per_dtype(src: &'static str, d: DType) -> Cow<'static, str> {
+fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
     let enables = if d == DType::F16 { "enable f16;" } else { "" };
     Cow::Owned(
         src.replace("{{ENABLES}}", enables)

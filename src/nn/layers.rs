@@ -56,11 +56,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
+        crate::ops::linear(x, &self.weight, self.bias.as_ref())
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         weight_and_bias(&self.weight, &self.bias)

@@ -105,8 +105,43 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     crate::autograd::record(
         "MmBackward0",
         &[a, b],
-        || matmul_forward(a, b),
+        || matmul_forward(a, b, None),
         |_| matmul_backward(a, b),
+    )
+}
+
+/// `x @ weight^T + bias`, PyTorch's `nn.functional.linear`: one node (`AddmmBackward0`) whose
+/// bias is added in the matmul kernel's epilogue where the product takes the vec4 kernel (one
+/// pass over the output instead of two), else by a broadcast add inside the same node.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if weight.rank() != 2 {
+        return Err(Error::InvalidArgument {
+            op: "linear",
+            msg: format!("weight must be 2-D, got shape {:?}", weight.shape()),
+        });
+    }
+    let wt = weight.t()?;
+    let Some(b) = bias else {
+        return x.matmul(&wt);
+    };
+    same_device("linear", x, b)?;
+    crate::autograd::record(
+        "AddmmBackward0",
+        &[b, x, &wt],
+        || matmul_forward(x, &wt, Some(b)),
+        |_| {
+            let mut product = matmul_backward(x, &wt)?;
+            let bias_shape = b.shape().to_vec();
+            Ok(Box::new(move |g, needs| {
+                let gb = match needs[0] {
+                    true => Some(crate::autograd::sum_to(g, &bias_shape)?),
+                    false => None,
+                };
+                let mut grads = vec![gb];
+                grads.extend(product(g, &needs[1..])?);
+                Ok(grads)
+            }))
+        },
     )
 }
 
@@ -192,7 +227,32 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
     (s >= 2).then_some(s)
 }
 
-fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+/// `KILN_MATMUL_SCALAR=1`: the scalar 128-tile kernel even where the vec4 one applies (for
+/// comparisons in benchmarks).
+fn scalar_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var("KILN_MATMUL_SCALAR").is_ok_and(|v| v == "1"))
+}
+
+/// Whether the vec4 128-tile kernel takes this f32 product: whole tiles, and every operand
+/// read as 16-byte vectors along its unit-stride dim.
+fn vec4_eligible(
+    [m, n, k]: [usize; 3],
+    [off_a, sab, sam, sak]: [usize; 4],
+    [off_b, sbb, sbk, sbn]: [usize; 4],
+) -> bool {
+    let aligned = |v: usize| v.is_multiple_of(4);
+    m.is_multiple_of(128)
+        && n.is_multiple_of(128)
+        && k.is_multiple_of(16)
+        && [off_a, sab, off_b, sbb].into_iter().all(aligned)
+        && ((sak == 1 && aligned(sam)) || (sam == 1 && aligned(sak)))
+        && ((sbn == 1 && aligned(sbk)) || (sbk == 1 && aligned(sbn)))
+}
+
+/// `a @ b`, plus `bias` (broadcast against the result) where given: in the kernel's epilogue
+/// where the vec4 kernel runs and the bias is a contiguous f32 row of n, else by an add.
+fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
     if a.dtype() != b.dtype() {
@@ -245,7 +305,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Some((parts.permute(&[1, 0, 2]).ok()?, bparts))
     });
     if let Some((parts, bparts)) = chunks {
-        let sum = matmul_forward(&parts, &bparts)?.sum(&[0], false)?;
+        let sum = matmul_forward(&parts, &bparts, None)?.sum(&[0], false)?;
         let mut shape: Vec<isize> = Vec::new();
         if a.rank() > 1 {
             shape.push(m as isize);
@@ -253,7 +313,11 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         if b.rank() > 1 {
             shape.push(n as isize);
         }
-        return sum.reshape(&shape);
+        let out = sum.reshape(&shape)?;
+        return match bias {
+            Some(bias) => out.add(bias),
+            None => Ok(out),
+        };
     }
     let full = |tail: [usize; 2]| {
         batch_shape
@@ -323,20 +387,6 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             )?;
             super::predicate::cast_into(&acc, &out)?;
         } else {
-            let imm = [
-                u32_of(OP, m)?,
-                u32_of(OP, n)?,
-                u32_of(OP, k)?,
-                u32_of(OP, flat.batch)?,
-                u32_of(OP, fa.layout().offset)?,
-                u32_of(OP, flat.sab)?,
-                u32_of(OP, sam)?,
-                u32_of(OP, sak)?,
-                u32_of(OP, fb.layout().offset)?,
-                u32_of(OP, flat.sbb)?,
-                u32_of(OP, sbk)?,
-                u32_of(OP, sbn)?,
-            ];
             // 128x128 tiles where the product fills them (KILN_MATMUL_TILE=64 forces 64).
             // 128-tiles once there are enough of them to spread (measured on the H100: the
             // 128-tile kernel wins from 64 tiles on); else 64.
@@ -345,27 +395,74 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 0 => m >= 128 && n >= 128 && tiles >= 64,
                 t => t == 128,
             };
-            let (tile, kernel) = if big {
-                // Padded shared rows where the device gives a workgroup 33 KiB.
-                let padded = a
-                    .device()
-                    .adapter_info()
-                    .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024);
-                (128, Kernel::Matmul128(a.dtype(), padded))
-            } else {
-                (64, Kernel::Matmul(a.dtype()))
+            // Padded shared rows where the device gives a workgroup 33 KiB.
+            let info = a.device().adapter_info();
+            let padded =
+                info.is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024);
+            // Not on GL: Mesa's llvmpipe took 90 s to compile the vec4 kernel's GLSL (holding
+            // wgpu's GL context lock all along); GL is kiln's compatibility backend, and the
+            // scalar kernel serves it.
+            let gl = info.is_some_and(|i| i.backend == wgpu::Backend::Gl);
+            let vec4 = big
+                && !gl
+                && !scalar_forced()
+                && a.dtype() == DType::F32
+                && vec4_eligible(
+                    [m, n, k],
+                    [fa.layout().offset, flat.sab, sam, sak],
+                    [fb.layout().offset, flat.sbb, sbk, sbn],
+                );
+            // The bias rides in the epilogue where it is one contiguous f32 row of n.
+            let fused_bias = bias.filter(|t| {
+                vec4 && t.dtype() == DType::F32
+                    && t.shape() == [n]
+                    && t.strides() == [1]
+                    && t.layout().offset.is_multiple_of(4)
+            });
+            if let Some(t) = fused_bias {
+                same_device(OP, a, t)?;
+                bias = None;
+            }
+            let mut imm = vec![
+                m,
+                n,
+                k,
+                flat.batch,
+                fa.layout().offset,
+                flat.sab,
+                sam,
+                sak,
+                fb.layout().offset,
+                flat.sbb,
+                sbk,
+                sbn,
+                fused_bias.is_some() as usize,
+                fused_bias.map_or(0, |t| t.layout().offset),
+            ];
+            let (tile, kernel) = match (vec4, big) {
+                (true, _) => (128, Kernel::Matmul128Vec4(padded)),
+                (false, true) => (128, Kernel::Matmul128(a.dtype(), padded)),
+                (false, false) => {
+                    imm.truncate(12);
+                    (64, Kernel::Matmul(a.dtype()))
+                }
             };
+            imm.resize(kernel.immediate_size() as usize / 4, 0);
+            let imm = imm
+                .into_iter()
+                .map(|v| u32_of(OP, v))
+                .collect::<Result<Vec<u32>>>()?;
             let groups = (
                 n.div_ceil(tile) as u32,
                 m.div_ceil(tile) as u32,
                 u32_of(OP, flat.batch)?,
             );
-            launch_groups(
-                kernel,
-                &[&fa.storage.block, &fb.storage.block, &out.storage.block],
-                &imm,
-                groups,
-            )?;
+            let mut blocks = vec![&fa.storage.block, &fb.storage.block, &out.storage.block];
+            if vec4 {
+                // Without a bias the fourth binding is a dummy (the flag is clear).
+                blocks.push(fused_bias.map_or(&fa.storage.block, |t| &t.storage.block));
+            }
+            launch_groups(kernel, &blocks, &imm, groups)?;
         }
     }
     // Remove the dims that promoting 1-D operands added.
@@ -376,7 +473,11 @@ fn matmul_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if b.rank() > 1 {
         shape.push(n as isize);
     }
-    out.reshape(&shape)
+    let out = out.reshape(&shape)?;
+    match bias {
+        Some(bias) => out.add(bias),
+        None => Ok(out),
+    }
 }
 
 impl Tensor {

@@ -19,7 +19,7 @@ pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
-pub use matmul::{force_matmul_tile, matmul};
+pub use matmul::{force_matmul_tile, linear, matmul};
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
 use crate::cpu;

@@ -1,0 +1,62 @@
+// The vec4 variant's operand access (f32, whole tiles: m and n multiples of 128, k of 16;
+// offsets and the strides that are not 1 multiples of 4; a contiguous output): every global
+// access is a 16-byte vector along the operand's unit-stride dim, with no guards. An operand
+// whose unit-stride dim is the tile's shared-memory row (a's m, b's n) is stored as one vec4;
+// the other layout scatters its four k values into four rows.
+@group(0) @binding(0) var<storage, read_write> a: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> b: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> bias: array<vec4<f32>>;
+
+// Vector v (0..511) of the 128x16 slice of a at (m0, k0), in elements divided by 4.
+fn load_a4(base: u32, m0: u32, k0: u32, v: u32) -> vec4<f32> {
+    if p.sak == 1u {
+        return a[(base + (m0 + v / 4u) * p.sam + k0) / 4u + v % 4u];
+    }
+    return a[(base + (k0 + v / 32u) * p.sak + m0) / 4u + v % 32u];
+}
+
+fn load_b4(base: u32, n0: u32, k0: u32, v: u32) -> vec4<f32> {
+    if p.sbn == 1u {
+        return b[(base + (k0 + v / 32u) * p.sbk + n0) / 4u + v % 32u];
+    }
+    return b[(base + (n0 + v / 4u) * p.sbn + k0) / 4u + v % 4u];
+}
+
+// Element (row k, column c) of a shared tile of rows of vec4s, at buffer `buf`.
+fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
+    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
+}
+
+fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
+    if p.sak == 1u {
+        let m = v / 4u;
+        let k = 4u * (v % 4u);
+        for (var j = 0u; j < 4u; j++) {
+            tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
+        }
+    } else {
+        tile_a[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
+    }
+}
+
+fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
+    if p.sbn == 1u {
+        tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
+    } else {
+        let n = v / 4u;
+        let k = 4u * (v % 4u);
+        for (var j = 0u; j < 4u; j++) {
+            tile_b[tile_at(buf, k + j, n)][n % 4u] = x[j];
+        }
+    }
+}
+
+// Columns n..n+3 of row m, plus the bias where asked.
+fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
+    var x = v;
+    if (p.flags & 1u) != 0u {
+        x += bias[(p.off_bias + n) / 4u];
+    }
+    out[((bt * p.m + m) * p.n + n) / 4u] = x;
+}

@@ -1,0 +1,128 @@
+//! The vec4 128-tile f32 matmul (whole tiles, 16-byte aligned rows) in every operand layout, and
+//! `linear` (one `AddmmBackward0` node, the bias in the kernel's epilogue where it can be)
+//! forward and backward, against the CPU device.
+
+use kiln::{DType, Device, Tensor};
+
+/// Held by each test for its whole run: a cold compile of the 128-tile kernel on GL (llvmpipe)
+/// takes ~90 s and holds wgpu's GL context lock, which another test's GL calls give up on after a
+/// second (a panic in wgpu-hal).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpus() -> Vec<Device> {
+    let d = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    d.into_iter().filter(|d| !d.is_cpu()).collect()
+}
+
+/// Largest |got - want| over (1 + |want|).
+fn worst(got: &Tensor, want: &Tensor) -> f32 {
+    assert_eq!(got.shape(), want.shape());
+    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    g.iter()
+        .zip(&w)
+        .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+        .fold(0.0, f32::max)
+}
+
+/// A [rows, cols] view of random values: with `transposed`, the transpose of a contiguous
+/// [cols, rows + 4] tensor's last `rows` columns (unit stride along rows); else the last `cols`
+/// columns of a [rows, cols + 4] tensor. Either way an offset of 4 and a row stride of 4 more.
+fn operand(rows: usize, cols: usize, transposed: bool, seed: u64, dev: &Device) -> Tensor {
+    dev.manual_seed(seed);
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(seed);
+    let (r, c) = if transposed {
+        (cols, rows + 4)
+    } else {
+        (rows, cols + 4)
+    };
+    let base = Tensor::randn(&[r, c], DType::F32, &cpu)
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let view = base.narrow(1, 4, c - 4).unwrap();
+    if transposed {
+        view.t().unwrap()
+    } else {
+        view
+    }
+}
+
+#[test]
+fn vec4_matmul_reads_every_layout() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        // The vec4 kernel is a 128-tile kernel: force it for these few tiles.
+        kiln::ops::force_matmul_tile(Some(128));
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (m, k, n) = (128, 48, 256);
+            let a = operand(m, k, ta, 1, &dev);
+            let b = operand(k, n, tb, 2, &dev);
+            let got = a.matmul(&b).unwrap();
+            let want = a
+                .to_device(&cpu)
+                .unwrap()
+                .matmul(&b.to_device(&cpu).unwrap())
+                .unwrap();
+            let e = worst(&got, &want);
+            assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb}: error {e}");
+        }
+        // A batch whose operands are slices of one tensor (batch strides multiples of 4).
+        let x = operand(2 * 128, 32, false, 3, &dev)
+            .reshape(&[2, 128, 32])
+            .unwrap();
+        let w = operand(32, 128, true, 4, &dev);
+        let got = x.matmul(&w).unwrap();
+        let want = x
+            .to_device(&cpu)
+            .unwrap()
+            .matmul(&w.to_device(&cpu).unwrap())
+            .unwrap();
+        assert!(worst(&got, &want) < 1e-4, "{dev:?} batched");
+        kiln::ops::force_matmul_tile(None);
+    }
+}
+
+#[test]
+fn linear_fuses_its_bias_and_backpropagates_through_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        kiln::ops::force_matmul_tile(Some(128));
+        // Whole tiles (the epilogue bias), a bias at an offset no multiple of 4 (a separate
+        // add), ragged shapes (the scalar kernel) and a 3-D input.
+        for (x_shape, out, bias_offset) in [
+            (vec![128, 48], 256, 0),
+            (vec![128, 48], 256, 1),
+            (vec![130, 45], 129, 0),
+            (vec![2, 128, 32], 128, 0),
+        ] {
+            let fin = *x_shape.last().unwrap();
+            cpu.manual_seed(7);
+            let data = [x_shape.clone(), vec![out, fin], vec![out + bias_offset]]
+                .map(|s| Tensor::randn(&s, DType::F32, &cpu).unwrap());
+            let on = |d: &Device| {
+                let [x, w, b] = data
+                    .clone()
+                    .map(|t| t.to_device(d).unwrap().requires_grad_(true).unwrap());
+                let y = kiln::ops::linear(&x, &w, Some(&b.narrow(0, bias_offset, out).unwrap()))
+                    .unwrap();
+                let r = y.detach().to_device(&cpu).unwrap().cos().unwrap();
+                let r = r.to_device(d).unwrap();
+                y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads = [&x, &w, &b].map(|t| t.grad().unwrap());
+                (y, grads)
+            };
+            let (gy, gg) = on(&dev);
+            let (cy, cg) = on(&cpu);
+            let what = format!("{dev:?} x {x_shape:?} out {out} bias offset {bias_offset}");
+            assert!(worst(&gy, &cy) < 1e-4, "{what}: output");
+            for (i, (g, c)) in gg.iter().zip(&cg).enumerate() {
+                let e = worst(g, c);
+                assert!(e < 1e-4, "{what}: gradient {i}: error {e}");
+            }
+        }
+        kiln::ops::force_matmul_tile(None);
+    }
+}
