@@ -37,8 +37,10 @@ fn profile_records_scopes_kernels_and_memory_with_pytorchs_table() {
         for want in [
             "## forward ##",
             "## backward ##",
+            // Linear is one addmm node, as in PyTorch; its backward runs two mm.
+            "addmm",
+            "addmm_backward",
             "mm",
-            "mm_backward",
             "relu",
             "SGD.step",
         ] {
@@ -62,8 +64,8 @@ fn profile_records_scopes_kernels_and_memory_with_pytorchs_table() {
             "forward kept {mem} bytes on {}",
             dev.name()
         );
-        let mm = prof.events.iter().find(|e| e.name == "mm").unwrap();
-        assert_eq!(mm.shapes, "[[32, 64], [64, 128]]");
+        let addmm = prof.events.iter().find(|e| e.name == "addmm").unwrap();
+        assert_eq!(addmm.shapes, "[[128], [32, 64], [64, 128]]");
         if !dev.is_cpu() {
             let kernels: Vec<&ProfEvent> = prof
                 .events
@@ -98,7 +100,7 @@ fn profile_records_scopes_kernels_and_memory_with_pytorchs_table() {
             println!("{table}");
         }
         assert!(table.contains("Self CPU %") && table.contains("# of Calls"));
-        assert!(table.contains("## forward ##") && table.contains("mm_backward"));
+        assert!(table.contains("## forward ##") && table.contains("addmm_backward"));
         assert!(table.contains("Self CPU time total:"));
         let trace: serde_json::Value = serde_json::from_str(&prof.chrome_trace_json()).unwrap();
         let events = trace["traceEvents"].as_array().unwrap();

@@ -123,8 +123,8 @@ fn dump_snapshot_pickle_reads_back_in_python_with_kiln_frames() {
             "## forward ##",
             "## backward ##",
             "Sequential.0",
-            "mm",
-            "mm_backward",
+            "addmm",
+            "addmm_backward",
             "relu",
             "SGD.step",
         ] {
