@@ -228,7 +228,13 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         let cpu = Device::cpu()?;
         kiln::ops::force_matmul_tile(Some(128));
         let mut worst = 0f64;
-        for (m, k, n, transposed) in [(257, 131, 385, false), (300, 77, 260, true)] {
+        // Ragged shapes take the scalar kernel; whole aligned tiles the vec4 one (f32).
+        for (m, k, n, transposed) in [
+            (257, 131, 385, false),
+            (300, 77, 260, true),
+            (256, 48, 384, false),
+            (256, 32, 128, true),
+        ] {
             let a = Tensor::randn(&[m, k], DType::F32, &cpu)?;
             let b = Tensor::randn(&[k, n], DType::F32, &cpu)?;
             let (ga, gb) = (a.to_device(dev)?, b.to_device(dev)?);
@@ -241,6 +247,16 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             let want = a.matmul(&b)?.to_vec::<f32>()?;
             worst = worst.max(worst_relative(&got, &want));
         }
+        // The bias epilogue: linear on whole tiles.
+        let (x, w, b) = (
+            Tensor::randn(&[256, 64], DType::F32, &cpu)?,
+            Tensor::randn(&[384, 64], DType::F32, &cpu)?,
+            Tensor::randn(&[384], DType::F32, &cpu)?,
+        );
+        let [gx, gw, gb] = [&x, &w, &b].map(|t| t.to_device(dev));
+        let got = kiln::ops::linear(&gx?, &gw?, Some(&gb?))?.to_vec::<f32>()?;
+        let want = kiln::ops::linear(&x, &w, Some(&b))?.to_vec::<f32>()?;
+        worst = worst.max(worst_relative(&got, &want));
         kiln::ops::force_matmul_tile(None);
         if worst > 1e-4 {
             return Err(kiln::Error::InvalidArgument {
