@@ -399,9 +399,9 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             let info = a.device().adapter_info();
             let padded =
                 info.is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024);
-            // Not on GL: Mesa's llvmpipe took 90 s to compile the vec4 kernel's GLSL (holding
-            // wgpu's GL context lock all along); GL is kiln's compatibility backend, and the
-            // scalar kernel serves it.
+            // Not on GL: Mesa's llvmpipe takes ~90 s to compile each 128-tile variant's GLSL
+            // from a cold cache (holding wgpu's GL context lock all along); GL is kiln's
+            // compatibility backend and keeps to one variant, the scalar kernel.
             let gl = info.is_some_and(|i| i.backend == wgpu::Backend::Gl);
             let vec4 = big
                 && !gl
