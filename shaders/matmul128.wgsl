@@ -5,7 +5,7 @@
 // k step for 64 FMAs (explicit `fma`, the k loop unrolled). Global loads walk the operand's unit-stride dim with consecutive
 // invocations (coalesced for transposed inputs too) and the next slice is loaded into
 // registers while the current one is multiplied, then stored into the other shared buffer.
-// `main` is generated, unrolled, by `src/kernels/matmul128.rs`; `{{IO}}` is the operand access of
+// `main` is generated, unrolled, by `src/kernels/matmul128.rs`; the IO placeholder takes the operand access of
 // one variant (`matmul128_io.wgsl`: any strides, every index guarded; `matmul128_vec4.wgsl`: whole
 // aligned tiles, in range by the conditions `ops/matmul.rs` checks). Trusted module.
 {{ENABLES}}
