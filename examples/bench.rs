@@ -116,10 +116,15 @@ fn gpu_time(
     iters: u32,
     mut f: impl FnMut() -> kiln::Result<Tensor>,
 ) -> kiln::Result<(f64, bool)> {
-    for _ in 0..3 {
+    // Warm-up: at least three calls and 200 ms, so that a GPU idling at low clocks (a fresh
+    // H100 machine ran its first f32 matmuls at a fifth of their speed) has ramped up.
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls < 3 || start.elapsed().as_secs_f64() < 0.2 {
         f()?;
+        dev.synchronize()?;
+        calls += 1;
     }
-    dev.synchronize()?;
     let mut best = (f64::INFINITY, false);
     for _ in 0..3 {
         let t = Instant::now();
@@ -340,6 +345,25 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             suite: "matmul",
             case: format!("{name} {}x{}x{} f32 ({clock})", m / s, n / s, k / s),
             value: flops / t / 1e12,
+            unit: "TFLOP/s",
+        });
+    }
+    // The f16 product on tensor cores where the adapter has cooperative matrices, named by
+    // the tile shape in force (`KILN_COOP_TILE` sweeps it).
+    if s == 1 && dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+        check_f16_matmul(dev)?;
+        let a = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
+        let b = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
+        let (t, stamped) = gpu_time(dev, 10, || a.matmul(&b))?;
+        let clock = if stamped { "timestamps" } else { "wall clock" };
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "matmul",
+            case: format!(
+                "A @ B 4096^3 f16, {} ({clock})",
+                kiln::kernels::CoopTile::from_env().name()
+            ),
+            value: 2.0 * 4096f64.powi(3) / t / 1e12,
             unit: "TFLOP/s",
         });
     }

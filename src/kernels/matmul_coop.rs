@@ -7,7 +7,9 @@
 //! into workgroup memory, and the subgroups read their 16x16 operands from there with
 //! `coopLoadT` (which the driver turns into shared-memory matrix loads). The next slice is loaded
 //! into registers while the current one is multiplied (`depth` 0 and 1; 2 loads two ahead), into
-//! one shared buffer with two barriers per slice (`depth` 0) or two with one.
+//! one shared buffer with two barriers per slice (`depth` 0) or two with one. The f32
+//! accumulators leave through workgroup memory, rounded to f16 in the kernel: C is written
+//! once, as f16, with no f32 temporary (as cuBLAS's f16 GEMM, whose output PyTorch allocates).
 //!
 //! What the H100 said (f16 4096, BENCHMARKS.md): operands loaded straight from global memory
 //! (the first kernel) ran 72.7 TFLOP/s; naga's runtime bounds checks cost 40% (80 -> 133), so
@@ -48,14 +50,20 @@ pub struct CoopTile {
 /// Padding of a shared row, in words (16 bytes).
 const PAD: u32 = 4;
 
+/// Row stride of a subgroup's f32 epilogue patch: 16 columns padded by four, so that the rows
+/// of a 16x16 store fall in different banks.
+const PATCH_ROW: u32 = 20;
+
 impl CoopTile {
     /// The shape kiln uses unless `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]` says otherwise:
-    /// the fastest measured on the H100 (f16 4096: 218.9 TFLOP/s; BENCHMARKS.md lists the rest):
-    /// 128x256 per workgroup, eight subgroups of 64x64, K slices of 32 in one shared buffer,
-    /// tiles walked in groups of eight rows.
+    /// the fastest measured on the H100 (f16 4096: 289-294 TFLOP/s; BENCHMARKS.md lists the
+    /// rest): 128x128 per workgroup, four subgroups of 64x64, K slices of 32 in one shared
+    /// buffer, tiles walked in groups of eight rows. Two such workgroups share an SM (24 KiB of
+    /// workgroup memory each), so one's barriers overlap the other's multiplies; the 128x256
+    /// shape with eight subgroups fills an SM alone (284-287).
     pub const DEFAULT: CoopTile = CoopTile {
         wm: 2,
-        wn: 4,
+        wn: 2,
         tm: 4,
         tn: 4,
         bk: 32,
@@ -63,20 +71,21 @@ impl CoopTile {
         group: 8,
     };
 
-    /// Shapes the registry validates: the default and others measured against it.
+    /// Shapes the registry validates: the default and others measured against it (f16 4096,
+    /// H100, with the in-kernel f16 epilogue).
     pub const ALL: [CoopTile; 4] = [
         CoopTile::DEFAULT,
-        // 128x128, K slices of 64 (212.5).
+        // 128x256, eight subgroups (284-287).
         CoopTile {
             wm: 2,
             wn: 4,
             tm: 4,
-            tn: 2,
-            bk: 64,
+            tn: 4,
+            bk: 32,
             depth: 0,
             group: 8,
         },
-        // Two shared buffers, one slice ahead (154), and two slices ahead (157).
+        // Two shared buffers, one slice ahead (101), and two slices ahead (34-140).
         CoopTile {
             wm: 2,
             wn: 2,
@@ -84,11 +93,11 @@ impl CoopTile {
             tn: 4,
             bk: 16,
             depth: 1,
-            group: 0,
+            group: 8,
         },
         CoopTile {
             wm: 2,
-            wn: 4,
+            wn: 2,
             tm: 4,
             tn: 4,
             bk: 16,
@@ -167,10 +176,10 @@ impl CoopTile {
         (self.block_m() * self.row_a(), self.bk * self.row_b())
     }
 
-    /// Bytes of workgroup memory (all buffers of A and B).
+    /// Bytes of workgroup memory: all buffers of A and B, and the epilogue's patches.
     pub fn shared_bytes(&self) -> u32 {
         let (a, b) = self.words();
-        self.buffers() * 4 * (a + b)
+        self.buffers() * 4 * (a + b) + 4 * self.wm * self.wn * 16 * PATCH_ROW
     }
 
     /// Vector loads per invocation per slice, for A and for B.
@@ -228,9 +237,10 @@ impl CoopTile {
              var<immediate> p: Params;\n\n\
              @group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;\n\
              @group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;\n\
-             @group(0) @binding(2) var<storage, read_write> c: array<f32>;\n\n\
+             @group(0) @binding(2) var<storage, read_write> c: array<vec4<u32>>;\n\n\
              var<workgroup> sa: array<vec4<f16>, {sa}>;\n\
-             var<workgroup> sb: array<vec4<f16>, {sb}>;\n\n\
+             var<workgroup> sb: array<vec4<f16>, {sb}>;\n\
+             var<workgroup> sc: array<f32, {sc}>;\n\n\
              @compute @workgroup_size({t})\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,\n        \
              @builtin(local_invocation_index) li: u32) {{\n    \
@@ -260,6 +270,7 @@ impl CoopTile {
             },
             sa = self.buffers() * wa / 2,
             sb = self.buffers() * wb / 2,
+            sc = self.wm * self.wn * 16 * PATCH_ROW,
             wn = self.wn,
             sm = self.tm * 16,
             sn = self.tn * 16,
@@ -434,13 +445,38 @@ impl CoopTile {
             let _ = writeln!(s, "    }}");
         }
 
-        let _ = writeln!(s, "    let o = (bt * p.m + m0 + sg_m) * ldc + n0 + sg_n;");
+        // Epilogue: each 16x16 f32 accumulator goes through the subgroup's own patch of
+        // workgroup memory (cooperative matrices have no f32 -> f16 conversion in naga 30), and
+        // each invocation packs eight of its values to f16 and stores them as one 16-byte
+        // vector: half a row of the tile (row = lane / 2). Barriers between a tile's store and
+        // its reads (WGSL has no subgroup-scope barrier) and before the next tile's store.
+        // Patches of a whole row of tiles (fewer barriers) were measured slower: the 128x128
+        // shape fell from 292 to 173 TFLOP/s with two tiles per patch.
+        let _ = writeln!(
+            s,
+            "    let lane = li % 32u;\n    \
+             let own = sg * {patch}u;\n    \
+             let mine = own + (lane / 2u) * {PATCH_ROW}u + (lane % 2u) * 8u;\n    \
+             let o = (bt * p.m + m0 + sg_m + lane / 2u) * ldc + n0 + sg_n + (lane % 2u) * 8u;",
+            patch = 16 * PATCH_ROW
+        );
         for i in 0..self.tm {
             for j in 0..self.tn {
+                // Before each store but the first: the previous tile's reads of the patch.
+                if i + j > 0 {
+                    s.push_str("    workgroupBarrier();\n");
+                }
                 let _ = writeln!(
                     s,
-                    "    let o{i}_{j} = o + {r}u * ldc + {c}u;\n    \
-                     coopStoreT(c{i}_{j}, &c[o{i}_{j}], ldc);",
+                    "    coopStoreT(c{i}_{j}, &sc[own], {PATCH_ROW}u);\n    \
+                     workgroupBarrier();\n    \
+                     {{\n        \
+                     let q = array<f32, 8>(sc[mine], sc[mine + 1u], sc[mine + 2u], sc[mine + 3u], \
+                     sc[mine + 4u], sc[mine + 5u], sc[mine + 6u], sc[mine + 7u]);\n        \
+                     c[(o + {r}u * ldc + {c}u) / 8u] = vec4<u32>(\
+                     pack2x16float(vec2<f32>(q[0], q[1])), pack2x16float(vec2<f32>(q[2], q[3])), \
+                     pack2x16float(vec2<f32>(q[4], q[5])), pack2x16float(vec2<f32>(q[6], q[7])));\n    \
+                     }}",
                     r = i * 16,
                     c = j * 16
                 );
@@ -460,10 +496,17 @@ mod tests {
         for t in CoopTile::ALL {
             assert!(t.valid(48 * 1024), "{t:?}: {} bytes", t.shared_bytes());
         }
-        assert_eq!(CoopTile::DEFAULT.shared_bytes(), 4 * (128 * 20 + 32 * 132));
+        assert_eq!(
+            CoopTile::DEFAULT.shared_bytes(),
+            4 * (128 * 20 + 32 * 68) + 4 * 4 * 16 * 20
+        );
+        assert_eq!(
+            CoopTile::ALL[1].shared_bytes(),
+            4 * (128 * 20 + 32 * 132) + 4 * 8 * 16 * 20
+        );
         assert_eq!(
             CoopTile::ALL[2].shared_bytes(),
-            2 * 4 * (128 * 12 + 16 * 68)
+            2 * 4 * (128 * 12 + 16 * 68) + 4 * 4 * 16 * 20
         );
         assert!(!CoopTile {
             bk: 24,

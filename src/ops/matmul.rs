@@ -355,8 +355,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             fb,
             [sam, sak, sbk, sbn, flat.sab, flat.sbb],
         ) {
-            // Tensor cores: f32 result, then cast to f16.
-            let acc = Tensor::empty(out.shape(), crate::tensor::DType::F32, a.device())?;
+            // Tensor cores: f32 accumulators, rounded to f16 in the kernel.
             let imm = [
                 m,
                 n,
@@ -381,11 +380,10 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             );
             launch_groups(
                 Kernel::MatmulCoop(tile),
-                &[&fa.storage.block, &fb.storage.block, &acc.storage.block],
+                &[&fa.storage.block, &fb.storage.block, &out.storage.block],
                 &imm,
                 groups,
             )?;
-            super::predicate::cast_into(&acc, &out)?;
         } else {
             // 128x128 tiles where the product fills them (KILN_MATMUL_TILE=64 forces 64).
             // 128-tiles once there are enough of them to spread (measured on the H100: the
