@@ -10,6 +10,9 @@
 //! anchor times 50 launches between two CUDA events): the per-launch figure includes kiln's
 //! amortised dispatch cost, which is what a user sees.
 
+mod checks;
+mod host;
+
 use kiln::{DType, Device, Tensor};
 use std::time::Instant;
 
@@ -227,55 +230,10 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         }
     }
     let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
-    // The timed matmuls multiply constants; first check the 128-tile kernel this adapter gets
-    // (padded or swizzled shared memory) on ragged, transposed random operands against the CPU.
-    {
-        let cpu = Device::cpu()?;
-        kiln::ops::force_matmul_tile(Some(128));
-        let mut worst = 0f64;
-        // Ragged shapes take the scalar kernel; whole aligned tiles the vec4 one (f32).
-        for (m, k, n, transposed) in [
-            (257, 131, 385, false),
-            (300, 77, 260, true),
-            (256, 48, 384, false),
-            (256, 32, 128, true),
-        ] {
-            let a = Tensor::randn(&[m, k], DType::F32, &cpu)?;
-            let b = Tensor::randn(&[k, n], DType::F32, &cpu)?;
-            let (ga, gb) = (a.to_device(dev)?, b.to_device(dev)?);
-            let (ga, gb) = if transposed {
-                (ga.t()?.contiguous()?.t()?, gb.t()?.contiguous()?.t()?)
-            } else {
-                (ga, gb)
-            };
-            let got = ga.matmul(&gb)?.to_vec::<f32>()?;
-            let want = a.matmul(&b)?.to_vec::<f32>()?;
-            worst = worst.max(worst_relative(&got, &want));
-        }
-        // The bias epilogue: linear on whole tiles.
-        let (x, w, b) = (
-            Tensor::randn(&[256, 64], DType::F32, &cpu)?,
-            Tensor::randn(&[384, 64], DType::F32, &cpu)?,
-            Tensor::randn(&[384], DType::F32, &cpu)?,
-        );
-        let [gx, gw, gb] = [&x, &w, &b].map(|t| t.to_device(dev));
-        let got = kiln::ops::linear(&gx?, &gw?, Some(&gb?))?.to_vec::<f32>()?;
-        let want = kiln::ops::linear(&x, &w, Some(&b))?.to_vec::<f32>()?;
-        worst = worst.max(worst_relative(&got, &want));
-        kiln::ops::force_matmul_tile(None);
-        if worst > 1e-4 {
-            return Err(kiln::Error::InvalidArgument {
-                op: "bench",
-                msg: format!("matmul 128-tile check failed: relative error {worst}"),
-            });
-        }
-        println!(
-            "matmul 128-tile kernel check on {}: max relative error {worst:.2e}",
-            dev.name()
-        );
-    }
+    // The timed matmuls multiply constants; first check the kernels against the CPU.
+    checks::matmul128(dev)?;
     if f16 && std::env::var("KILN_BENCH_NOCHECK").is_err() {
-        check_f16_matmul(dev)?;
+        checks::f16_matmul(dev)?;
     }
     let sizes: &[usize] = if software { &[256] } else { &[1024, 4096] };
     for &size in sizes {
@@ -352,7 +310,7 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     // the tile shape in force (`KILN_COOP_TILE` sweeps it).
     if s == 1 && dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
         if std::env::var("KILN_BENCH_NOCHECK").is_err() {
-            check_f16_matmul(dev)?;
+            checks::f16_matmul(dev)?;
         }
         let a = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
         let b = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
@@ -452,247 +410,6 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
-/// Host-device copies of 1, 64 and 256 MiB: pageable and pinned non-blocking (kiln), against the
-/// naive wgpu paths (`queue.write_buffer`; a fresh `MAP_READ` buffer, `map_async` and a copy into
-/// a new `Vec`), and the latency of a small non-blocking round trip. GB/s are 1e9 bytes/s, as
-/// the PyTorch anchor prints them.
-fn transfer_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
-    use kiln::PinnedKind;
-    let (Some(raw), Some(queue)) = (
-        kiln::device::raw_wgpu_device(dev),
-        kiln::device::raw_wgpu_queue(dev),
-    ) else {
-        return Ok(());
-    };
-    let cpu = Device::cpu()?;
-    let mut push = |case: String, bytes: usize, secs: f64| {
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "transfer",
-            case,
-            value: bytes as f64 / secs / 1e9,
-            unit: "GB/s",
-        })
-    };
-    for mib in [1usize, 64, 256] {
-        let bytes = mib << 20;
-        let n = bytes / 4;
-        let host = Tensor::rand(&[n], DType::F32, &cpu)?;
-        let g = Tensor::empty(&[n], DType::F32, dev)?;
-        let up = host.pin_memory(dev)?;
-        let down = Tensor::empty_pinned(&[n], DType::F32, dev, PinnedKind::Download)?;
-        // Batches of copies then one wait, as the anchor times 10 copies between syncs.
-        let batch = |f: &dyn Fn() -> kiln::Result<kiln::Transfer>| {
-            time_per_iter(|| {
-                let mut last = None;
-                for _ in 0..4 {
-                    last = Some(f().unwrap());
-                }
-                last.unwrap().wait().unwrap();
-            }) / 4.0
-        };
-        let t = batch(&|| g.copy_non_blocking_(&up));
-        push(format!("h2d pinned non_blocking {mib} MiB"), bytes, t);
-        let t = batch(&|| down.copy_non_blocking_(&g));
-        push(format!("d2h pinned non_blocking {mib} MiB"), bytes, t);
-        let t = time_per_iter(|| {
-            g.copy_(&host).unwrap();
-            dev.synchronize().unwrap();
-        });
-        push(format!("h2d pageable {mib} MiB"), bytes, t);
-        let t = time_per_iter(|| host.copy_(&g).unwrap());
-        push(format!("d2h pageable {mib} MiB"), bytes, t);
-        // The host side of a pinned upload: writing into upload memory (pin_memory's copy, or
-        // a DataLoader filling a batch), which on a large-BAR GPU is the PCIe transfer itself.
-        let t = time_per_iter(|| drop(host.pin_memory(dev).unwrap()));
-        push(
-            format!("host write into pinned (pin_memory) {mib} MiB"),
-            bytes,
-            t,
-        );
-        // Naive wgpu on a buffer of its own.
-        let buf = raw.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: bytes as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let data = host.to_vec::<f32>()?;
-        let data: &[u8] = bytemuck::cast_slice(&data);
-        let t = time_per_iter(|| {
-            queue.write_buffer(&buf, 0, data);
-            let idx = queue.submit([]);
-            raw.poll(wgpu::PollType::Wait {
-                submission_index: Some(idx),
-                timeout: None,
-            })
-            .unwrap();
-        });
-        push(format!("h2d naive write_buffer {mib} MiB"), bytes, t);
-        let t = time_per_iter(|| {
-            let stage = raw.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: bytes as u64,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut enc = raw.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(&buf, 0, &stage, 0, bytes as u64);
-            queue.submit([enc.finish()]);
-            stage.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-            raw.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-            let v = stage.slice(..).get_mapped_range().unwrap().to_vec();
-            std::hint::black_box(v);
-        });
-        push(format!("d2h naive map_async+to_vec {mib} MiB"), bytes, t);
-    }
-    // A small round trip: 4 KiB up and back, non-blocking, then wait.
-    let host = Tensor::rand(&[1024], DType::F32, &cpu)?;
-    let up = host.pin_memory(dev)?;
-    let down = Tensor::empty_pinned(&[1024], DType::F32, dev, PinnedKind::Download)?;
-    let g = Tensor::empty(&[1024], DType::F32, dev)?;
-    let t = time_per_iter(|| {
-        g.copy_non_blocking_(&up).unwrap();
-        down.copy_non_blocking_(&g).unwrap().wait().unwrap();
-    });
-    rows.push(Row {
-        adapter: dev.name(),
-        suite: "transfer",
-        case: "4 KiB non_blocking round trip".into(),
-        value: t * 1e6,
-        unit: "us",
-    });
-    Ok(())
-}
-
-/// Whether batch assembly and uploads overlap the training step: wall clock per step of an MLP
-/// step on (a) one resident batch (compute only), (b) the pinned, prefetching `DataLoader`, and
-/// (c) batches built on the main thread and copied from pageable memory. (b) close to (a) means
-/// the worker's assembly and the non-blocking uploads are hidden behind the GPU's work.
-fn loader_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
-    use kiln::data::{synthetic_glyphs, DataLoader, LoaderOptions};
-    use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
-    use kiln::optim::{Optimizer, Sgd};
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
-    let (n, batch, hidden) = if software {
-        (1024, 128, 128)
-    } else {
-        (16384, 2048, 1024)
-    };
-    let set = std::sync::Arc::new(synthetic_glyphs(n, 3));
-    dev.manual_seed(0);
-    let model = Sequential::new()
-        .push(Linear::new(784, hidden, true, dev)?)
-        .push(Relu)
-        .push(Linear::new(hidden, hidden, true, dev)?)
-        .push(Relu)
-        .push(Linear::new(hidden, 10, true, dev)?);
-    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
-    let mut step = |x: &Tensor, y: &Tensor| -> kiln::Result<()> {
-        opt.zero_grad(true)?;
-        let x = x.reshape(&[-1, 784])?;
-        cross_entropy(&model.forward(&x)?, y)?.backward()?;
-        opt.step()
-    };
-    let steps = n / batch;
-    let mut report = |case: &str, secs: f64| {
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "loader",
-            case: format!("{case} (b{batch}, 784-{hidden}-{hidden}-10)"),
-            value: secs / steps as f64 * 1e3,
-            unit: "ms/step",
-        })
-    };
-    let opts = LoaderOptions {
-        batch_size: batch,
-        shuffle: true,
-        drop_last: true,
-        ..Default::default()
-    };
-    // (a) compute only.
-    let mut loader = DataLoader::new(set.clone(), dev, opts.clone())?;
-    let (x0, y0) = loader.iter().next().expect("a batch")?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..steps {
-            step(&x0, &y0)?;
-        }
-        dev.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    report("resident batch (compute only)", best);
-    // (b) the pinned, prefetching loader.
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for b in loader.iter() {
-            let (x, y) = b?;
-            step(&x, &y)?;
-        }
-        dev.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    report("DataLoader pin_memory prefetch 2", best);
-    // The loader alone: its throughput bounds (b) from below.
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for b in loader.iter() {
-            drop(b?);
-        }
-        dev.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    report("DataLoader alone (no step)", best);
-    // (b') four threads assembling each batch.
-    let mut loader4 = DataLoader::new(
-        set.clone(),
-        dev,
-        LoaderOptions {
-            num_workers: 4,
-            ..opts.clone()
-        },
-    )?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for b in loader4.iter() {
-            let (x, y) = b?;
-            step(&x, &y)?;
-        }
-        dev.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    report("DataLoader pin_memory prefetch 2, num_workers 4", best);
-    // (c) assembled on the main thread, pageable copies.
-    let px = 784;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for s in 0..steps {
-            let mut images = Vec::with_capacity(batch * px);
-            let mut labels = Vec::with_capacity(batch);
-            for i in s * batch..(s + 1) * batch {
-                images.extend_from_slice(set.image(i));
-                labels.push(set.labels[i]);
-            }
-            let x = Tensor::from_slice(&images, &[batch, 1, 28, 28], dev)?;
-            let y = Tensor::from_slice(&labels, &[batch], dev)?;
-            step(&x, &y)?;
-        }
-        dev.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    report("main-thread batches, pageable copies", best);
-    Ok(())
-}
-
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| {
@@ -729,10 +446,10 @@ fn main() -> kiln::Result<()> {
             train_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "transfer" {
-            transfer_suite(dev, &mut rows)?;
+            host::transfer_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "loader" {
-            loader_suite(dev, &mut rows)?;
+            host::loader_suite(dev, &mut rows)?;
         }
     }
     println!(
@@ -758,52 +475,4 @@ fn main() -> kiln::Result<()> {
         })?;
     }
     Ok(())
-}
-
-/// The f16 matmul (tensor cores where the adapter has cooperative matrices: these shapes are
-/// whole tiles) on random operands, a batch and an offset view, against the CPU's product of the
-/// same f16 values in f32: only the final rounding to f16 differs.
-fn check_f16_matmul(dev: &Device) -> kiln::Result<()> {
-    let cpu = Device::cpu()?;
-    let mut worst = 0f64;
-    for (batch, m, k, n, offset) in [
-        (1, 256, 512, 256, 0),
-        (2, 256, 96, 512, 0),
-        (1, 512, 256, 256, 8),
-    ] {
-        let a = Tensor::randn(&[batch, m + offset, k], DType::F32, &cpu)?
-            .to_dtype(DType::F16)?
-            .narrow(1, offset, m)?;
-        let b = Tensor::randn(&[batch, k, n], DType::F32, &cpu)?.to_dtype(DType::F16)?;
-        let got = a
-            .to_device(dev)?
-            .matmul(&b.to_device(dev)?)?
-            .to_dtype(DType::F32)?
-            .to_vec::<f32>()?;
-        let want = a
-            .to_dtype(DType::F32)?
-            .matmul(&b.to_dtype(DType::F32)?)?
-            .to_vec::<f32>()?;
-        worst = worst.max(worst_relative(&got, &want));
-    }
-    // f16 keeps 11 significant bits: the cast of the f32 sum is off by at most 2^-11 of it.
-    if worst > 1e-3 {
-        return Err(kiln::Error::InvalidArgument {
-            op: "bench",
-            msg: format!("f16 matmul check failed: relative error {worst}"),
-        });
-    }
-    println!(
-        "f16 matmul check on {}: max relative error {worst:.2e}",
-        dev.name()
-    );
-    Ok(())
-}
-
-/// The largest error of `got` against `want`, relative to `1 + |want|`.
-fn worst_relative(got: &[f32], want: &[f32]) -> f64 {
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| ((g - w).abs() / (1.0 + w.abs())) as f64)
-        .fold(0.0, f64::max)
 }

@@ -1,0 +1,119 @@
+use kiln::{DType, Device, Tensor};
+
+/// The 128-tile kernel this adapter gets (padded or swizzled shared memory; scalar loads for
+/// ragged shapes, vec4 loads for whole aligned tiles) on ragged, transposed random operands,
+/// and `linear`'s bias epilogue, against the CPU.
+pub fn matmul128(dev: &Device) -> kiln::Result<()> {
+    let cpu = Device::cpu()?;
+    kiln::ops::force_matmul_tile(Some(128));
+    let mut worst = 0f64;
+    // Ragged shapes take the scalar kernel; whole aligned tiles the vec4 one (f32).
+    for (m, k, n, transposed) in [
+        (257, 131, 385, false),
+        (300, 77, 260, true),
+        (256, 48, 384, false),
+        (256, 32, 128, true),
+    ] {
+        let a = Tensor::randn(&[m, k], DType::F32, &cpu)?;
+        let b = Tensor::randn(&[k, n], DType::F32, &cpu)?;
+        let (ga, gb) = (a.to_device(dev)?, b.to_device(dev)?);
+        let (ga, gb) = if transposed {
+            (ga.t()?.contiguous()?.t()?, gb.t()?.contiguous()?.t()?)
+        } else {
+            (ga, gb)
+        };
+        let got = ga.matmul(&gb)?.to_vec::<f32>()?;
+        let want = a.matmul(&b)?.to_vec::<f32>()?;
+        worst = worst.max(worst_relative(&got, &want));
+    }
+    // The bias epilogue: linear on whole tiles.
+    let (x, w, b) = (
+        Tensor::randn(&[256, 64], DType::F32, &cpu)?,
+        Tensor::randn(&[384, 64], DType::F32, &cpu)?,
+        Tensor::randn(&[384], DType::F32, &cpu)?,
+    );
+    let [gx, gw, gb] = [&x, &w, &b].map(|t| t.to_device(dev));
+    let got = kiln::ops::linear(&gx?, &gw?, Some(&gb?))?.to_vec::<f32>()?;
+    let want = kiln::ops::linear(&x, &w, Some(&b))?.to_vec::<f32>()?;
+    worst = worst.max(worst_relative(&got, &want));
+    kiln::ops::force_matmul_tile(None);
+    if worst > 1e-4 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "bench",
+            msg: format!("matmul 128-tile check failed: relative error {worst}"),
+        });
+    }
+    println!(
+        "matmul 128-tile kernel check on {}: max relative error {worst:.2e}",
+        dev.name()
+    );
+    Ok(())
+}
+
+/// The f16 matmul (tensor cores where the adapter has cooperative matrices: these shapes are
+/// whole tiles) on random operands, a batch and an offset view, against the CPU's product of the
+/// same f16 values in f32: only the final rounding to f16 differs.
+pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
+    let cpu = Device::cpu()?;
+    let mut worst = 0f64;
+    for (batch, m, k, n, offset) in [
+        (1, 256, 512, 256, 0),
+        (2, 256, 96, 512, 0),
+        (1, 512, 256, 256, 8),
+    ] {
+        let a = Tensor::randn(&[batch, m + offset, k], DType::F32, &cpu)?
+            .to_dtype(DType::F16)?
+            .narrow(1, offset, m)?;
+        let b = Tensor::randn(&[batch, k, n], DType::F32, &cpu)?.to_dtype(DType::F16)?;
+        let got = a
+            .to_device(dev)?
+            .matmul(&b.to_device(dev)?)?
+            .to_dtype(DType::F32)?
+            .to_vec::<f32>()?;
+        let want = a
+            .to_dtype(DType::F32)?
+            .matmul(&b.to_dtype(DType::F32)?)?
+            .to_vec::<f32>()?;
+        worst = worst.max(worst_relative(&got, &want));
+    }
+    // As in PyTorch, the product allocates its f16 result and nothing else (the tensor-core
+    // kernel rounds its f32 accumulators in place of an f32 temporary and a cast).
+    let (a, b) = (
+        Tensor::randn(&[512, 256], DType::F16, dev)?,
+        Tensor::randn(&[256, 512], DType::F16, dev)?,
+    );
+    dev.synchronize()?;
+    dev.reset_peak_memory_stats();
+    let before = dev.memory_allocated();
+    let c = a.matmul(&b)?;
+    let extra = dev.max_memory_allocated() - before;
+    if extra != (c.numel() * 2) as u64 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "bench",
+            msg: format!(
+                "f16 matmul allocated {extra} bytes for a {} byte result",
+                c.numel() * 2
+            ),
+        });
+    }
+    // f16 keeps 11 significant bits: the cast of the f32 sum is off by at most 2^-11 of it.
+    if worst > 1e-3 {
+        return Err(kiln::Error::InvalidArgument {
+            op: "bench",
+            msg: format!("f16 matmul check failed: relative error {worst}"),
+        });
+    }
+    println!(
+        "f16 matmul check on {}: max relative error {worst:.2e}",
+        dev.name()
+    );
+    Ok(())
+}
+
+/// The largest error of `got` against `want`, relative to `1 + |want|`.
+fn worst_relative(got: &[f32], want: &[f32]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| ((g - w).abs() / (1.0 + w.abs())) as f64)
+        .fold(0.0, f64::max)
+}
