@@ -234,7 +234,7 @@ impl DeviceBlock {
             }
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 g.check("fill_u32")?;
-                let kernel = lock(&g.kernels).get(&g.device, Kernel::Fill);
+                let kernel = lock(&g.kernels).get(&g.device, g.gl, Kernel::Fill);
                 let limits = &g.info.limits;
                 // Bind at most the largest aligned range a binding may cover; loop over chunks.
                 let align = limits.min_storage_buffer_offset_alignment as u64;

@@ -4,6 +4,7 @@
 use super::adapters::{AdapterInfo, KilnFeatures};
 use super::lock;
 use super::pinned::WgpuPinnedSource;
+use super::serial::GlSerial;
 use super::stream::Stream;
 use super::wgpu_source::WgpuSource;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
@@ -45,6 +46,8 @@ pub(crate) struct GpuDevice {
     pub pending_asserts: Mutex<Vec<&'static str>>,
     /// Set by both handlers: lets `check` skip the locks on the hot path.
     troubled: Arc<AtomicBool>,
+    /// On GL, every wgpu call goes through the process's GL lock (`serial.rs`).
+    pub gl: GlSerial,
 }
 
 /// Pageable copies move through the pinned pool in chunks of this size: large enough that a
@@ -106,6 +109,8 @@ impl GpuDevice {
         } else {
             wgpu::ExperimentalFeatures::disabled()
         };
+        let gl = GlSerial::for_backend(info.backend);
+        let opening = gl.guard();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
@@ -131,15 +136,19 @@ impl GpuDevice {
             *lock(&sink) = Some((format!("{reason:?}"), msg));
             flag.store(true, Ordering::Release);
         });
-        let assert_flag = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln assert flag"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let stream = Arc::new(Mutex::new(Stream::new()));
+        drop(opening);
+        let assert_flag = {
+            let _gl = gl.guard();
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln assert flag"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let stream = Arc::new(Mutex::new(Stream::new(gl)));
         let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
         let source = WgpuSource {
             device: device.clone(),
@@ -149,12 +158,14 @@ impl GpuDevice {
             bind_groups: bind_groups.clone(),
             name: format!("GPU {} ({}, {:?})", info.spec, info.name, info.backend),
             max_buffer_size: limits.max_buffer_size,
+            gl,
         };
         let pinned_source = WgpuPinnedSource {
             device: device.clone(),
             stream: stream.clone(),
             max_buffer_size: limits.max_buffer_size,
             unified: unified_pinned,
+            gl,
         };
         let host_device = super::Device::cpu()?;
         Ok(GpuDevice {
@@ -176,6 +187,7 @@ impl GpuDevice {
             assert_flag,
             pending_asserts: Mutex::default(),
             troubled,
+            gl,
         })
     }
 
@@ -207,29 +219,39 @@ impl GpuDevice {
         bytes: u64,
         record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<Vec<u8>> {
-        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln readback"),
-            size: bytes.next_multiple_of(4).max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let readback = {
+            let _gl = self.gl.guard();
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln readback"),
+                size: bytes.next_multiple_of(4).max(4),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
         let mut stream = lock(&self.stream);
         record(stream.copy_encoder(&self.device), &readback);
         let event = stream.submit(&self.queue);
-        readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        {
+            let _gl = self.gl.guard();
+            readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        }
         stream
             .wait(&self.device, &self.queue, event)
             .map_err(super::wgpu_err(op))?;
         drop(stream);
-        // The map callback runs inside poll; wait once more for it to have run.
+        // The map callback runs inside poll; wait once more for it to have run. The buffer
+        // is dropped (unmapped, freed) under the GL lock too.
+        let _gl = self.gl.guard();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(super::wgpu_err(op))?;
-        let view = readback
+        let bytes = readback
             .slice(..)
             .get_mapped_range()
-            .map_err(super::wgpu_err(op))?;
-        Ok(view[..bytes as usize].to_vec())
+            .map_err(super::wgpu_err(op))?[..bytes as usize]
+            .to_vec();
+        drop(readback);
+        Ok(bytes)
     }
 
     pub fn check_asserts(&self) -> Result<()> {

@@ -4,6 +4,7 @@
 
 use super::gpu::GpuDevice;
 use super::lock;
+use super::serial::GlSerial;
 use crate::Result;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -33,12 +34,21 @@ pub(crate) struct KernelTimer {
     inside_passes: bool,
     inside_encoders: bool,
     pub entries: Vec<KernelEntry>,
+    gl: GlSerial,
+}
+
+impl Drop for KernelTimer {
+    fn drop(&mut self) {
+        let _gl = self.gl.guard();
+        self.sets.clear();
+    }
 }
 
 impl KernelTimer {
-    pub fn new(device: &wgpu::Device) -> KernelTimer {
+    pub fn new(device: &wgpu::Device, gl: GlSerial) -> KernelTimer {
         let f = device.features();
         KernelTimer {
+            gl,
             sets: Vec::new(),
             used: QUERIES_PER_SET,
             inside_passes: f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
@@ -53,6 +63,7 @@ impl KernelTimer {
             return None;
         }
         if self.used + 2 > QUERIES_PER_SET {
+            let _gl = self.gl.guard();
             self.sets
                 .push(device.create_query_set(&wgpu::QuerySetDescriptor {
                     label: Some("kiln profiler"),
@@ -128,7 +139,7 @@ impl KernelTimer {
 impl GpuDevice {
     /// Starts timing kernels and copies.
     pub fn start_kernel_timer(&self) {
-        *lock(&self.timer) = Some(KernelTimer::new(&self.device));
+        *lock(&self.timer) = Some(KernelTimer::new(&self.device, self.gl));
         self.timing.store(true, Ordering::Release);
     }
 
@@ -156,12 +167,14 @@ impl GpuDevice {
                 QUERIES_PER_SET
             };
             let bytes = count as u64 * 8;
+            let gl = self.gl.guard();
             let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kiln profiler resolve"),
                 size: bytes.max(8),
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
+            drop(gl);
             let view = self.read_back("profiler", bytes, |enc, readback| {
                 if count > 0 {
                     enc.resolve_query_set(set, 0..count, &resolve, 0);
@@ -169,6 +182,8 @@ impl GpuDevice {
                 }
             })?;
             ticks.push(bytemuck::pod_collect_to_vec(&view));
+            let _gl = self.gl.guard();
+            drop(resolve);
         }
         for e in &mut timer.entries {
             if let Some((s, i)) = e.slot {
@@ -180,6 +195,6 @@ impl GpuDevice {
                 e.gpu_ns = Some((a, b.max(a)));
             }
         }
-        Ok((timer.entries, timer.inside_passes))
+        Ok((std::mem::take(&mut timer.entries), timer.inside_passes))
     }
 }

@@ -7,6 +7,7 @@ pub(crate) mod gpu;
 pub(crate) mod kernel_timer;
 mod memory;
 pub(crate) mod pinned;
+pub(crate) mod serial;
 pub(crate) mod stream;
 mod timer;
 pub(crate) mod transfer;
@@ -57,7 +58,20 @@ const DEFAULT_SEED: u64 = 67_280_421_310_721;
 
 enum Backend {
     Cpu(Box<Mutex<CachingAllocator<HostSource>>>),
-    Gpu(Box<GpuDevice>),
+    /// Dropped by hand, under the GL lock where the device is a GL one (`Drop for Inner`).
+    Gpu(std::mem::ManuallyDrop<Box<GpuDevice>>),
+}
+
+impl Drop for Inner {
+    /// A GPU device's teardown (its pipelines, segments, buffers) makes wgpu calls too: on GL
+    /// they hold the GL lock like every other (`serial.rs`).
+    fn drop(&mut self) {
+        if let Backend::Gpu(g) = &mut self.backend {
+            let _gl = g.gl.guard();
+            // SAFETY: dropped once, here; nothing touches the backend after.
+            unsafe { std::mem::ManuallyDrop::drop(g) };
+        }
+    }
 }
 
 /// Runs `$body` with `$a` bound to the locked allocator of either device kind.
@@ -168,7 +182,7 @@ impl Device {
         let gpu = GpuDevice::new(info, adapter, AllocatorConfig::from_env()?)?;
         Ok(Device(Arc::new(Inner {
             spec,
-            backend: Backend::Gpu(Box::new(gpu)),
+            backend: Backend::Gpu(std::mem::ManuallyDrop::new(Box::new(gpu))),
             rng: Mutex::new((DEFAULT_SEED, 0)),
         })))
     }
@@ -200,7 +214,7 @@ impl Device {
 
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
-            Backend::Gpu(g) => Some(g),
+            Backend::Gpu(g) => Some(&***g),
             Backend::Cpu(_) => None,
         }
     }

@@ -2,10 +2,12 @@
 //! memory of a pinned tensor, and the source that makes them for the host caching allocator.
 //! See Note [Pinned host memory] in ARCHITECTURE.md.
 
+use super::serial::GlSerial;
 use super::stream::Stream;
 use super::{lock, wgpu_err};
 use crate::host::{PinnedKind, PinnedSource};
 use crate::{Error, Result};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -29,13 +31,24 @@ enum MapState {
 unsafe impl Send for MapState {}
 
 pub(crate) struct PinnedBuffer {
-    pub buffer: wgpu::Buffer,
+    /// Dropped by hand, under the GL lock (`Drop` below).
+    pub buffer: ManuallyDrop<wgpu::Buffer>,
     pub kind: PinnedKind,
     /// Host-cached coherent memory the GPU copies both ways (the unified Vulkan form); else
     /// only the way `kind` says.
     pub both_ways: bool,
     state: Mutex<MapState>,
     mapped: Arc<AtomicU8>,
+    gl: GlSerial,
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // The last handle of a pinned block may go in any thread (a tensor's drop).
+        let _gl = self.gl.guard();
+        // SAFETY: dropped once, here; nothing uses the field after.
+        unsafe { ManuallyDrop::drop(&mut self.buffer) };
+    }
 }
 
 impl std::fmt::Debug for PinnedBuffer {
@@ -74,6 +87,7 @@ impl PinnedBuffer {
         };
         let flag = self.mapped.clone();
         flag.store(MAP_PENDING, Ordering::Release);
+        let _gl = self.gl.guard();
         self.buffer.slice(..).map_async(mode, move |r| {
             flag.store(
                 if r.is_ok() { MAP_DONE } else { MAP_FAILED },
@@ -84,6 +98,7 @@ impl PinnedBuffer {
 
     /// The start of the mapping, which must be complete.
     fn mapped_ptr(&self) -> Result<*mut u8> {
+        let _gl = self.gl.guard();
         let slice = self.buffer.slice(..);
         // Views only guard against overlapping views; the mapping itself stays until `unmap`,
         // so the pointer outlives the view.
@@ -118,9 +133,11 @@ impl PinnedBuffer {
             }
             // The buffer's copies are complete, so the map lands at the next poll or so; no
             // blocking wait here (it would wait for all queued work, not this buffer).
-            g.device
-                .poll(wgpu::PollType::Poll)
-                .map_err(wgpu_err("pinned wait"))?;
+            let polled = {
+                let _gl = self.gl.guard();
+                g.device.poll(wgpu::PollType::Poll)
+            };
+            polled.map_err(wgpu_err("pinned wait"))?;
             if spins > 64 {
                 std::thread::yield_now();
             }
@@ -163,10 +180,12 @@ impl PinnedBuffer {
                 }
                 self.request_map();
                 *state = MapState::Mapping;
+                let _gl = self.gl.guard();
                 let _ = g.device.poll(wgpu::PollType::Poll);
                 self.mapped.load(Ordering::Acquire) != MAP_PENDING
             }
             MapState::Mapping => {
+                let _gl = self.gl.guard();
                 let _ = g.device.poll(wgpu::PollType::Poll);
                 self.mapped.load(Ordering::Acquire) != MAP_PENDING
             }
@@ -185,11 +204,15 @@ impl PinnedBuffer {
     ) -> Result<u64> {
         let mut state = lock(&self.state);
         match *state {
-            MapState::Mapped(_) => self.buffer.unmap(),
+            MapState::Mapped(_) => {
+                let _gl = self.gl.guard();
+                self.buffer.unmap()
+            }
             MapState::Unmapped(_) => {}
             MapState::Mapping => {
                 // wgpu refuses a submit that uses a buffer with a map pending: let it land.
                 self.finish_map(g)?;
+                let _gl = self.gl.guard();
                 self.buffer.unmap();
             }
         }
@@ -219,6 +242,7 @@ pub(crate) struct WgpuPinnedSource {
     pub max_buffer_size: u64,
     /// Both kinds are `MAP_READ | COPY_SRC | COPY_DST` (Vulkan with MAPPABLE_PRIMARY_BUFFERS).
     pub unified: bool,
+    pub gl: GlSerial,
 }
 
 impl PinnedSource for WgpuPinnedSource {
@@ -244,13 +268,16 @@ impl PinnedSource for WgpuPinnedSource {
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         // A write-mapped buffer maps at creation without an extra copy; a read-mapped one asks
         // for its map (mapping at creation would stage it through another buffer).
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln pinned"),
-            // wgpu maps whole 4-byte words.
-            size: size_bytes.max(4),
-            usage,
-            mapped_at_creation: map_at_creation,
-        });
+        let buffer = {
+            let _gl = self.gl.guard();
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln pinned"),
+                // wgpu maps whole 4-byte words.
+                size: size_bytes.max(4),
+                usage,
+                mapped_at_creation: map_at_creation,
+            })
+        };
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
         if let Some(e) = oom.or(validation) {
@@ -260,7 +287,8 @@ impl PinnedSource for WgpuPinnedSource {
             });
         }
         let pinned = PinnedBuffer {
-            buffer,
+            buffer: ManuallyDrop::new(buffer),
+            gl: self.gl,
             kind,
             both_ways: self.unified,
             state: Mutex::new(MapState::Unmapped(0)),

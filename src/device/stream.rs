@@ -6,6 +6,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::serial::GlSerial;
+
 /// Dispatches recorded before the stream submits on its own (cubecl uses 32; a submit costs
 /// about 8 us of CPU on the H100, so batches of this size keep it under 0.1 us per dispatch).
 pub(crate) const DISPATCHES_PER_SUBMIT: usize = 128;
@@ -23,11 +25,13 @@ pub(crate) struct Stream {
     in_flight: VecDeque<(u64, wgpu::SubmissionIndex)>,
     /// Highest sequence number known complete; written by `on_submitted_work_done` callbacks.
     completed: Arc<AtomicU64>,
+    gl: GlSerial,
 }
 
 impl Stream {
-    pub fn new() -> Self {
+    pub fn new(gl: GlSerial) -> Self {
         Stream {
+            gl,
             encoder: None,
             pass: None,
             recorded: 0,
@@ -88,7 +92,10 @@ impl Stream {
         self.recorded = 0;
         let event = self.next_event;
         self.next_event += 1;
-        let index = queue.submit([encoder.finish()]);
+        let index = {
+            let _gl = self.gl.guard();
+            queue.submit([encoder.finish()])
+        };
         let completed = self.completed.clone();
         queue.on_submitted_work_done(move || {
             completed.fetch_max(event, Ordering::AcqRel);
@@ -102,7 +109,10 @@ impl Stream {
         if self.completed.load(Ordering::Acquire) >= event {
             return true;
         }
-        let _ = device.poll(wgpu::PollType::Poll);
+        {
+            let _gl = self.gl.guard();
+            let _ = device.poll(wgpu::PollType::Poll);
+        }
         self.retire();
         self.completed.load(Ordering::Acquire) >= event
     }
@@ -143,6 +153,7 @@ impl Stream {
             event,
             index,
             completed: self.completed.clone(),
+            gl: self.gl,
         })
     }
 
@@ -159,6 +170,7 @@ pub(crate) struct Wait {
     event: u64,
     index: Option<wgpu::SubmissionIndex>,
     completed: Arc<AtomicU64>,
+    gl: GlSerial,
 }
 
 impl Wait {
@@ -167,12 +179,18 @@ impl Wait {
         // wake-up (about 20 us on the H100) that short jobs need not pay.
         let spin = std::time::Instant::now();
         while spin.elapsed() < SPIN_BEFORE_WAIT {
-            device.poll(wgpu::PollType::Poll)?;
+            let polled = {
+                let _gl = self.gl.guard();
+                device.poll(wgpu::PollType::Poll)
+            };
+            polled?;
             if self.completed.load(Ordering::Acquire) >= self.event {
                 return Ok(());
             }
             std::hint::spin_loop();
         }
+        // On GL the whole wait holds the serial lock (wgpu holds the GL context through it).
+        let _gl = self.gl.guard();
         device.poll(wgpu::PollType::Wait {
             submission_index: self.index,
             timeout: None,

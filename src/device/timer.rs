@@ -20,6 +20,7 @@ pub fn gpu_time(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Optio
         f()?;
         return Ok(None);
     }
+    let gl = g.gl.guard();
     let set = g.device.create_query_set(&wgpu::QuerySetDescriptor {
         label: Some("kiln timer"),
         ty: wgpu::QueryType::Timestamp,
@@ -31,6 +32,7 @@ pub fn gpu_time(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Optio
         usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
+    drop(gl);
     lock(&g.stream)
         .copy_encoder(&g.device)
         .write_timestamp(&set, 0);
@@ -41,6 +43,11 @@ pub fn gpu_time(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Optio
         enc.copy_buffer_to_buffer(&resolve, 0, readback, 0, 16);
     })?;
     g.check("gpu_time")?;
+    {
+        let _gl = g.gl.guard();
+        drop(resolve);
+        drop(set);
+    }
     let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[..16]);
     let period_ns = g.queue.get_timestamp_period() as f64;
     Ok(Some(

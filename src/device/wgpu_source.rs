@@ -2,6 +2,7 @@
 //! an error scope, so the allocator can release its cache and retry as PyTorch does after a
 //! failed `cudaMalloc`.
 
+use super::serial::GlSerial;
 use super::stream::Stream;
 use crate::alloc::{MemInfo, SegmentSource, SourceError};
 use crate::kernels::BindGroupCache;
@@ -15,6 +16,7 @@ pub(crate) struct WgpuSource {
     pub bind_groups: Arc<Mutex<BindGroupCache>>,
     pub name: String,
     pub max_buffer_size: u64,
+    pub gl: GlSerial,
 }
 
 pub(crate) const SEGMENT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -27,12 +29,15 @@ impl SegmentSource for WgpuSource {
     fn allocate(&mut self, size_bytes: u64) -> Result<wgpu::Buffer, SourceError> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln segment"),
-            size: size_bytes,
-            usage: SEGMENT_USAGE,
-            mapped_at_creation: false,
-        });
+        let buffer = {
+            let _gl = self.gl.guard();
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln segment"),
+                size: size_bytes,
+                usage: SEGMENT_USAGE,
+                mapped_at_creation: false,
+            })
+        };
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
         match (oom, validation) {
@@ -44,8 +49,11 @@ impl SegmentSource for WgpuSource {
 
     /// Dropping the handle lets wgpu free the buffer once the GPU no longer uses it; the
     /// allocator synchronises first where it needs the memory back (`release_cached_blocks`).
+    /// The segment's handle is its last one (its blocks are all free), so wgpu frees it here
+    /// or inside a later submit or poll: on GL, each under the GL lock.
     fn release(&mut self, handle: wgpu::Buffer) {
         super::lock(&self.bind_groups).evict(&handle);
+        let _gl = self.gl.guard();
         drop(handle);
     }
 

@@ -16,6 +16,7 @@ pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp};
 pub use softmax::SoftmaxKernel;
 
+use crate::device::serial::GlSerial;
 use crate::device::DeviceBlock;
 use crate::tensor::DType;
 use crate::{Error, Result};
@@ -338,10 +339,15 @@ pub(crate) struct KernelCache {
 }
 
 impl KernelCache {
-    pub fn get(&mut self, device: &wgpu::Device, kernel: Kernel) -> Arc<Compiled> {
+    /// The kernel's pipeline, compiled on first use (on GL under the GL lock: the driver
+    /// compiles and links there).
+    pub fn get(&mut self, device: &wgpu::Device, gl: GlSerial, kernel: Kernel) -> Arc<Compiled> {
         self.compiled
             .entry(kernel)
-            .or_insert_with(|| Arc::new(compile(device, &kernel)))
+            .or_insert_with(|| {
+                let _gl = gl.guard();
+                Arc::new(compile(device, &kernel))
+            })
             .clone()
     }
 }
@@ -462,7 +468,7 @@ pub(crate) fn launch_groups(
             pending.push(kernel.op_name());
         }
     }
-    let compiled = crate::device::lock(&g.kernels).get(&g.device, kernel);
+    let compiled = crate::device::lock(&g.kernels).get(&g.device, g.gl, kernel);
     let bind_group = crate::device::lock(&g.bind_groups).get_or_create(
         &g.device,
         kernel,
