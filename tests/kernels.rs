@@ -16,8 +16,11 @@ fn every_kernel_validates() {
 #[test]
 fn coop_kernels_write_spirv() {
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
-    for t in kiln::kernels::CoopTile::ALL {
-        let k = kiln::kernels::Kernel::MatmulCoop(t);
+    for (t, l) in kiln::kernels::CoopTile::ALL
+        .into_iter()
+        .flat_map(|t| kiln::kernels::CoopLayout::ALL.map(|l| (t, l)))
+    {
+        let k = kiln::kernels::Kernel::MatmulCoop(t, l);
         let info = kiln::kernels::validate(&k).unwrap();
         let module = naga::front::wgsl::parse_str(&k.source()).unwrap();
         for policy in [

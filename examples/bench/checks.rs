@@ -56,18 +56,32 @@ pub fn matmul128(dev: &Device) -> kiln::Result<()> {
 pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
     let cpu = Device::cpu()?;
     let mut worst = 0f64;
-    for (batch, m, k, n, offset) in [
-        (1, 256, 512, 256, 0),
-        (2, 256, 96, 512, 0),
-        (1, 512, 256, 256, 8),
+    // Operands stored row-major or transposed (`t`: the GPU copy is laid out [k][m] or [n][k]
+    // and viewed back), in every combination the tensor-core kernel has a layout for.
+    let stored = |x: &Tensor, t: bool| -> kiln::Result<Tensor> {
+        let g = x.to_device(dev)?;
+        if t {
+            g.transpose(-1, -2)?.contiguous()?.transpose(-1, -2)
+        } else {
+            Ok(g)
+        }
+    };
+    for (batch, m, k, n, offset, a_t, b_t) in [
+        (1, 256, 512, 256, 0, false, false),
+        (2, 256, 96, 512, 0, false, false),
+        (1, 512, 256, 256, 8, false, false),
+        (1, 256, 512, 256, 0, false, true),
+        // m = 384: too short for the 256-row tile that B^T prefers; the default takes it.
+        (1, 384, 64, 128, 0, false, true),
+        (2, 256, 96, 512, 0, true, false),
+        (1, 256, 128, 384, 0, true, true),
     ] {
         let a = Tensor::randn(&[batch, m + offset, k], DType::F32, &cpu)?
             .to_dtype(DType::F16)?
             .narrow(1, offset, m)?;
         let b = Tensor::randn(&[batch, k, n], DType::F32, &cpu)?.to_dtype(DType::F16)?;
-        let got = a
-            .to_device(dev)?
-            .matmul(&b.to_device(dev)?)?
+        let got = stored(&a, a_t)?
+            .matmul(&stored(&b, b_t)?)?
             .to_dtype(DType::F32)?
             .to_vec::<f32>()?;
         let want = a

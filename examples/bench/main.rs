@@ -314,18 +314,32 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         }
         let a = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
         let b = Tensor::randn(&[4096, 4096], DType::F16, dev)?;
-        let (t, stamped) = gpu_time(dev, 10, || a.matmul(&b))?;
-        let clock = if stamped { "timestamps" } else { "wall clock" };
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "matmul",
-            case: format!(
-                "A @ B 4096^3 f16, {} ({clock})",
-                kiln::kernels::CoopTile::from_env().name()
-            ),
-            value: 2.0 * 4096f64.powi(3) / t / 1e12,
-            unit: "TFLOP/s",
-        });
+        let (at, bt) = (a.t()?, b.t()?);
+
+        type F16Case<'a> = (&'static str, Box<dyn Fn() -> kiln::Result<Tensor> + 'a>);
+        let cases: [F16Case; 4] = [
+            ("A @ B", Box::new(|| a.matmul(&b))),
+            ("A @ B^T (linear)", Box::new(|| a.matmul(&bt))),
+            ("A^T @ B", Box::new(|| at.matmul(&b))),
+            ("A^T @ B^T", Box::new(|| at.matmul(&bt))),
+        ];
+        for ((name, f), layout) in cases.into_iter().zip(kiln::kernels::CoopLayout::ALL) {
+            // The shapes tried for this layout (the first that fits runs).
+            let tiles = kiln::kernels::CoopTile::for_layout(layout)
+                .iter()
+                .map(|t| t.name(layout))
+                .collect::<Vec<_>>()
+                .join(" or ");
+            let (t, stamped) = gpu_time(dev, 10, f)?;
+            let clock = if stamped { "timestamps" } else { "wall clock" };
+            rows.push(Row {
+                adapter: dev.name(),
+                suite: "matmul",
+                case: format!("{name} 4096^3 f16, {tiles} ({clock})"),
+                value: 2.0 * 4096f64.powi(3) / t / 1e12,
+                unit: "TFLOP/s",
+            });
+        }
     }
     Ok(())
 }

@@ -32,9 +32,8 @@ pub(crate) struct GpuDevice {
     /// Whether `timer` is set: lets every dispatch skip its lock when no profile runs.
     pub timing: AtomicBool,
     pub kernels: Mutex<KernelCache>,
-    /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator), with
-    /// the tile shape it runs.
-    pub coop_f16: Option<crate::kernels::CoopTile>,
+    /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
+    pub coop_f16: bool,
     /// Shared with the segment source, which evicts a segment's groups when releasing it.
     pub bind_groups: Arc<Mutex<BindGroupCache>>,
     /// wgpu errors no scope caught, reported at the next sync point.
@@ -82,14 +81,12 @@ impl GpuDevice {
             })
             && std::env::var("KILN_DISABLE_COOPERATIVE_MATRIX").is_err();
         // The kernel splits its workgroup into subgroups of 32 (NVIDIA's warps; AMD's wave32).
-        let tile = crate::kernels::CoopTile::from_env();
         let adapter_info = adapter.get_info();
-        let coop_f16 = (coop_f16
+        let coop_f16 = coop_f16
             && adapter_info.subgroup_min_size == 32
             && adapter_info.subgroup_max_size == 32
-            && tile.valid(limits.max_compute_workgroup_storage_size))
-        .then_some(tile);
-        if coop_f16.is_some() {
+            && crate::kernels::CoopTile::DEFAULT.valid(limits.max_compute_workgroup_storage_size);
+        if coop_f16 {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         // One kind of pinned memory in host-cached system memory, as CUDA's, where Vulkan lets a
@@ -102,7 +99,7 @@ impl GpuDevice {
         if unified_pinned {
             features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
-        let experimental_features = if coop_f16.is_some() {
+        let experimental_features = if coop_f16 {
             // SAFETY: wgpu's experimental cooperative-matrix support; kiln uses one validated
             // shader (tests/kernels.rs) on configurations the adapter reports.
             unsafe { wgpu::ExperimentalFeatures::enabled() }

@@ -29,6 +29,76 @@
 
 use std::fmt::Write;
 
+/// How the operands lie in memory: `a_t`, A is stored transposed (`[k][m]`, as `g^T` in a
+/// weight gradient); `b_t`, B is stored transposed (`[n][k]`, as `W^T` in `x @ W^T`: every
+/// `linear`). Each operand's slice is staged in workgroup memory in its own orientation and
+/// read back with the matching cooperative load (row-major `coopLoadT` or column-major
+/// `coopLoad`), so no layout costs a transpose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CoopLayout {
+    pub a_t: bool,
+    pub b_t: bool,
+}
+
+impl CoopLayout {
+    pub const ALL: [CoopLayout; 4] = [
+        CoopLayout {
+            a_t: false,
+            b_t: false,
+        },
+        CoopLayout {
+            a_t: false,
+            b_t: true,
+        },
+        CoopLayout {
+            a_t: true,
+            b_t: false,
+        },
+        CoopLayout {
+            a_t: true,
+            b_t: true,
+        },
+    ];
+}
+
+/// One operand's slice (`bk` deep, `d` wide) as staged: `kc` (k contiguous) means rows along
+/// m or n of `bk` values each, else rows along k of `d` values each.
+#[derive(Clone, Copy)]
+struct Staged {
+    d: u32,
+    bk: u32,
+    kc: bool,
+}
+
+impl Staged {
+    fn rows(self) -> u32 {
+        if self.kc {
+            self.d
+        } else {
+            self.bk
+        }
+    }
+
+    /// 16-byte vectors per row in memory.
+    fn vecs(self) -> u32 {
+        if self.kc {
+            self.bk / 8
+        } else {
+            self.d / 8
+        }
+    }
+
+    /// Words per shared row: the row padded by 16 bytes, so that the rows of a 16x16 load
+    /// fall in different banks.
+    fn row_words(self) -> u32 {
+        self.vecs() * 4 + PAD
+    }
+
+    fn words(self) -> u32 {
+        self.rows() * self.row_words()
+    }
+}
+
 /// A tile shape for the tensor-core kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopTile {
@@ -73,8 +143,9 @@ impl CoopTile {
 
     /// Shapes the registry validates: the default and others measured against it (f16 4096,
     /// H100, with the in-kernel f16 epilogue).
-    pub const ALL: [CoopTile; 4] = [
+    pub const ALL: [CoopTile; 5] = [
         CoopTile::DEFAULT,
+        CoopTile::TALL,
         // 128x256, eight subgroups (284-287).
         CoopTile {
             wm: 2,
@@ -106,8 +177,34 @@ impl CoopTile {
         },
     ];
 
-    /// `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]`, where valid; else the default.
-    pub fn from_env() -> CoopTile {
+    /// 256x128 per workgroup (eight subgroups of 64x64): the fastest where only B is stored
+    /// transposed (`x @ W^T`, 257 TFLOP/s against 154 for the default on the H100).
+    pub const TALL: CoopTile = CoopTile {
+        wm: 4,
+        wn: 2,
+        tm: 4,
+        tn: 4,
+        bk: 32,
+        depth: 0,
+        group: 8,
+    };
+
+    /// The shapes to try for a product in `layout`, best first: `KILN_COOP_TILE` alone where
+    /// set; else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then the default
+    /// (whose 128x128 tiles fit more products).
+    pub fn for_layout(layout: CoopLayout) -> Vec<CoopTile> {
+        if let Some(t) = Self::from_env() {
+            return vec![t];
+        }
+        if layout.b_t && !layout.a_t {
+            vec![CoopTile::TALL, CoopTile::DEFAULT]
+        } else {
+            vec![CoopTile::DEFAULT]
+        }
+    }
+
+    /// `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]`, where set and valid.
+    pub fn from_env() -> Option<CoopTile> {
         let parsed = std::env::var("KILN_COOP_TILE").ok().and_then(|s| {
             let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
             match v[..] {
@@ -132,9 +229,7 @@ impl CoopTile {
                 _ => None,
             }
         });
-        parsed
-            .filter(|t| t.valid(48 * 1024))
-            .unwrap_or(CoopTile::DEFAULT)
+        parsed.filter(|t| t.valid(48 * 1024))
     }
 
     pub fn threads(&self) -> u32 {
@@ -163,23 +258,34 @@ impl CoopTile {
         }
     }
 
-    fn row_a(&self) -> u32 {
-        self.bk / 2 + PAD
+    fn staged(&self, layout: CoopLayout) -> (Staged, Staged) {
+        let bk = self.bk;
+        (
+            Staged {
+                d: self.block_m(),
+                bk,
+                kc: !layout.a_t,
+            },
+            Staged {
+                d: self.block_n(),
+                bk,
+                kc: layout.b_t,
+            },
+        )
     }
 
-    fn row_b(&self) -> u32 {
-        self.block_n() / 2 + PAD
-    }
-
-    /// Words of one shared buffer for A and for B.
-    fn words(&self) -> (u32, u32) {
-        (self.block_m() * self.row_a(), self.bk * self.row_b())
-    }
-
-    /// Bytes of workgroup memory: all buffers of A and B, and the epilogue's patches.
+    /// Bytes of workgroup memory in the layout that needs the most: all buffers of A and B,
+    /// and the epilogue's patches.
     pub fn shared_bytes(&self) -> u32 {
-        let (a, b) = self.words();
-        self.buffers() * 4 * (a + b) + 4 * self.wm * self.wn * 16 * PATCH_ROW
+        CoopLayout::ALL
+            .iter()
+            .map(|&l| {
+                let (a, b) = self.staged(l);
+                self.buffers() * 4 * (a.words() + b.words())
+            })
+            .max()
+            .unwrap_or(0)
+            + 4 * self.wm * self.wn * 16 * PATCH_ROW
     }
 
     /// Vector loads per invocation per slice, for A and for B.
@@ -208,20 +314,29 @@ impl CoopTile {
             && self.shared_bytes() <= shared_limit
     }
 
-    pub fn name(&self) -> String {
+    pub fn name(&self, layout: CoopLayout) -> String {
         format!(
-            "matmul_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
-            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+            "matmul_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}{}{}",
+            self.wm,
+            self.wn,
+            self.tm,
+            self.tn,
+            self.bk,
+            self.depth,
+            self.group,
+            if layout.a_t { "_at" } else { "" },
+            if layout.b_t { "_bt" } else { "" }
         )
     }
 
     /// The WGSL.
-    pub fn source(&self) -> String {
+    pub fn source(&self, layout: CoopLayout) -> String {
         let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
-        let (ra, rb) = (self.row_a(), self.row_b());
-        let (wa, wb) = self.words();
+        let (sta, stb) = self.staged(layout);
+        let (ra, rb) = (sta.row_words(), stb.row_words());
+        let (wa, wb) = (sta.words(), stb.words());
         let (la, lb) = self.loads();
-        let (ca, cb) = (bk / 8, bn / 8);
+        let (ca, cb) = (sta.vecs(), stb.vecs());
         // Offsets and strides are counted in words (two halves); the shared arrays hold
         // `vec4<f16>`s (two words), so an index or stride there is half the word count.
         let at = |w: &str| format!("({w}) / 2u");
@@ -249,11 +364,11 @@ impl CoopTile {
              let ldb8 = p.ldb / 8u;\n    \
              let ldc = p.n;\n    \
              {origin}\n    \
-             let a_base = (p.off_a + bt * p.sab) / 8u + m0 * lda8;\n    \
-             let b_base = (p.off_b + bt * p.sbb) / 8u + n0 / 8u;\n    \
+             let a_base = (p.off_a + bt * p.sab) / 8u + {a_origin};\n    \
+             let b_base = (p.off_b + bt * p.sbb) / 8u + {b_origin};\n    \
              let sg_m = (sg / {wn}u) * {sm}u;\n    \
              let sg_n = (sg % {wn}u) * {sn}u;\n",
-            name = self.name(),
+            name = self.name(layout),
             origin = if self.group == 0 {
                 format!("let m0 = wg.y * {bm}u;\n    let n0 = wg.x * {bn}u;")
             } else {
@@ -272,11 +387,13 @@ impl CoopTile {
             sb = self.buffers() * wb / 2,
             sc = self.wm * self.wn * 16 * PATCH_ROW,
             wn = self.wn,
+            a_origin = if sta.kc { "m0 * lda8" } else { "m0 / 8u" },
+            b_origin = if stb.kc { "n0 * ldb8" } else { "n0 / 8u" },
             sm = self.tm * 16,
             sn = self.tn * 16,
         );
         // Where each invocation's loads come from (vectors relative to the slice start) and go
-        // to (words in a shared buffer): A is bm rows of ca vectors, B bk rows of cb vectors.
+        // to (words in a shared buffer): each operand's slice is rows of ca (cb) vectors.
         for i in 0..la {
             let _ = writeln!(
                 s,
@@ -302,13 +419,23 @@ impl CoopTile {
             for i in 0..la {
                 let _ = writeln!(
                     s,
-                    "{indent}{decl}ra{set}{i} = a[a_base + {k} / 8u + ga{i}];"
+                    "{indent}{decl}ra{set}{i} = a[a_base + {ka} + ga{i}];",
+                    ka = if sta.kc {
+                        format!("{k} / 8u")
+                    } else {
+                        format!("{k} * lda8")
+                    }
                 );
             }
             for i in 0..lb {
                 let _ = writeln!(
                     s,
-                    "{indent}{decl}rb{set}{i} = b[b_base + {k} * ldb8 + gb{i}];"
+                    "{indent}{decl}rb{set}{i} = b[b_base + {kb} + gb{i}];",
+                    kb = if stb.kc {
+                        format!("{k} / 8u")
+                    } else {
+                        format!("{k} * ldb8")
+                    }
                 );
             }
         };
@@ -339,25 +466,33 @@ impl CoopTile {
             for kk in 0..bk / 16 {
                 for i in 0..self.tm {
                     let _ = writeln!(
-                    s,
-                    "        let pa{kk}_{i} = {cur} * {wa}u + (sg_m + {r}u) * {ra}u + {kw}u;\n        \
-                     let a{kk}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[{ix}], {rf}u);",
-                    ix = at(&format!("pa{kk}_{i}")),
-                    rf = ra / 2,
-                    r = i * 16,
-                    kw = kk * 8
-                );
+                        s,
+                        "        let pa{kk}_{i} = {cur} * {wa}u + {off};\n        \
+                     let a{kk}_{i} = {load}<coop_mat16x16<f16, A>>(&sa[{ix}], {rf}u);",
+                        ix = at(&format!("pa{kk}_{i}")),
+                        rf = ra / 2,
+                        off = if sta.kc {
+                            format!("(sg_m + {}u) * {ra}u + {}u", i * 16, kk * 8)
+                        } else {
+                            format!("{}u * {ra}u + (sg_m + {}u) / 2u", kk * 16, i * 16)
+                        },
+                        load = if sta.kc { "coopLoadT" } else { "coopLoad" },
+                    );
                 }
                 for j in 0..self.tn {
                     let _ = writeln!(
-                    s,
-                    "        let pb{kk}_{j} = {cur} * {wb}u + {kr}u * {rb}u + (sg_n + {c}u) / 2u;\n        \
-                     let b{kk}_{j} = coopLoadT<coop_mat16x16<f16, B>>(&sb[{ix}], {rf}u);",
-                    ix = at(&format!("pb{kk}_{j}")),
-                    rf = rb / 2,
-                    kr = kk * 16,
-                    c = j * 16
-                );
+                        s,
+                        "        let pb{kk}_{j} = {cur} * {wb}u + {off};\n        \
+                     let b{kk}_{j} = {load}<coop_mat16x16<f16, B>>(&sb[{ix}], {rf}u);",
+                        ix = at(&format!("pb{kk}_{j}")),
+                        rf = rb / 2,
+                        off = if stb.kc {
+                            format!("(sg_n + {}u) * {rb}u + {}u", j * 16, kk * 8)
+                        } else {
+                            format!("{}u * {rb}u + (sg_n + {}u) / 2u", kk * 16, j * 16)
+                        },
+                        load = if stb.kc { "coopLoad" } else { "coopLoadT" },
+                    );
                 }
                 for i in 0..self.tm {
                     for j in 0..self.tn {
@@ -496,17 +631,18 @@ mod tests {
         for t in CoopTile::ALL {
             assert!(t.valid(48 * 1024), "{t:?}: {} bytes", t.shared_bytes());
         }
+        // The largest layout: both operands staged as 128 (or 256) rows of bk values.
         assert_eq!(
             CoopTile::DEFAULT.shared_bytes(),
-            4 * (128 * 20 + 32 * 68) + 4 * 4 * 16 * 20
-        );
-        assert_eq!(
-            CoopTile::ALL[1].shared_bytes(),
-            4 * (128 * 20 + 32 * 132) + 4 * 8 * 16 * 20
+            4 * (128 * 20 + 128 * 20) + 4 * 4 * 16 * 20
         );
         assert_eq!(
             CoopTile::ALL[2].shared_bytes(),
-            2 * 4 * (128 * 12 + 16 * 68) + 4 * 4 * 16 * 20
+            4 * (128 * 20 + 256 * 20) + 4 * 8 * 16 * 20
+        );
+        assert_eq!(
+            CoopTile::ALL[3].shared_bytes(),
+            2 * 4 * (128 * 12 + 128 * 12) + 4 * 4 * 16 * 20
         );
         assert!(!CoopTile {
             bk: 24,

@@ -11,7 +11,7 @@ mod softmax;
 
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
-pub use matmul_coop::CoopTile;
+pub use matmul_coop::{CoopLayout, CoopTile};
 pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp};
 pub use softmax::SoftmaxKernel;
@@ -61,7 +61,7 @@ pub enum Kernel {
     ScatterAdd(DType),
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
     /// `matmul_coop.rs`.
-    MatmulCoop(CoopTile),
+    MatmulCoop(CoopTile, CoopLayout),
     /// `shaders/colsum.wgsl`: f32 sums over the leading dims of a contiguous tensor.
     ColumnSum,
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 parameters.
@@ -108,7 +108,11 @@ impl Kernel {
             .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
             .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
-            .chain(CoopTile::ALL.map(Kernel::MatmulCoop))
+            .chain(
+                CoopTile::ALL
+                    .into_iter()
+                    .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l))),
+            )
             .chain(
                 [
                     OptimKernel::Sgd,
@@ -131,7 +135,7 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
-            Kernel::MatmulCoop(t) => Cow::Owned(t.source()),
+            Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::Optim(OptimKernel::Sgd4 | OptimKernel::Adam4) => Cow::Owned(
                 include_str!("../../shaders/optim.wgsl").replace("array<f32>", "array<vec4<f32>>"),
             ),
@@ -211,7 +215,7 @@ impl Kernel {
             Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
-            Kernel::MatmulCoop(t) => Cow::Owned(t.name()),
+            Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
             Kernel::ColumnSum => Cow::Borrowed("colsum_f32"),
             Kernel::Optim(k) => Cow::Owned(format!(
                 "optim_{}{}",
@@ -237,7 +241,7 @@ impl Kernel {
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
-            Kernel::MatmulCoop(_) => 3,
+            Kernel::MatmulCoop(..) => 3,
             Kernel::Pool2d(_) => 2,
             Kernel::Optim(_) => 4,
             Kernel::ColumnSum => 2,
@@ -264,7 +268,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::Matmul(_) | Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_)
-        ) || (matches!(self, Kernel::MatmulCoop(_)) && std::env::var("KILN_COOP_CHECKED").is_err())
+        ) || (matches!(self, Kernel::MatmulCoop(..)) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -284,7 +288,7 @@ impl Kernel {
             Kernel::Conv2d(_) => 80,
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
-            Kernel::MatmulCoop(_) => 48,
+            Kernel::MatmulCoop(..) => 48,
             Kernel::Optim(_) => 64,
             Kernel::ColumnSum => 32,
         }

@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{same_device, u32_of};
-use crate::kernels::{launch_groups, CoopTile, Kernel};
+use crate::kernels::{launch_groups, CoopLayout, CoopTile, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -50,29 +50,47 @@ fn flatten_batch(a: Tensor, b: Tensor, batch_shape: &[usize]) -> Result<Batched>
     })
 }
 
-/// The tensor-core tile shape for this product, where the path applies: f16 on an adapter with
-/// cooperative matrices, whole tiles, whole K slices, row-major operands with 16-byte aligned
-/// rows and offsets.
+/// The tensor-core path for this product, where it applies: f16 on an adapter with
+/// cooperative matrices, whole tiles, whole K slices, each operand with one unit stride
+/// (row-major or transposed, as `W^T` in `x @ W^T`) and 16-byte aligned rows and offsets.
+/// Returns the tile shape, the layout and the two leading dimensions.
 fn coop_tile(
     a: &Tensor,
     [m, n, k]: [usize; 3],
     fa: &Tensor,
     fb: &Tensor,
     s: [usize; 6],
-) -> Option<CoopTile> {
+) -> Option<(CoopTile, CoopLayout, usize, usize)> {
     let [sam, sak, sbk, sbn, sab, sbb] = s;
-    let tile = a.device().gpu().and_then(|g| g.coop_f16)?;
-    let fits = a.dtype() == crate::tensor::DType::F16
-        && m % tile.block_m() as usize == 0
-        && n % tile.block_n() as usize == 0
-        && k % tile.k_step() as usize == 0
+    let g = a.device().gpu().filter(|g| g.coop_f16)?;
+    // Row-major where the inner stride is 1, else transposed where the outer one is.
+    let (a_t, lda) = match (sak, sam) {
+        (1, ld) => (false, ld),
+        (ld, 1) => (true, ld),
+        _ => return None,
+    };
+    let (b_t, ldb) = match (sbn, sbk) {
+        (1, ld) => (false, ld),
+        (ld, 1) => (true, ld),
+        _ => return None,
+    };
+    let aligned = a.dtype() == crate::tensor::DType::F16
         && k > 0
-        && sak == 1
-        && sbn == 1
-        && [sam, sbk, sab, sbb, fa.layout().offset, fb.layout().offset]
+        && [lda, ldb, sab, sbb, fa.layout().offset, fb.layout().offset]
             .iter()
             .all(|v| v % 8 == 0);
-    fits.then_some(tile)
+    if !aligned {
+        return None;
+    }
+    let layout = CoopLayout { a_t, b_t };
+    let shared = g.info.limits.max_compute_workgroup_storage_size;
+    let tile = CoopTile::for_layout(layout).into_iter().find(|t| {
+        m % t.block_m() as usize == 0
+            && n % t.block_n() as usize == 0
+            && k % t.k_step() as usize == 0
+            && t.valid(shared)
+    })?;
+    Some((tile, layout, lda, ldb))
 }
 
 static FORCED_TILE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
@@ -348,7 +366,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                 [flat.sab, sam, sak],
                 [flat.sbb, sbk, sbn],
             );
-        } else if let Some(tile) = coop_tile(
+        } else if let Some((tile, layout, lda, ldb)) = coop_tile(
             a,
             [m, n, k],
             fa,
@@ -363,10 +381,10 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                 flat.batch,
                 fa.layout().offset,
                 flat.sab,
-                sam,
+                lda,
                 fb.layout().offset,
                 flat.sbb,
-                sbk,
+                ldb,
                 0,
                 0,
             ]
@@ -379,7 +397,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                 u32_of(OP, flat.batch)?,
             );
             launch_groups(
-                Kernel::MatmulCoop(tile),
+                Kernel::MatmulCoop(tile, layout),
                 &[&fa.storage.block, &fb.storage.block, &out.storage.block],
                 &imm,
                 groups,
