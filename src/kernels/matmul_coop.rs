@@ -394,21 +394,15 @@ impl CoopTile {
         );
         // Where each invocation's loads come from (vectors relative to the slice start) and go
         // to (words in a shared buffer): each operand's slice is rows of ca (cb) vectors.
-        for i in 0..la {
-            let _ = writeln!(
-                s,
-                "    let ga{i} = ((li + {o}u) / {ca}u) * lda8 + (li + {o}u) % {ca}u;\n    \
-                 let sa{i} = ((li + {o}u) / {ca}u) * {ra}u + ((li + {o}u) % {ca}u) * 4u;",
-                o = i * t
-            );
-        }
-        for i in 0..lb {
-            let _ = writeln!(
-                s,
-                "    let gb{i} = ((li + {o}u) / {cb}u) * ldb8 + (li + {o}u) % {cb}u;\n    \
-                 let sb{i} = ((li + {o}u) / {cb}u) * {rb}u + ((li + {o}u) % {cb}u) * 4u;",
-                o = i * t
-            );
+        for (x, count, vecs, row) in [("a", la, ca, ra), ("b", lb, cb, rb)] {
+            for i in 0..count {
+                let _ = writeln!(
+                    s,
+                    "    let g{x}{i} = ((li + {o}u) / {vecs}u) * ld{x}8 + (li + {o}u) % {vecs}u;\n    \
+                     let s{x}{i} = ((li + {o}u) / {vecs}u) * {row}u + ((li + {o}u) % {vecs}u) * 4u;",
+                    o = i * t
+                );
+            }
         }
         for i in 0..self.tm {
             for j in 0..self.tn {
@@ -416,27 +410,19 @@ impl CoopTile {
             }
         }
         let loads = |s: &mut String, k: &str, set: &str, decl: &str, indent: &str| {
-            for i in 0..la {
-                let _ = writeln!(
-                    s,
-                    "{indent}{decl}ra{set}{i} = a[a_base + {ka} + ga{i}];",
-                    ka = if sta.kc {
-                        format!("{k} / 8u")
-                    } else {
-                        format!("{k} * lda8")
-                    }
-                );
-            }
-            for i in 0..lb {
-                let _ = writeln!(
-                    s,
-                    "{indent}{decl}rb{set}{i} = b[b_base + {kb} + gb{i}];",
-                    kb = if stb.kc {
-                        format!("{k} / 8u")
-                    } else {
-                        format!("{k} * ldb8")
-                    }
-                );
+            for (x, count, kc) in [("a", la, sta.kc), ("b", lb, stb.kc)] {
+                // The slice's first vector: k / 8 along a row, or k rows down.
+                let at_k = if kc {
+                    format!("{k} / 8u")
+                } else {
+                    format!("{k} * ld{x}8")
+                };
+                for i in 0..count {
+                    let _ = writeln!(
+                        s,
+                        "{indent}{decl}r{x}{set}{i} = {x}[{x}_base + {at_k} + g{x}{i}];"
+                    );
+                }
             }
         };
         let stores = |s: &mut String, buf: &str, set: &str, indent: &str| {
@@ -464,35 +450,28 @@ impl CoopTile {
         // The multiplies of the slice in shared buffer `cur` (a WGSL expression).
         let compute = |s: &mut String, cur: &str| {
             for kk in 0..bk / 16 {
-                for i in 0..self.tm {
-                    let _ = writeln!(
-                        s,
-                        "        let pa{kk}_{i} = {cur} * {wa}u + {off};\n        \
-                     let a{kk}_{i} = {load}<coop_mat16x16<f16, A>>(&sa[{ix}], {rf}u);",
-                        ix = at(&format!("pa{kk}_{i}")),
-                        rf = ra / 2,
-                        off = if sta.kc {
-                            format!("(sg_m + {}u) * {ra}u + {}u", i * 16, kk * 8)
+                // The 16x16 operand tiles of this k step: A's along m, B's along n. A staged
+                // tile is row-major where its rows run along the matrix's rows (A's when k
+                // is contiguous, B's when not).
+                for (x, role, count, origin, st, row, words, along_rows) in [
+                    ("a", "A", self.tm, "sg_m", sta, ra, wa, sta.kc),
+                    ("b", "B", self.tn, "sg_n", stb, rb, wb, !stb.kc),
+                ] {
+                    for i in 0..count {
+                        let off = if st.kc {
+                            format!("({origin} + {}u) * {row}u + {}u", i * 16, kk * 8)
                         } else {
-                            format!("{}u * {ra}u + (sg_m + {}u) / 2u", kk * 16, i * 16)
-                        },
-                        load = if sta.kc { "coopLoadT" } else { "coopLoad" },
-                    );
-                }
-                for j in 0..self.tn {
-                    let _ = writeln!(
-                        s,
-                        "        let pb{kk}_{j} = {cur} * {wb}u + {off};\n        \
-                     let b{kk}_{j} = {load}<coop_mat16x16<f16, B>>(&sb[{ix}], {rf}u);",
-                        ix = at(&format!("pb{kk}_{j}")),
-                        rf = rb / 2,
-                        off = if stb.kc {
-                            format!("(sg_n + {}u) * {rb}u + {}u", j * 16, kk * 8)
-                        } else {
-                            format!("{}u * {rb}u + (sg_n + {}u) / 2u", kk * 16, j * 16)
-                        },
-                        load = if stb.kc { "coopLoad" } else { "coopLoadT" },
-                    );
+                            format!("{}u * {row}u + ({origin} + {}u) / 2u", kk * 16, i * 16)
+                        };
+                        let _ = writeln!(
+                            s,
+                            "        let p{x}{kk}_{i} = {cur} * {words}u + {off};\n        \
+                             let {x}{kk}_{i} = {load}<coop_mat16x16<f16, {role}>>(&s{x}[{ix}], {rf}u);",
+                            ix = at(&format!("p{x}{kk}_{i}")),
+                            rf = row / 2,
+                            load = if along_rows { "coopLoadT" } else { "coopLoad" },
+                        );
+                    }
                 }
                 for i in 0..self.tm {
                     for j in 0..self.tn {
