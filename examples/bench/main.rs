@@ -119,11 +119,13 @@ fn gpu_time(
     iters: u32,
     mut f: impl FnMut() -> kiln::Result<Tensor>,
 ) -> kiln::Result<(f64, bool)> {
-    // Warm-up: at least three calls and 200 ms, so that a GPU idling at low clocks (a fresh
-    // H100 machine ran its first f32 matmuls at a fifth of their speed) has ramped up.
+    // Warm-up: at least three calls and one second, so that a GPU idling at low clocks has
+    // ramped up. The H100 drops its clocks within the seconds the CPU-side checks take, and
+    // 200 ms did not bring them back: the first f16 product after the check ran at 72-89
+    // TFLOP/s, the same product a moment later at 290.
     let start = Instant::now();
     let mut calls = 0;
-    while calls < 3 || start.elapsed().as_secs_f64() < 0.2 {
+    while calls < 3 || start.elapsed().as_secs_f64() < 1.0 {
         f()?;
         dev.synchronize()?;
         calls += 1;
