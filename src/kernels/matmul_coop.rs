@@ -203,16 +203,17 @@ impl CoopTile {
     };
 
     /// The shapes to try for a product in `layout`, best first: `KILN_COOP_TILE` alone where
-    /// set; else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then the default
-    /// (whose 128x128 tiles fit more products).
-    pub fn for_layout(layout: CoopLayout) -> Vec<CoopTile> {
-        if let Some(t) = Self::from_env() {
-            return vec![t];
+    /// set (read once); else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then
+    /// the default (whose 128x128 tiles and K slices of 32 fit more products).
+    pub fn for_layout(layout: CoopLayout) -> &'static [CoopTile] {
+        static OVERRIDE: std::sync::OnceLock<Option<[CoopTile; 1]>> = std::sync::OnceLock::new();
+        if let Some(t) = OVERRIDE.get_or_init(|| Self::from_env().map(|t| [t])) {
+            return t;
         }
         if layout.b_t && !layout.a_t {
-            vec![CoopTile::DEEP, CoopTile::TALL, CoopTile::DEFAULT]
+            &[CoopTile::DEEP, CoopTile::TALL, CoopTile::DEFAULT]
         } else {
-            vec![CoopTile::DEFAULT]
+            &[CoopTile::DEFAULT]
         }
     }
 

@@ -84,7 +84,7 @@ fn coop_tile(
     }
     let layout = CoopLayout { a_t, b_t };
     let shared = g.info.limits.max_compute_workgroup_storage_size;
-    let tile = CoopTile::for_layout(layout).into_iter().find(|t| {
+    let tile = *CoopTile::for_layout(layout).iter().find(|t| {
         m % t.block_m() as usize == 0
             && n % t.block_n() as usize == 0
             && k % t.k_step() as usize == 0
