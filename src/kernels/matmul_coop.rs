@@ -408,13 +408,24 @@ impl CoopTile {
         );
         // Where each invocation's loads come from (vectors relative to the slice start) and go
         // to (words in a shared buffer): each operand's slice is rows of ca (cb) vectors.
-        for (x, count, vecs, row) in [("a", la, ca, ra), ("b", lb, cb, rb)] {
+        // A k-contiguous operand with four vectors (64 bytes) per row is loaded four lanes
+        // to a row, and a 16-lane phase of the shared stores then covers four rows. Taking
+        // rows 0, 4, 8, 12 (then 1, 5, 9, 13, ...) of each 16-row group instead of rows 0-3
+        // spreads a phase's 8-byte stores over twice the banks (2-way conflicts instead of
+        // 3-way at the 80-byte row stride) while a warp still reads eight 64-byte rows: f16
+        // A @ B 4096 went from 291 to 305 TFLOP/s on the H100.
+        for (x, count, vecs, row, kc) in [("a", la, ca, ra, sta.kc), ("b", lb, cb, rb, stb.kc)] {
             for i in 0..count {
+                let q = format!("(li + {}u)", i * t);
+                let r = if kc && vecs == 4 {
+                    format!("(({q} / 64u) * 16u + (({q} / 4u) % 4u) * 4u + (({q} / 16u) % 4u))")
+                } else {
+                    format!("({q} / {vecs}u)")
+                };
                 let _ = writeln!(
                     s,
-                    "    let g{x}{i} = ((li + {o}u) / {vecs}u) * ld{x}8 + (li + {o}u) % {vecs}u;\n    \
-                     let s{x}{i} = ((li + {o}u) / {vecs}u) * {row}u + ((li + {o}u) % {vecs}u) * 4u;",
-                    o = i * t
+                    "    let g{x}{i} = {r} * ld{x}8 + {q} % {vecs}u;\n    \
+                     let s{x}{i} = {r} * {row}u + ({q} % {vecs}u) * 4u;"
                 );
             }
         }
