@@ -37,17 +37,7 @@ pub fn matmul128(dev: &Device) -> kiln::Result<()> {
     let want = kiln::ops::linear(&x, &w, Some(&b))?.to_vec::<f32>()?;
     worst = worst.max(worst_relative(&got, &want));
     kiln::ops::force_matmul_tile(None);
-    if worst > 1e-4 {
-        return Err(kiln::Error::InvalidArgument {
-            op: "bench",
-            msg: format!("matmul 128-tile check failed: relative error {worst}"),
-        });
-    }
-    println!(
-        "matmul 128-tile kernel check on {}: max relative error {worst:.2e}",
-        dev.name()
-    );
-    Ok(())
+    verdict(dev, "matmul 128-tile kernel", worst, 1e-4)
 }
 
 /// The f16 matmul (tensor cores where the adapter has cooperative matrices: these shapes are
@@ -113,14 +103,19 @@ pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
         });
     }
     // f16 keeps 11 significant bits: the cast of the f32 sum is off by at most 2^-11 of it.
-    if worst > 1e-3 {
+    verdict(dev, "f16 matmul", worst, 1e-3)
+}
+
+/// Fails the run where the largest error `worst` passes `limit`; else prints it.
+fn verdict(dev: &Device, what: &str, worst: f64, limit: f64) -> kiln::Result<()> {
+    if worst > limit {
         return Err(kiln::Error::InvalidArgument {
             op: "bench",
-            msg: format!("f16 matmul check failed: relative error {worst}"),
+            msg: format!("{what} check failed: relative error {worst}"),
         });
     }
     println!(
-        "f16 matmul check on {}: max relative error {worst:.2e}",
+        "{what} check on {}: max relative error {worst:.2e}",
         dev.name()
     );
     Ok(())
