@@ -278,10 +278,7 @@ impl GpuDevice {
         let event = stream.submit(&self.queue);
         stream
             .wait(&self.device, &self.queue, event)
-            .map_err(|e| Error::Wgpu {
-                op: "synchronize",
-                msg: e.to_string(),
-            })?;
+            .map_err(super::wgpu_err("synchronize"))?;
         drop(stream);
         self.check("synchronize")?;
         self.check_asserts()

@@ -5,7 +5,8 @@
 //! `tm x tn` grid of 16x16 f32 accumulators. The K loop walks slices `bk` deep: every invocation
 //! loads its share of the A and B slices from memory as 16-byte vectors (eight f16), stores them
 //! into workgroup memory, and the subgroups read their 16x16 operands from there with
-//! `coopLoadT` (which the driver turns into shared-memory matrix loads). The next slice is loaded
+//! `coopLoadT` or `coopLoad`, as the operand's layout wants (`CoopLayout`; the driver turns
+//! them into shared-memory matrix loads). The next slice is loaded
 //! into registers while the current one is multiplied (`depth` 0 and 1; 2 loads two ahead), into
 //! one shared buffer with two barriers per slice (`depth` 0) or two with one. The f32
 //! accumulators leave through workgroup memory, rounded to f16 in the kernel: C is written
@@ -218,7 +219,7 @@ impl CoopTile {
     }
 
     /// `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]`, where set and valid.
-    pub fn from_env() -> Option<CoopTile> {
+    fn from_env() -> Option<CoopTile> {
         let parsed = std::env::var("KILN_COOP_TILE").ok().and_then(|s| {
             let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
             match v[..] {
