@@ -5,6 +5,8 @@
 #   configuration changes which segments exist), its statistics are checked against the
 #   recorded ones after every event, and its segment_alloc/segment_free addresses are kept;
 # - 24 random cudaMalloc/cudaFree sequences (caching off) give the driver's placement alone.
+# tests/fixtures/cuda/segments.json holds a run's addresses in MiB above each sequence's lowest;
+# the VaSpace tests replay them.
 import json, os, random, subprocess, sys
 
 def trace(path):

@@ -230,6 +230,83 @@ mod tests {
         );
     }
 
+    /// Replays one recorded sequence (`[op, MiB above the lowest, MiB]`) through the model and
+    /// returns the model's addresses (MiB above the lowest) and the index of the first
+    /// allocation whose order against the live segments differs from CUDA's (`None`: none).
+    fn follow(seq: &[(String, u64, u64)]) -> (Vec<u64>, Option<usize>) {
+        let mut va = VaSpace::new();
+        let mut live: Vec<(u64, u64, u64)> = Vec::new(); // (cuda, model, size)
+        let (mut placed, mut first_diff) = (Vec::new(), None);
+        for (i, (op, cuda, mib)) in seq.iter().enumerate() {
+            let size = mib.div_ceil(2) * 2 * MIB;
+            if op == "A" {
+                let model = va.reserve(size);
+                let agrees = live.iter().all(|&(c, m, _)| (c < *cuda) == (m < model));
+                if !agrees && first_diff.is_none() {
+                    first_diff = Some(i);
+                }
+                live.push((*cuda, model, size));
+                placed.push(model);
+            } else {
+                let k = live.iter().position(|&(c, _, _)| c == *cuda).unwrap();
+                let (_, model, size) = live.swap_remove(k);
+                va.release(model, size);
+            }
+        }
+        let low = placed.iter().copied().min().unwrap_or(0);
+        (placed.iter().map(|a| (a - low) / MIB).collect(), first_diff)
+    }
+
+    type Recorded = std::collections::BTreeMap<String, Vec<(String, u64, u64)>>;
+
+    fn recorded() -> (Recorded, Recorded) {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/cuda/segments.json"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let parse = |k: &str| serde_json::from_value::<Recorded>(v[k].clone()).unwrap();
+        (parse("traces"), parse("raw"))
+    }
+
+    /// CUDA's own segment addresses for every trace (recorded on the H100): five are
+    /// reproduced to the MiB. In the other three the model first orders a segment differently
+    /// at the pinned event (CUDA then leaves a freed chunk unused, a rule not yet understood),
+    /// yet no best-fit tie depends on it: all eight replay exactly (tests/alloc_traces.rs).
+    #[test]
+    fn follows_cuda_on_the_recorded_traces() {
+        let (traces, _) = recorded();
+        assert_eq!(traces.len(), 8);
+        for (name, seq) in &traces {
+            let (placed, first_diff) = follow(seq);
+            let cuda: Vec<u64> = seq.iter().filter(|e| e.0 == "A").map(|e| e.1).collect();
+            match name.as_str() {
+                "mixed_11" => assert_eq!(first_diff, Some(9), "{name}"),
+                "mixed_maxsplit_21" => assert_eq!(first_diff, Some(12), "{name}"),
+                "mixed_pow2div_31" => assert_eq!(first_diff, Some(24), "{name}"),
+                _ => assert_eq!(placed, cuda, "{name}"),
+            }
+        }
+    }
+
+    /// Raw cudaMalloc/cudaFree sequences: how long the model keeps CUDA's order. Pinned so that
+    /// a change to the model shows whether it follows the driver better or worse.
+    #[test]
+    fn follows_cuda_on_raw_sequences() {
+        let (_, raw) = recorded();
+        assert_eq!(raw.len(), 24);
+        let firsts: Vec<usize> = raw
+            .values()
+            .map(|seq| follow(seq).1.unwrap_or(seq.len()))
+            .collect();
+        let mean = firsts.iter().sum::<usize>() as f64 / firsts.len() as f64;
+        assert!(
+            (mean - 71.67).abs() < 0.01,
+            "mean first difference {mean}: {firsts:?}"
+        );
+    }
+
     #[test]
     fn an_emptied_chunk_returns_and_the_context_chunks_stay() {
         let mut va = VaSpace::new();
