@@ -1,4 +1,5 @@
-//! Property tests on random alloc/free sequences: allocated <= reserved, blocks tile their
+//! Property tests on random alloc/free sequences: allocated <= reserved, segments do not
+//! overlap, blocks tile their
 //! segments, no two free neighbours stay unmerged, and the statistics equal a recount.
 
 use kiln::alloc::*;

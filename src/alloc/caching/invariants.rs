@@ -33,8 +33,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut reserved = [0u64; 2];
         let mut inactive_split = [0u64; 2];
         let idx = |p: PoolKind| (p == PoolKind::Large) as usize;
+        let mut prev_end = 0;
         for (sid, ids) in self.segment_blocks() {
             let seg = &self.segments[sid];
+            if seg.base < prev_end {
+                return Err(format!("segment {:#x} overlaps the one below", seg.base));
+            }
+            prev_end = seg.base + seg.size;
             reserved[idx(seg.pool)] += seg.size;
             let mut addr = seg.base;
             let mut prev_free = false;
