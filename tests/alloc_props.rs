@@ -1,6 +1,6 @@
 //! Property tests on random alloc/free sequences: allocated <= reserved, segments do not
-//! overlap, blocks tile their
-//! segments, no two free neighbours stay unmerged, and the statistics equal a recount.
+//! overlap, blocks tile their segments, no two free neighbours stay unmerged, and the
+//! statistics equal a recount.
 
 use kiln::alloc::*;
 use proptest::prelude::*;
