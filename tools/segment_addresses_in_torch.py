@@ -10,32 +10,20 @@
 import json, os, random, subprocess, sys
 
 def trace(path):
-    import torch
+    from replay_trace_in_torch import configure, run_event
     d = json.load(open(path))
-    torch.cuda.init()
+    torch = configure(d)
     torch.cuda.memory._record_memory_history(max_entries=1000000)
-    if d["memory_limit_bytes"]:
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(d["memory_limit_bytes"] / total)
     live, first_mismatch = {}, None
     for k, ev in enumerate(d["events"]):
-        if ev["op"] == "alloc":
-            try:
-                live[ev["id"]] = torch.empty(ev["size"], dtype=torch.uint8, device="cuda")
-            except torch.OutOfMemoryError:
-                pass
-        elif ev["op"] == "free":
-            live.pop(ev["id"], None)
-        elif ev["op"] == "empty_cache":
-            torch.cuda.empty_cache()
-        elif ev["op"] == "reset_peak":
-            torch.cuda.reset_peak_memory_stats()
+        err = run_event(torch, ev, live)
         if first_mismatch is None:
             got = torch.cuda.memory_stats()
+            if err != d["expected"]["steps"][k]["error"]:
+                first_mismatch = (k, "error", err, d["expected"]["steps"][k]["error"])
             for key, v in d["expected"]["steps"][k]["stats"].items():
-                if got.get(key) != v:
+                if first_mismatch is None and got.get(key) != v:
                     first_mismatch = (k, key, got.get(key), v)
-                    break
     events = torch.cuda.memory._snapshot()["device_traces"][0]
     segs = [(t["action"], t["addr"], t["size"]) for t in events
             if t["action"] in ("segment_alloc", "segment_free")]
@@ -66,12 +54,8 @@ if __name__ == "__main__":
         res = {"traces": [], "raw": []}
         for f in sorted(os.listdir(tdir)):
             if f.endswith(".json"):
-                env = dict(os.environ)
-                conf = json.load(open(os.path.join(tdir, f)))["alloc_conf"]
-                if conf:
-                    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
                 o = subprocess.run([sys.executable, __file__, "--trace", os.path.join(tdir, f)],
-                                   capture_output=True, text=True, env=env, check=True)
+                                   capture_output=True, text=True, check=True)
                 res["traces"].append(json.loads(o.stdout))
         env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
         for seed in range(24):
