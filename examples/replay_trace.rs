@@ -1,9 +1,22 @@
 //! Replays allocator traces recorded from PyTorch and compares kiln's statistics with them.
 //!
 //! `cargo run --release --example replay_trace -- tests/fixtures/*.json`
+//! (gzipped traces too: `tests/fixtures/recorded/*.json.gz`)
 
 use kiln::alloc::replay::AllocTrace;
+use std::io::Read;
 use std::process::ExitCode;
+
+/// A trace's text, gunzipped where the name ends in `.gz`.
+fn read_trace(file: &str) -> std::io::Result<String> {
+    let bytes = std::fs::read(file)?;
+    if !file.ends_with(".gz") {
+        return String::from_utf8(bytes).map_err(std::io::Error::other);
+    }
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(bytes.as_slice()).read_to_string(&mut text)?;
+    Ok(text)
+}
 
 fn main() -> ExitCode {
     let files: Vec<String> = std::env::args().skip(1).collect();
@@ -13,10 +26,11 @@ fn main() -> ExitCode {
     }
     let mut failed = false;
     for file in &files {
-        let name = std::path::Path::new(file)
-            .file_stem()
+        let base = std::path::Path::new(file)
+            .file_name()
             .map_or(file.clone(), |s| s.to_string_lossy().into_owned());
-        let outcome = std::fs::read_to_string(file)
+        let name = base.trim_end_matches(".gz").trim_end_matches(".json");
+        let outcome = read_trace(file)
             .map_err(|e| e.to_string())
             .and_then(|text| AllocTrace::from_json(&text).map_err(|e| e.to_string()))
             .and_then(|trace| trace.replay().map_err(|e| e.to_string()));

@@ -1,0 +1,78 @@
+# Records new allocator traces from PyTorch, in the format of ../shared/alloc-traces/README.md:
+# random alloc/free/empty_cache/reset_peak sequences under several configurations, each run in
+# a fresh process under its alloc_conf and memory limit, with memory_stats() after every event,
+# the final memory_summary() and the final segments. Run on a CUDA machine:
+#   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS]
+import json, math, os, random, subprocess, sys
+
+MB = 1 << 20
+CONFIGS = [
+    (None, None),
+    ("max_split_size_mb:40", None),
+    ("roundup_power2_divisions:4", None),
+    ("garbage_collection_threshold:0.6", 400 * MB),
+    (None, 300 * MB),
+    ("max_split_size_mb:20,roundup_power2_divisions:[1:2,64:8,>:1]", None),
+    ("max_split_size_mb:64,garbage_collection_threshold:0.8", 500 * MB),
+]
+
+
+def events(seed, count):
+    rng, live, evs, next_id = random.Random(seed), [], [], 1
+    for _ in range(count):
+        r = rng.random()
+        if r < 0.02:
+            evs.append({"op": "empty_cache"})
+        elif r < 0.04:
+            evs.append({"op": "reset_peak"})
+        elif live and (r < 0.45 or len(live) > 60):
+            evs.append({"op": "free", "id": live.pop(rng.randrange(len(live)))})
+        else:
+            band = rng.random()
+            lo, hi = (1, MB) if band < 0.5 else (MB, 10 * MB) if band < 0.85 else (10 * MB, 80 * MB)
+            size = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+            evs.append({"op": "alloc", "id": next_id, "size": size})
+            live.append(next_id)
+            next_id += 1
+    return evs
+
+
+def record(seed, count):
+    from replay_trace_in_torch import configure, run_event
+    conf, limit = CONFIGS[seed % len(CONFIGS)]
+    d = {"name": f"recorded_{seed}", "alloc_conf": conf, "memory_limit_bytes": limit,
+         "events": events(seed, count)}
+    torch = configure(d)
+    live, steps = {}, []
+    for ev in d["events"]:
+        err = run_event(torch, ev, live)
+        steps.append({"event": ev, "error": err, "stats": dict(torch.cuda.memory_stats())})
+    segs = []
+    for s in torch.cuda.memory_snapshot():
+        segs.append({k: s[k] for k in ("total_size", "allocated_size", "active_size",
+                                       "requested_size", "segment_type")}
+                    | {"blocks": [{k: b[k] for k in ("size", "requested_size", "state")}
+                                  for b in s["blocks"]]})
+    segs.sort(key=lambda s: s["total_size"])
+    d["expected"] = {"steps": steps, "summary": torch.cuda.memory_summary(),
+                     "segments_sorted_by_size": segs}
+    return d
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--one":
+        print(json.dumps(record(int(sys.argv[2]), int(sys.argv[3]))))
+        sys.exit(0)
+    out = sys.argv[1]
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 14
+    n_events = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+    os.makedirs(out, exist_ok=True)
+    for seed in range(100, 100 + count):
+        o = subprocess.run([sys.executable, __file__, "--one", str(seed), str(n_events)],
+                           capture_output=True, text=True, check=True)
+        d = json.loads(o.stdout)
+        with open(os.path.join(out, d["name"] + ".json"), "w") as f:
+            json.dump(d, f)
+        ooms = sum(s["error"] == "oom" for s in d["expected"]["steps"])
+        print(d["name"], d["alloc_conf"], d["memory_limit_bytes"], f"{ooms} ooms",
+              d["expected"]["steps"][-1]["stats"]["segment.all.allocated"], "segments made")
