@@ -2,7 +2,8 @@
 # random alloc/free/empty_cache/reset_peak sequences under several configurations, each run in
 # a fresh process under its alloc_conf and memory limit, with memory_stats() after every event,
 # the final memory_summary() and the final segments. Run on a CUDA machine:
-#   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS]
+#   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS] [FIRST_SEED]
+# (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/)
 import json, math, os, random, subprocess, sys
 
 MB = 1 << 20
@@ -66,8 +67,9 @@ if __name__ == "__main__":
     out = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 14
     n_events = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+    first = int(sys.argv[4]) if len(sys.argv) > 4 else 100
     os.makedirs(out, exist_ok=True)
-    for seed in range(100, 100 + count):
+    for seed in range(first, first + count):
         o = subprocess.run([sys.executable, __file__, "--one", str(seed), str(n_events)],
                            capture_output=True, text=True, check=True)
         d = json.loads(o.stdout)
