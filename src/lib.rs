@@ -2,6 +2,7 @@
 //! that behaves like PyTorch's CUDA caching allocator. See ARCHITECTURE.md for the layers.
 
 pub mod alloc;
+pub mod amp;
 pub mod autograd;
 mod cpu;
 pub mod data;

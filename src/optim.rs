@@ -31,10 +31,13 @@ pub trait Optimizer {
     fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()>;
 }
 
-/// Whether the fused kernel can run: f32, contiguous, on a GPU, 32-bit sized.
+/// Whether the fused kernel can run: every tensor of one float dtype (f32, or f16 with the math
+/// in f32), contiguous, on a GPU, 32-bit sized.
 fn fusable(tensors: &[&Tensor]) -> bool {
+    let dtype = tensors.first().map(|t| t.dtype());
     tensors.iter().all(|t| {
-        t.dtype() == DType::F32
+        Some(t.dtype()) == dtype
+            && matches!(t.dtype(), DType::F32 | DType::F16)
             && t.is_contiguous()
             && !t.device().is_cpu()
             && t.numel() < u32::MAX as usize
@@ -79,7 +82,7 @@ fn fused(
     let mb = m.map_or(pb, |t| &t.storage.block);
     let vb = v.map_or(pb, |t| &t.storage.block);
     launch(
-        Kernel::Optim(kind),
+        Kernel::Optim(kind, p.dtype()),
         &[pb, &g.storage.block, mb, vb],
         &imm,
         (p.numel() / w) as u64,

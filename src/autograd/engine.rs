@@ -122,7 +122,7 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                     || crate::alloc::op_frame_name(node.name, true),
                     "kiln autograd",
                 );
-                f(&g, &needs)?
+                crate::ops::autocast::suspended(|| f(&g, &needs))?
             };
             if !retain_graph {
                 *slot = None;

@@ -64,8 +64,11 @@ pub enum Kernel {
     MatmulCoop(CoopTile, CoopLayout),
     /// `shaders/colsum.wgsl`: f32 sums over the leading dims of a contiguous tensor.
     ColumnSum,
-    /// `shaders/optim.wgsl`: a fused optimizer update over f32 parameters.
-    Optim(OptimKernel),
+    /// `shaders/optim.wgsl`: a fused optimizer update over f32 or f16 parameters (f32 math).
+    Optim(OptimKernel, DType),
+    /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
+    /// elements per invocation with `true`. (GradScaler refuses f16 gradients, as PyTorch's.)
+    AmpUnscale(bool),
 }
 
 /// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
@@ -120,8 +123,10 @@ impl Kernel {
                     OptimKernel::Sgd4,
                     OptimKernel::Adam4,
                 ]
-                .map(Kernel::Optim),
+                .into_iter()
+                .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
             )
+            .chain([false, true].map(Kernel::AmpUnscale))
             .chain([Kernel::ColumnSum])
             .collect()
     }
@@ -136,10 +141,15 @@ impl Kernel {
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
-            Kernel::Optim(OptimKernel::Sgd4 | OptimKernel::Adam4) => Cow::Owned(
-                include_str!("../../shaders/optim.wgsl").replace("array<f32>", "array<vec4<f32>>"),
-            ),
-            Kernel::Optim(_) => Cow::Borrowed(include_str!("../../shaders/optim.wgsl")),
+            Kernel::Optim(k, d) => {
+                let vec4 = matches!(k, OptimKernel::Sgd4 | OptimKernel::Adam4);
+                float_io(include_str!("../../shaders/optim.wgsl"), *d, vec4)
+            }
+            Kernel::AmpUnscale(vec4) => {
+                let u = if *vec4 { "vec4<u32>" } else { "u32" };
+                let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
+                Cow::Owned(src.replace("{{U}}", u))
+            }
             Kernel::ColumnSum => Cow::Borrowed(include_str!("../../shaders/colsum.wgsl")),
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
@@ -217,14 +227,18 @@ impl Kernel {
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
             Kernel::ColumnSum => Cow::Borrowed("colsum_f32"),
-            Kernel::Optim(k) => Cow::Owned(format!(
-                "optim_{}{}",
+            Kernel::Optim(k, d) => Cow::Owned(format!(
+                "optim_{}_{d}{}",
                 self.entry_point_of(*k),
                 if matches!(k, OptimKernel::Sgd4 | OptimKernel::Adam4) {
                     "_vec4"
                 } else {
                     ""
                 }
+            )),
+            Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
+                "amp_unscale_f32{}",
+                if *vec4 { "_vec4" } else { "" }
             )),
         }
     }
@@ -243,7 +257,8 @@ impl Kernel {
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop(..) => 3,
             Kernel::Pool2d(_) => 2,
-            Kernel::Optim(_) => 4,
+            Kernel::Optim(..) => 4,
+            Kernel::AmpUnscale(_) => 2,
             Kernel::ColumnSum => 2,
         }
     }
@@ -289,7 +304,8 @@ impl Kernel {
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(..) => 48,
-            Kernel::Optim(_) => 64,
+            Kernel::Optim(..) => 64,
+            Kernel::AmpUnscale(_) => 16,
             Kernel::ColumnSum => 32,
         }
     }
@@ -304,7 +320,7 @@ impl Kernel {
     /// The WGSL function the pipeline runs (`main`, except in multi-entry shaders).
     fn entry_point(&self) -> &'static str {
         match self {
-            Kernel::Optim(k) => self.entry_point_of(*k),
+            Kernel::Optim(k, _) => self.entry_point_of(*k),
             _ => "main",
         }
     }
@@ -316,6 +332,21 @@ fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
     Cow::Owned(
         src.replace("{{ENABLES}}", enables)
             .replace("{{T}}", d.name()),
+    )
+}
+
+/// A kernel over float storage of dtype `d` computed in f32: `{{E}}` is the stored element
+/// (a vec4 of them with `vec4`), `{{W}}` its f32 form.
+fn float_io(src: &str, d: DType, vec4: bool) -> Cow<'static, str> {
+    let (e, w) = match vec4 {
+        true => (format!("vec4<{d}>"), "vec4<f32>"),
+        false => (d.name().to_string(), "f32"),
+    };
+    let enables = if d == DType::F16 { "enable f16;" } else { "" };
+    Cow::Owned(
+        src.replace("{{ENABLES}}", enables)
+            .replace("{{E}}", &e)
+            .replace("{{W}}", w),
     )
 }
 

@@ -1,11 +1,15 @@
 //! Losses, as `torch.nn.functional` computes them (mean reduction), built from differentiable
 //! ops so that their backward runs on the device.
 
+use crate::ops::autocast;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
 /// Negative log-likelihood of `log_probs` [N, C] at class indices `target` [N] (i32), averaged.
 pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if let Some(v) = autocast::fp32(&[log_probs])? {
+        return autocast::suspended(|| nll_loss(&v[0], target));
+    }
     if log_probs.rank() != 2 || target.rank() != 1 || target.shape()[0] != log_probs.shape()[0] {
         return Err(Error::ShapeMismatch {
             op: "nll_loss",
@@ -29,11 +33,17 @@ pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:
 /// `nll_loss(log_softmax(logits))`.
 pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if let Some(v) = autocast::fp32(&[logits])? {
+        return autocast::suspended(|| cross_entropy(&v[0], target));
+    }
     nll_loss(&logits.log_softmax(1)?, target)
 }
 
 /// Mean squared error.
 pub fn mse_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if let Some(v) = autocast::fp32(&[input, target])? {
+        return autocast::suspended(|| mse_loss(&v[0], &v[1]));
+    }
     if input.shape() != target.shape() {
         return Err(Error::ShapeMismatch {
             op: "mse_loss",

@@ -7,6 +7,7 @@ mod layers;
 mod loss;
 mod recurrent;
 mod state;
+mod utils;
 
 pub use layers::{
     BatchNorm, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
@@ -15,6 +16,7 @@ pub use layers::{
 pub use loss::{cross_entropy, mse_loss, nll_loss};
 pub use recurrent::LstmCell;
 pub use state::{load_safetensors, load_state_dict, save_safetensors, state_dict};
+pub use utils::clip_grad_norm_;
 
 use crate::tensor::Tensor;
 use crate::{Device, Result};

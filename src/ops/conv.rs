@@ -60,6 +60,9 @@ pub fn conv2d(
 ) -> Result<Tensor> {
     let mut inputs = vec![x, weight];
     inputs.extend(bias);
+    if let Some(v) = super::autocast::lower("conv2d", &inputs)? {
+        return super::autocast::suspended(|| conv2d(&v[0], &v[1], v.get(2), p));
+    }
     crate::autograd::record(
         "ConvolutionBackward0",
         &inputs,

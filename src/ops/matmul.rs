@@ -120,6 +120,9 @@ pub fn force_matmul_tile(tile: Option<u32>) {
 
 /// `a @ b`.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if let Some(v) = super::autocast::lower("matmul", &[a, b])? {
+        return super::autocast::suspended(|| matmul(&v[0], &v[1]));
+    }
     crate::autograd::record(
         "MmBackward0",
         &[a, b],
@@ -132,6 +135,11 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// bias is added in the matmul kernel's epilogue where the product takes the vec4 kernel (one
 /// pass over the output instead of two), else by a broadcast add inside the same node.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let mut inputs = vec![x, weight];
+    inputs.extend(bias);
+    if let Some(v) = super::autocast::lower("linear", &inputs)? {
+        return super::autocast::suspended(|| linear(&v[0], &v[1], v.get(2)));
+    }
     if weight.rank() != 2 {
         return Err(Error::InvalidArgument {
             op: "linear",

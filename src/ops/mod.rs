@@ -1,6 +1,7 @@
 //! Ops: checks (shape, dtype, device), then the CPU reference or one GPU launch. Each op family
 //! keeps its forward in one file; backward formulas arrive with autograd.
 
+pub(crate) mod autocast;
 mod composite;
 mod conv;
 mod conv_grad;
@@ -240,6 +241,11 @@ fn gpu_elementwise(
 
 /// A new tensor `op(x)`.
 pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
+    if matches!(op, UnaryOp::Exp | UnaryOp::Log) {
+        if let Some(v) = autocast::fp32(&[x])? {
+            return unary(&v[0], op);
+        }
+    }
     crate::autograd::record(
         op.backward_name(),
         &[x],
@@ -276,6 +282,14 @@ pub(crate) fn copy(x: &Tensor) -> Result<Tensor> {
 
 /// A new tensor `op(a, b)` with NumPy broadcasting. Both operands share dtype and device.
 pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
+    if let Some((a, b)) = autocast::promote(a, b)? {
+        return binary(&a, &b, op);
+    }
+    if op == BinaryOp::Pow {
+        if let Some(v) = autocast::fp32(&[a, b])? {
+            return binary(&v[0], &v[1], op);
+        }
+    }
     crate::autograd::record(
         grad::binary_name(op),
         &[a, b],
@@ -325,6 +339,11 @@ fn binary_forward(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
 
 /// A new tensor `op(a, s)`. On integer tensors `s` must be a whole number.
 pub fn binary_scalar(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
+    if op == BinaryOp::Pow {
+        if let Some(v) = autocast::fp32(&[a])? {
+            return binary_scalar(&v[0], s, op);
+        }
+    }
     crate::autograd::record(
         grad::scalar_name(op),
         &[a],

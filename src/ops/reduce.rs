@@ -123,6 +123,12 @@ fn expand_back(g: &Tensor, input: &[usize], reduced: &[usize], keepdim: bool) ->
 }
 
 fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, rop: ReduceOp, mean: bool) -> Result<Tensor> {
+    // Autocast runs sum, mean and prod in f32 (max and min keep their dtype, as in PyTorch).
+    if matches!(rop, ReduceOp::Sum | ReduceOp::Prod) {
+        if let Some(v) = super::autocast::fp32(&[x])? {
+            return reduce(&v[0], dims, keepdim, rop, mean);
+        }
+    }
     let name = match (mean, rop) {
         (true, _) => "MeanBackward1",
         (_, ReduceOp::Sum) => "SumBackward1",

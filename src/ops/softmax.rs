@@ -109,11 +109,11 @@ fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
 impl Tensor {
     /// softmax along `dim`.
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        softmax_recorded(self, dim, false)
+        super::autocast::fp32_unary(self, |x| softmax_recorded(x, dim, false))
     }
 
     /// log_softmax along `dim` (x - max - log(sum(exp(x - max)))).
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        softmax_recorded(self, dim, true)
+        super::autocast::fp32_unary(self, |x| softmax_recorded(x, dim, true))
     }
 }
