@@ -228,7 +228,11 @@ impl GradScaler {
                 "step() has already been called since the last update().",
             ));
         }
-        if self.per_optimizer.get(&k).is_none_or(|s| s.stage == Stage::Ready) {
+        if self
+            .per_optimizer
+            .get(&k)
+            .is_none_or(|s| s.stage == Stage::Ready)
+        {
             self.unscale_(&*optimizer)?;
         }
         let state = self.per_optimizer.get_mut(&k).expect("unscale_ made it");
@@ -352,11 +356,8 @@ impl GradScaler {
                 .copied()
                 .ok_or_else(|| invalid(OP, format!("missing key {k:?}")))
         };
-        let (scale, growth, backoff) = (
-            get("scale")?,
-            get("growth_factor")?,
-            get("backoff_factor")?,
-        );
+        let (scale, growth, backoff) =
+            (get("scale")?, get("growth_factor")?, get("backoff_factor")?);
         let (interval, tracker) = (get("growth_interval")?, get("_growth_tracker")?);
         let whole = |v: f64| v >= 0.0 && v.fract() == 0.0 && v <= u32::MAX as f64;
         if !whole(interval) || interval == 0.0 || !whole(tracker) {

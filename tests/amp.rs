@@ -1,0 +1,685 @@
+//! Mixed precision against PyTorch's rules: the autocast policy per op (output dtypes), nested
+//! and disabled regions, the weight cast cache, GradScaler's scale sequence and skipped steps,
+//! the on-device unscale against the tensor-op reference, clip_grad_norm_, f16 fused optimizer
+//! kernels against the CPU device, and AMP training against f32 training.
+
+use kiln::amp::{
+    autocast, autocast_cache_len, is_autocast_enabled, with_autocast, DeviceType, GradScaler,
+};
+use kiln::nn::{
+    clip_grad_norm_, cross_entropy, mse_loss, nll_loss, BatchNorm, LayerNorm, Linear, Module,
+};
+use kiln::ops::Conv2dParams;
+use kiln::optim::{Adam, Optimizer, Sgd};
+use kiln::{DType, Device, Error, Tensor};
+
+fn devices() -> Vec<Device> {
+    kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter")
+}
+
+fn has_f16(dev: &Device) -> bool {
+    dev.adapter_info().is_none_or(|i| i.features.shader_f16)
+}
+
+fn device_type(dev: &Device) -> DeviceType {
+    if dev.is_cpu() {
+        DeviceType::Cpu
+    } else {
+        DeviceType::Gpu
+    }
+}
+
+fn randn(shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::randn(shape, DType::F32, dev).unwrap()
+}
+
+// PyTorch 2.11, `with torch.autocast("cuda", dtype=torch.float16):` on f32 inputs gives
+// linear/matmul/conv2d -> float16; softmax/log_softmax/cross_entropy/nll_loss/mse_loss/
+// layer_norm/sum/exp/log/pow of float16 inputs -> float32; relu keeps float16; a float16 +
+// float32 add -> float32 (type promotion). Outside autocast the f32 ops stay f32.
+#[test]
+fn autocast_policy_gives_pytorchs_output_dtypes() {
+    for dev in devices().into_iter().filter(has_f16) {
+        dev.manual_seed(0);
+        let x = randn(&[4, 8], &dev);
+        let lin = Linear::new(8, 6, true, &dev).unwrap();
+        let _region = autocast(device_type(&dev), DType::F16, true).unwrap();
+        let h = lin.forward(&x).unwrap();
+        assert_eq!(h.dtype(), DType::F16, "{dev:?} linear");
+        let no_bias = kiln::ops::linear(&x, &lin.weight, None).unwrap();
+        assert_eq!(no_bias.dtype(), DType::F16, "{dev:?} linear without bias");
+        assert_eq!(x.matmul(&x.t().unwrap()).unwrap().dtype(), DType::F16);
+        // Batched matmul.
+        let b = randn(&[2, 4, 8], &dev);
+        assert_eq!(b.matmul(&x.t().unwrap()).unwrap().dtype(), DType::F16);
+        let img = randn(&[1, 2, 5, 5], &dev);
+        let w = randn(&[3, 2, 3, 3], &dev);
+        let conv = kiln::ops::conv2d(&img, &w, None, Conv2dParams::default()).unwrap();
+        assert_eq!(conv.dtype(), DType::F16, "{dev:?} conv2d");
+        assert_eq!(h.relu().unwrap().dtype(), DType::F16, "relu keeps f16");
+        for (name, t) in [
+            ("softmax", h.softmax(1).unwrap()),
+            ("log_softmax", h.log_softmax(1).unwrap()),
+            ("sum", h.sum(&[1], false).unwrap()),
+            ("mean", h.mean(&[], false).unwrap()),
+            ("exp", h.exp().unwrap()),
+            ("log", h.abs().unwrap().log().unwrap()),
+            ("pow", h.pow_scalar(2.0).unwrap()),
+            ("pow (tensor)", h.pow(&h).unwrap()),
+            ("add f16 + f32", h.add(&randn(&[4, 6], &dev)).unwrap()),
+            ("mul f32 * f16", randn(&[4, 6], &dev).mul(&h).unwrap()),
+            (
+                "layer_norm",
+                LayerNorm::new(6, &dev).unwrap().forward(&h).unwrap(),
+            ),
+            (
+                "batch_norm",
+                BatchNorm::new(6, &dev).unwrap().forward(&h).unwrap(),
+            ),
+            ("mse_loss", mse_loss(&h, &h.relu().unwrap()).unwrap()),
+        ] {
+            assert_eq!(t.dtype(), DType::F32, "{dev:?} {name}");
+        }
+        let labels = Tensor::from_slice(&[0i32, 1, 2, 3], &[4], &dev).unwrap();
+        assert_eq!(cross_entropy(&h, &labels).unwrap().dtype(), DType::F32);
+        assert_eq!(nll_loss(&h, &labels).unwrap().dtype(), DType::F32);
+        drop(_region);
+        // Outside: nothing changes, and mixed dtypes are an error again.
+        assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F32);
+        let err = h.add(&randn(&[4, 6], &dev)).unwrap_err();
+        assert!(matches!(err, Error::DTypeMismatch { .. }), "{err}");
+    }
+}
+
+#[test]
+fn gradients_reach_the_f32_weights_through_the_casts() {
+    for dev in devices().into_iter().filter(has_f16) {
+        dev.manual_seed(3);
+        let lin = Linear::new(16, 8, true, &dev).unwrap();
+        let x = randn(&[32, 16], &dev);
+        let labels: Vec<i32> = (0..32).map(|i| i % 8).collect();
+        let y = Tensor::from_slice(&labels, &[32], &dev).unwrap();
+        let loss = with_autocast(device_type(&dev), DType::F16, true, || {
+            cross_entropy(&lin.forward(&x)?, &y)
+        })
+        .unwrap()
+        .unwrap();
+        loss.backward().unwrap();
+        let g16 = lin.weight.grad().unwrap();
+        assert_eq!(g16.dtype(), DType::F32, "{dev:?}: the weight's grad is f32");
+        let g16 = g16.to_vec::<f32>().unwrap();
+        lin.zero_grad(true).unwrap();
+        cross_entropy(&lin.forward(&x).unwrap(), &y)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g32 = lin.weight.grad().unwrap().to_vec::<f32>().unwrap();
+        let scale = g32.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = g16
+            .iter()
+            .zip(&g32)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= 1e-2 * scale,
+            "{dev:?}: f16 grads off by {worst} (max {scale})"
+        );
+    }
+}
+
+#[test]
+fn nested_and_disabled_regions_and_the_weight_cast_cache() {
+    for dev in devices().into_iter().filter(has_f16) {
+        let dt = device_type(&dev);
+        dev.manual_seed(1);
+        let lin = Linear::new(8, 8, true, &dev).unwrap();
+        let x = randn(&[2, 8], &dev);
+        dev.synchronize().unwrap();
+        let before = dev.memory_allocated();
+        {
+            let _outer = autocast(dt, DType::F16, true).unwrap();
+            assert!(is_autocast_enabled(dt));
+            let first = lin.forward(&x).unwrap();
+            // weight and bias: f32 leaves that require grad, cast once and cached.
+            assert_eq!(autocast_cache_len(), 2, "{dev:?}");
+            let cached = dev.memory_allocated();
+            // Without a graph (nothing saved for backward), a second forward allocates only
+            // its output: one 512-byte block; the weights' casts come from the cache.
+            let second = kiln::no_grad(|| lin.forward(&x)).unwrap();
+            assert_eq!(dev.memory_allocated() - cached, 512, "{dev:?}");
+            assert_eq!(first.to_f64_vec().unwrap(), second.to_f64_vec().unwrap());
+            // The activation is not a leaf: never cached.
+            let _ = x.matmul(&lin.weight.t().unwrap()).unwrap();
+            assert_eq!(autocast_cache_len(), 2);
+            {
+                let _inner = autocast(dt, DType::F16, false).unwrap();
+                assert!(!is_autocast_enabled(dt));
+                assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F32);
+                {
+                    let _again = autocast(dt, DType::F16, true).unwrap();
+                    assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F16);
+                }
+                assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F32);
+            }
+            // Only the outermost region's end empties the cache.
+            assert_eq!(autocast_cache_len(), 2);
+            assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F16);
+            // A weight changed in place is cast again (not a stale copy).
+            kiln::no_grad(|| lin.weight.mul_scalar_(2.0)).unwrap();
+            let third = lin.forward(&x).unwrap().to_f64_vec().unwrap();
+            let want = kiln::ops::linear(
+                &x.to_dtype(DType::F16).unwrap(),
+                &lin.weight.detach().to_dtype(DType::F16).unwrap(),
+                Some(
+                    &lin.bias
+                        .as_ref()
+                        .unwrap()
+                        .detach()
+                        .to_dtype(DType::F16)
+                        .unwrap(),
+                ),
+            )
+            .unwrap()
+            .to_f64_vec()
+            .unwrap();
+            assert_eq!(third, want, "{dev:?}");
+        }
+        assert!(!is_autocast_enabled(dt));
+        assert_eq!(autocast_cache_len(), 0);
+        dev.synchronize().unwrap();
+        assert_eq!(
+            dev.memory_allocated(),
+            before,
+            "{dev:?}: the casts were freed"
+        );
+    }
+}
+
+#[test]
+fn autocast_on_one_device_type_leaves_the_other_exact() {
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(2);
+    let lin = Linear::new(8, 4, true, &cpu).unwrap();
+    let x = randn(&[3, 8], &cpu);
+    let plain = lin.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    let under_gpu = with_autocast(DeviceType::Gpu, DType::F16, true, || lin.forward(&x))
+        .unwrap()
+        .unwrap();
+    assert_eq!(under_gpu.dtype(), DType::F32);
+    assert_eq!(under_gpu.to_vec::<f32>().unwrap(), plain);
+    // On the CPU device, a CPU region runs the f16 policy, and the GPUs agree with it.
+    let cpu16 = with_autocast(DeviceType::Cpu, DType::F16, true, || lin.forward(&x))
+        .unwrap()
+        .unwrap();
+    assert_eq!(cpu16.dtype(), DType::F16);
+    let cpu16 = cpu16.to_f64_vec().unwrap();
+    for dev in Device::all_gpus().into_iter().filter(has_f16) {
+        let lin_d = Linear {
+            weight: lin.weight.to_device(&dev).unwrap(),
+            bias: lin.bias.as_ref().map(|b| b.to_device(&dev).unwrap()),
+        };
+        let y = with_autocast(DeviceType::Gpu, DType::F16, true, || {
+            lin_d.forward(&x.to_device(&dev)?)
+        })
+        .unwrap()
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+        for (a, b) in y.iter().zip(&cpu16) {
+            assert!(
+                (a - b).abs() <= 2e-3 * b.abs().max(1.0),
+                "{dev:?}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_autocast_input_is_a_typed_error_that_disturbs_nothing() {
+    let err = autocast(DeviceType::Gpu, DType::F32, true).err().unwrap();
+    assert!(
+        matches!(err, Error::UnsupportedDType { op: "autocast", .. }),
+        "{err}"
+    );
+    assert!(!is_autocast_enabled(DeviceType::Gpu));
+    // Disabled regions take any dtype, as PyTorch's.
+    drop(autocast(DeviceType::Gpu, DType::F32, false).unwrap());
+    assert!(DeviceType::parse("tpu").is_err());
+    assert_eq!(DeviceType::parse("cuda").unwrap(), DeviceType::Gpu);
+    // An adapter without shader-f16 (wgpu's GL backend on llvmpipe): the op says so.
+    for dev in Device::all_gpus().into_iter().filter(|d| !has_f16(d)) {
+        let lin = Linear::new(4, 2, true, &dev).unwrap();
+        let x = randn(&[1, 4], &dev);
+        dev.synchronize().unwrap();
+        let before = dev.memory_allocated();
+        let err = with_autocast(DeviceType::Gpu, DType::F16, true, || lin.forward(&x))
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedDType {
+                    op: "linear",
+                    dtype: DType::F16,
+                    ..
+                }
+            ),
+            "{dev:?}: {err}"
+        );
+        assert_eq!(dev.memory_allocated(), before);
+        assert_eq!(lin.forward(&x).unwrap().dtype(), DType::F32, "still usable");
+    }
+}
+
+/// One parameter `w` with `grad` set by hand (so that infs can be injected).
+fn set_grad(p: &Tensor, values: &[f32]) {
+    let g = Tensor::from_slice(values, p.shape(), p.device()).unwrap();
+    p.set_grad(Some(g)).unwrap();
+}
+
+// PyTorch's rule (`_amp_update_scale_`), for GradScaler(init_scale=65536, growth_factor=2,
+// backoff_factor=0.5, growth_interval=2) with an inf gradient at steps 1, 4 and 5:
+//   for i in range(8):
+//       loss = scaler.scale(w.sum()); loss.backward()
+//       if i in (1, 4, 5): w.grad[0] = float("inf")
+//       scaler.step(opt); scaler.update(); print(scaler.get_scale())
+// prints 65536, 32768, 32768, 65536, 32768, 16384, 16384, 32768.
+#[test]
+fn grad_scaler_follows_pytorchs_scale_sequence() {
+    for dev in devices() {
+        let w = Tensor::ones(&[5], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let mut opt = Sgd::new(vec![w.clone()], 0.1).unwrap();
+        let mut scaler = GradScaler::with_options(65536.0, 2.0, 0.5, 2, true).unwrap();
+        let mut scales = Vec::new();
+        let mut stepped = Vec::new();
+        for i in 0..8 {
+            opt.zero_grad(true).unwrap();
+            let loss = scaler.scale(&w.sum_all().unwrap()).unwrap();
+            loss.backward().unwrap();
+            let g = w.grad().unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(
+                g,
+                vec![scaler.get_scale() as f32; 5],
+                "{dev:?}: scaled gradient"
+            );
+            if [1, 4, 5].contains(&i) {
+                let mut g = g;
+                g[4] = if i == 4 { f32::NAN } else { f32::INFINITY };
+                set_grad(&w, &g);
+            }
+            stepped.push(scaler.step(&mut opt).unwrap());
+            scaler.update(None).unwrap();
+            scales.push(scaler.get_scale());
+        }
+        assert_eq!(
+            scales,
+            [65536.0, 32768.0, 32768.0, 65536.0, 32768.0, 16384.0, 16384.0, 32768.0],
+            "{dev:?}"
+        );
+        assert_eq!(
+            stepped,
+            [true, false, true, true, false, false, true, true],
+            "{dev:?}"
+        );
+        // Five clean steps of lr 0.1 on unscaled gradients of 1.
+        let w_now = w.to_vec::<f32>().unwrap();
+        let want = (0..5).fold(1f32, |v, _| v - 0.1f32);
+        assert!(w_now.iter().all(|v| (v - want).abs() < 1e-6), "{w_now:?}");
+        assert_eq!(scaler.get_growth_tracker(), 0);
+    }
+}
+
+#[test]
+fn a_grown_scale_that_overflows_is_not_taken() {
+    let dev = Device::cpu().unwrap();
+    let w = Tensor::zeros(&[1], DType::F32, &dev)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let mut opt = Sgd::new(vec![w.clone()], 0.0).unwrap();
+    let mut scaler = GradScaler::with_options(2f64.powi(127), 2.0, 0.5, 1, true).unwrap();
+    scaler.scale(&w.sum_all().unwrap()).unwrap();
+    set_grad(&w, &[1.0]);
+    assert!(scaler.step(&mut opt).unwrap());
+    scaler.update(None).unwrap();
+    assert_eq!(scaler.get_scale(), 2f64.powi(127));
+    assert_eq!(scaler.get_growth_tracker(), 0);
+}
+
+#[test]
+fn a_skipped_step_leaves_parameters_and_adam_state_bit_identical() {
+    for dev in devices() {
+        dev.manual_seed(5);
+        let lin = Linear::new(6, 3, true, &dev).unwrap();
+        let mut opt = Adam::new(lin.parameters(), 1e-2).unwrap();
+        let mut scaler = GradScaler::new();
+        let x = randn(&[4, 6], &dev);
+        let run = |opt: &mut Adam, scaler: &mut GradScaler, inject: bool| -> bool {
+            opt.zero_grad(true).unwrap();
+            let loss = lin
+                .forward(&x)
+                .unwrap()
+                .square()
+                .unwrap()
+                .mean(&[], false)
+                .unwrap();
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            if inject {
+                let g = lin.bias.as_ref().unwrap().grad().unwrap();
+                let mut v = g.to_vec::<f32>().unwrap();
+                v[1] = f32::NEG_INFINITY;
+                set_grad(lin.bias.as_ref().unwrap(), &v);
+            }
+            let stepped = scaler.step(opt).unwrap();
+            scaler.update(None).unwrap();
+            stepped
+        };
+        assert!(run(&mut opt, &mut scaler, false));
+        assert!(run(&mut opt, &mut scaler, false));
+        let snapshot = |opt: &Adam| -> Vec<(String, Vec<u32>)> {
+            let mut v: Vec<(String, Vec<u32>)> = lin
+                .named_parameters()
+                .into_iter()
+                .chain(opt.state_tensors())
+                .map(|(n, t)| {
+                    let bits = t
+                        .to_vec::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|f| f.to_bits())
+                        .collect();
+                    (n, bits)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = snapshot(&opt);
+        assert!(
+            !run(&mut opt, &mut scaler, true),
+            "{dev:?}: the step is skipped"
+        );
+        assert_eq!(snapshot(&opt), before, "{dev:?}");
+        assert_eq!(scaler.get_scale(), 32768.0);
+        assert!(run(&mut opt, &mut scaler, false));
+        assert_ne!(snapshot(&opt), before);
+    }
+}
+
+#[test]
+fn on_device_unscale_matches_the_tensor_op_reference() {
+    // Sizes for the vec4 kernel (8), the scalar one (7) and a single element.
+    for n in [8usize, 7, 1] {
+        let cpu = Device::cpu().unwrap();
+        let values: Vec<f32> = (0..n).map(|i| (i as f32 - 3.3) * 1234.567).collect();
+        for bad in [
+            None,
+            Some(f32::NAN),
+            Some(f32::INFINITY),
+            Some(f32::NEG_INFINITY),
+        ] {
+            let mut v = values.clone();
+            if let Some(b) = bad {
+                v[n - 1] = b;
+            }
+            let result = |dev: &Device| -> (Vec<u32>, bool) {
+                let w = Tensor::zeros(&[n], DType::F32, dev)
+                    .unwrap()
+                    .requires_grad_(true)
+                    .unwrap();
+                let mut opt = Sgd::new(vec![w.clone()], 1.0).unwrap();
+                let mut scaler = GradScaler::with_options(3.0, 2.0, 0.5, 100, true).unwrap();
+                scaler.scale(&w.sum_all().unwrap()).unwrap();
+                set_grad(&w, &v);
+                scaler.unscale_(&opt).unwrap();
+                let g = w.grad().unwrap().to_vec::<f32>().unwrap();
+                let stepped = scaler.step(&mut opt).unwrap();
+                (g.iter().map(|f| f.to_bits()).collect(), stepped)
+            };
+            let want = result(&cpu);
+            assert_eq!(want.1, bad.is_none());
+            for dev in Device::all_gpus() {
+                assert_eq!(result(&dev), want, "{dev:?} n={n} bad={bad:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn grad_scaler_misuse_is_a_typed_error_and_disturbs_nothing() {
+    for dev in devices() {
+        let w = Tensor::ones(&[3], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let mut opt = Sgd::new(vec![w.clone()], 0.5).unwrap();
+        let mut scaler = GradScaler::new();
+        set_grad(&w, &[1.0, 1.0, 1.0]);
+        let err = scaler.step(&mut opt).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument { op: "GradScaler.step", msg } if msg.contains("_scale is None")),
+            "{err}"
+        );
+        assert_eq!(w.to_vec::<f32>().unwrap(), vec![1.0; 3], "no step taken");
+        assert!(scaler.update(None).is_err());
+        scaler.scale(&w.sum_all().unwrap()).unwrap();
+        scaler.unscale_(&opt).unwrap();
+        let err = scaler.unscale_(&opt).unwrap_err();
+        assert!(err.to_string().contains("already been called"), "{err}");
+        assert!(scaler.step(&mut opt).unwrap());
+        assert!(scaler.step(&mut opt).is_err(), "step twice");
+        scaler.update(None).unwrap();
+        assert_eq!(scaler.get_growth_tracker(), 1);
+        // f16 gradients are refused, as PyTorch's unscale_ refuses them.
+        if has_f16(&dev) {
+            let h = Tensor::ones(&[2], DType::F16, &dev)
+                .unwrap()
+                .requires_grad_(true)
+                .unwrap();
+            h.set_grad(Some(Tensor::ones(&[2], DType::F16, &dev).unwrap()))
+                .unwrap();
+            let mut opt16 = Sgd::new(vec![h.clone()], 0.5).unwrap();
+            scaler.scale(&h.sum_all().unwrap()).unwrap();
+            let err = scaler.step(&mut opt16).unwrap_err();
+            assert!(matches!(
+                err,
+                Error::UnsupportedDType {
+                    op: "GradScaler.unscale_",
+                    ..
+                }
+            ));
+            assert_eq!(h.to_f64_vec().unwrap(), vec![1.0; 2]);
+        }
+    }
+}
+
+#[test]
+fn disabled_scaler_passes_through_and_state_dict_round_trips() {
+    let dev = Device::cpu().unwrap();
+    let w = Tensor::ones(&[2], DType::F32, &dev)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let mut opt = Sgd::new(vec![w.clone()], 0.5).unwrap();
+    let mut off = GradScaler::new().enabled(false);
+    let loss = w.sum_all().unwrap();
+    let scaled = off.scale(&loss).unwrap();
+    assert!(scaled.shares_storage(&loss));
+    scaled.backward().unwrap();
+    assert!(off.step(&mut opt).unwrap());
+    off.update(None).unwrap();
+    assert_eq!(off.get_scale(), 1.0);
+    assert!(off.state_dict().is_empty());
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
+
+    let mut a = GradScaler::with_options(1024.0, 4.0, 0.25, 3, true).unwrap();
+    a.scale(&loss).unwrap();
+    set_grad(&w, &[1.0, 1.0]);
+    a.step(&mut opt).unwrap();
+    a.update(None).unwrap();
+    let sd = a.state_dict();
+    assert_eq!(sd["scale"], 1024.0);
+    assert_eq!(sd["_growth_tracker"], 1.0);
+    assert_eq!(sd["growth_interval"], 3.0);
+    let mut b = GradScaler::new();
+    b.load_state_dict(&sd).unwrap();
+    assert_eq!(b.state_dict(), sd);
+    assert!(GradScaler::new()
+        .load_state_dict(&off.state_dict())
+        .is_err());
+    assert!(GradScaler::with_options(1.0, 0.5, 0.5, 1, true).is_err());
+}
+
+#[test]
+fn clip_grad_norm_matches_its_definition() {
+    for dev in devices() {
+        let a = Tensor::zeros(&[3], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let b = Tensor::zeros(&[2, 2], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        set_grad(&a, &[3.0, -4.0, 0.0]);
+        set_grad(&b, &[0.0, 12.0, 0.0, 0.0]);
+        // Total 2-norm sqrt(9 + 16 + 144) = 13; clipped to 6.5: factor 6.5 / (13 + 1e-6).
+        let norm = clip_grad_norm_(&[a.clone(), b.clone()], 6.5, 2.0).unwrap();
+        assert!((norm.item::<f32>().unwrap() - 13.0).abs() < 1e-5);
+        let f = 6.5f32 / (13.0f32 + 1e-6);
+        let ga = a.grad().unwrap().to_vec::<f32>().unwrap();
+        assert!((ga[1] - (-4.0 * f)).abs() < 1e-5, "{dev:?} {ga:?}");
+        // Under the limit: untouched (factor clamped to 1).
+        let norm = clip_grad_norm_(&[a.clone(), b.clone()], 100.0, f64::INFINITY).unwrap();
+        assert!((norm.item::<f32>().unwrap() - 12.0 * f).abs() < 1e-5);
+        assert_eq!(a.grad().unwrap().to_vec::<f32>().unwrap(), ga);
+        assert!(clip_grad_norm_(&[a], 1.0, -1.0).is_err());
+    }
+}
+
+#[test]
+fn fused_optimizers_update_f16_parameters_like_the_cpu_reference() {
+    let cpu = Device::cpu().unwrap();
+    let init: Vec<f32> = (0..64)
+        .map(|i| ((i * 37) % 17) as f32 / 17.0 - 0.5)
+        .collect();
+    let grads: Vec<f32> = (0..64)
+        .map(|i| ((i * 11) % 13) as f32 / 13.0 - 0.4)
+        .collect();
+    let run = |dev: &Device, adam: bool| -> Vec<f64> {
+        let p = Tensor::from_slice(&init, &[64], dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let mut opt: Box<dyn Optimizer> = match adam {
+            true => Box::new(Adam::new(vec![p.clone()], 1e-2).unwrap()),
+            false => Box::new(Sgd::new(vec![p.clone()], 0.1).unwrap().momentum(0.9)),
+        };
+        for _ in 0..3 {
+            let g = Tensor::from_slice(&grads, &[64], dev)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            p.set_grad(Some(g)).unwrap();
+            opt.step().unwrap();
+        }
+        for (_, s) in opt.state_tensors() {
+            if s.numel() == 64 {
+                assert_eq!(s.dtype(), DType::F16, "state in the parameter's dtype");
+            }
+        }
+        p.to_f64_vec().unwrap()
+    };
+    for adam in [false, true] {
+        let want = run(&cpu, adam);
+        for dev in Device::all_gpus().into_iter().filter(has_f16) {
+            let got = run(&dev, adam);
+            for (a, b) in got.iter().zip(&want) {
+                // One f16 rounding of the state per step apart at most.
+                assert!((a - b).abs() <= 4e-3, "{dev:?} adam={adam}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+/// Trains 784-128-10 on 4096 built-in glyphs for six epochs and returns the test accuracy.
+fn train_accuracy(dev: &Device, amp: bool) -> f64 {
+    use kiln::nn::{Relu, Sequential};
+    let train = kiln::data::synthetic_glyphs(4096, 1);
+    let test = kiln::data::synthetic_glyphs(512, 2);
+    dev.manual_seed(0);
+    let model = Sequential::new()
+        .push(Linear::new(784, 128, true, dev).unwrap())
+        .push(Relu)
+        .push(Linear::new(128, 10, true, dev).unwrap());
+    let mut opt = Sgd::new(model.parameters(), 0.05).unwrap().momentum(0.9);
+    let mut scaler = GradScaler::new().enabled(amp);
+    let dt = device_type(dev);
+    let batch = |set: &kiln::data::ImageSet, idx: &[usize]| {
+        let mut x = Vec::with_capacity(idx.len() * 784);
+        for &i in idx {
+            x.extend_from_slice(set.image(i));
+        }
+        let y: Vec<i32> = idx.iter().map(|&i| set.labels[i]).collect();
+        (
+            Tensor::from_slice(&x, &[idx.len(), 784], dev).unwrap(),
+            Tensor::from_slice(&y, &[idx.len()], dev).unwrap(),
+        )
+    };
+    for epoch in 0..6 {
+        for s in 0..train.len() / 64 {
+            // A different permutation per epoch (997 is prime to the set's 4096).
+            let idx: Vec<usize> = (0..64)
+                .map(|i| ((s * 64 + i) * 997 + epoch * 131) % train.len())
+                .collect();
+            let (x, y) = batch(&train, &idx);
+            opt.zero_grad(true).unwrap();
+            let loss = with_autocast(dt, DType::F16, amp, || {
+                cross_entropy(&model.forward(&x)?, &y)
+            })
+            .unwrap()
+            .unwrap();
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update(None).unwrap();
+        }
+    }
+    let idx: Vec<usize> = (0..test.len()).collect();
+    let (x, y) = batch(&test, &idx);
+    let correct = kiln::no_grad(|| {
+        with_autocast(dt, DType::F16, amp, || {
+            model
+                .forward(&x)?
+                .argmax(1, false)?
+                .eq(&y)?
+                .to_dtype(DType::F32)?
+                .sum_all()
+        })
+    })
+    .unwrap()
+    .unwrap()
+    .item::<f32>()
+    .unwrap();
+    correct as f64 / test.len() as f64
+}
+
+#[test]
+fn amp_training_reaches_the_f32_runs_accuracy() {
+    for dev in Device::all_gpus().into_iter().filter(has_f16).take(1) {
+        let f32_acc = train_accuracy(&dev, false);
+        let amp_acc = train_accuracy(&dev, true);
+        println!("{dev:?}: test accuracy f32 {f32_acc}, AMP {amp_acc}");
+        assert!(
+            f32_acc > 0.5,
+            "{dev:?}: the f32 run learns ({f32_acc}; chance is 0.1)"
+        );
+        assert!(
+            amp_acc >= f32_acc - 0.02,
+            "{dev:?}: AMP {amp_acc} vs f32 {f32_acc}"
+        );
+    }
+}
