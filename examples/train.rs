@@ -5,14 +5,16 @@
 //! thread in pageable memory instead).
 //!
 //!     cargo run --release --example train -- --model cnn --epochs 3
+//!     cargo run --release --example train -- --amp --optimizer adam   # autocast + GradScaler
 //!     cargo run --release --example train -- --data ~/mnist       # MNIST IDX files
 
 use clap::{value_parser, Arg, ArgAction, Command};
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln::amp::{autocast, DeviceType, GradScaler};
 use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions};
 use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::ops::Conv2dParams;
-use kiln::optim::{Optimizer, Sgd};
+use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::profiler::record_function;
 use kiln::{DType, Device, Tensor};
 use std::path::PathBuf;
@@ -48,8 +50,21 @@ fn args() -> clap::ArgMatches {
         .arg(
             Arg::new("lr")
                 .long("lr")
-                .default_value("0.05")
-                .value_parser(value_parser!(f64)),
+                .value_parser(value_parser!(f64))
+                .help("learning rate (default: 0.05 for SGD, 0.001 for Adam)"),
+        )
+        .arg(
+            Arg::new("optimizer")
+                .long("optimizer")
+                .default_value("sgd")
+                .value_parser(["sgd", "adam"])
+                .help("SGD with momentum 0.9, or Adam"),
+        )
+        .arg(
+            Arg::new("amp")
+                .long("amp")
+                .action(ArgAction::SetTrue)
+                .help("mixed precision: forward and loss under autocast(f16), GradScaler"),
         )
         .arg(
             Arg::new("train-size")
@@ -183,7 +198,17 @@ fn main() -> kiln::Result<()> {
     let epochs = *m.get_one::<usize>("epochs").expect("default");
     let batch_size = *m.get_one::<usize>("batch-size").expect("default");
     let kind = m.get_one::<String>("model").expect("default").clone();
-    let lr = *m.get_one::<f64>("lr").expect("default");
+    let optimizer = m.get_one::<String>("optimizer").expect("default").clone();
+    let lr = m
+        .get_one::<f64>("lr")
+        .copied()
+        .unwrap_or(if optimizer == "adam" { 1e-3 } else { 0.05 });
+    let amp = m.get_flag("amp");
+    let device_type = if device.is_cpu() {
+        DeviceType::Cpu
+    } else {
+        DeviceType::Gpu
+    };
     let use_checkpoint = m.get_flag("checkpoint");
     let (train, test) = match m.get_one::<PathBuf>("data") {
         Some(dir) => (read_mnist(dir, true)?, read_mnist(dir, false)?),
@@ -193,14 +218,15 @@ fn main() -> kiln::Result<()> {
         }
     };
     println!(
-        "kiln train: {kind} on {} ({} train / {} test images of {}x{}, {} classes), batch {batch_size}, {epochs} epochs{}",
+        "kiln train: {kind} on {} ({} train / {} test images of {}x{}, {} classes), batch {batch_size}, {epochs} epochs, {optimizer} lr {lr}{}{}",
         device.name(),
         train.len(),
         test.len(),
         train.side,
         train.side,
         train.classes,
-        if use_checkpoint { ", gradient checkpointing" } else { "" }
+        if use_checkpoint { ", gradient checkpointing" } else { "" },
+        if amp { ", AMP (autocast f16 + GradScaler)" } else { "" }
     );
 
     let snapshot = m.get_one::<PathBuf>("snapshot");
@@ -241,7 +267,27 @@ fn main() -> kiln::Result<()> {
         println!("loaded {} tensors from {}", loaded.len(), path.display());
     }
     let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
-    let mut opt = Sgd::new(params, lr)?.momentum(0.9);
+    let mut opt: Box<dyn Optimizer> = match optimizer.as_str() {
+        "adam" => Box::new(Adam::new(params, lr)?),
+        _ => Box::new(Sgd::new(params, lr)?.momentum(0.9)),
+    };
+    // Disabled without --amp: every call passes through (PyTorch's `enabled=False`).
+    let mut scaler = GradScaler::new().enabled(amp);
+    // One training step, PyTorch's AMP recipe: forward and loss under autocast, backward of the
+    // scaled loss, the scaler's step (skipped on inf/NaN gradients) and update.
+    let mut train_step = |x: &Tensor, y: &Tensor| -> kiln::Result<Tensor> {
+        let loss = record_function("## forward ##", || {
+            let _amp = autocast(device_type, DType::F16, amp)?;
+            cross_entropy(&forward(&blocks, x, use_checkpoint)?, y)
+        })?;
+        opt.zero_grad(true)?;
+        record_function("## backward ##", || scaler.scale(&loss)?.backward())?;
+        record_function("## optimizer ##", || {
+            scaler.step(opt.as_mut())?;
+            scaler.update(None)
+        })?;
+        Ok(loss)
+    };
     let started = Instant::now();
     let pin_memory = !m.get_flag("no-pin-memory");
     let test_len = test.len();
@@ -277,12 +323,7 @@ fn main() -> kiln::Result<()> {
         let ((), prof) = profile(&opts, || {
             for batch in train_loader.iter().take(10) {
                 let (x, y) = batch?;
-                let loss = record_function("## forward ##", || {
-                    cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)
-                })?;
-                opt.zero_grad(true)?;
-                record_function("## backward ##", || loss.backward())?;
-                record_function("## optimizer ##", || opt.step())?;
+                train_step(&x, &y)?;
             }
             device.synchronize()
         })?;
@@ -312,12 +353,7 @@ fn main() -> kiln::Result<()> {
         for (step, batch) in train_loader.iter().enumerate() {
             let (x, y) = batch?;
             // Named phases: they show as frames in memory snapshots and timelines.
-            let loss = record_function("## forward ##", || {
-                cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)
-            })?;
-            opt.zero_grad(true)?;
-            record_function("## backward ##", || loss.backward())?;
-            record_function("## optimizer ##", || opt.step())?;
+            let loss = train_step(&x, &y)?;
             loss_sum = loss_sum.add(&loss.detach())?;
             if step % 25 == 24 {
                 bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
@@ -333,6 +369,7 @@ fn main() -> kiln::Result<()> {
             let mut correct = Tensor::zeros(&[], DType::F32, &device)?;
             for batch in test_loader.iter() {
                 let (x, y) = batch?;
+                let _amp = autocast(device_type, DType::F16, amp)?;
                 let pred = forward(&blocks, &x, false)?.argmax(1, false)?;
                 correct = correct.add(&pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?)?;
             }
@@ -352,6 +389,9 @@ fn main() -> kiln::Result<()> {
     }
     device.synchronize()?;
     println!("trained in {:.1} s", started.elapsed().as_secs_f64());
+    if amp {
+        println!("GradScaler: scale {}", scaler.get_scale());
+    }
     let host = device.host_memory_stats();
     if host.num_host_alloc > 0 {
         println!(

@@ -2,7 +2,7 @@
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
 //! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `matmul` (the
-//! big MLP step's f32 products by layout), `train` (an MLP step), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
+//! big MLP step's f32 products by layout), `train` (MLP steps: SGD-momentum and Adam, f32 and AMP f16), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
 //! (whether the DataLoader's assembly and uploads overlap training steps). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
@@ -346,14 +346,19 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
-/// One SGD-momentum training step of an MLP (PyTorch anchor: the same model, batch and step).
+/// One training step of an MLP, PyTorch's loop (`torch_anchor_wave2.py`): `zero_grad(set_to_none)`,
+/// forward and loss under autocast (AMP rows), `scaler.scale(loss).backward()`,
+/// `scaler.step(opt)`, `scaler.update()`; SGD with momentum 0.9 or Adam. f32 rows run the same
+/// loop with autocast and the scaler disabled, as the anchor does.
 fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::amp::{autocast, DeviceType, GradScaler};
     use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
-    use kiln::optim::{Optimizer, Sgd};
+    use kiln::optim::{Adam, Optimizer, Sgd};
     let software = dev
         .adapter_info()
         .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
-    let cases: &[(&str, usize, usize, usize)] = if software {
+    let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+    let sizes: &[(&str, usize, usize, usize)] = if software {
         &[("784-128-10 b64", 128, 0, 64)]
     } else {
         &[
@@ -361,67 +366,93 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             ("784-128-10 b64", 128, 0, 64),
         ]
     };
-    for &(name, h1, h2, batch) in cases {
-        dev.manual_seed(0);
-        let mut model = Sequential::new()
-            .push(Linear::new(784, h1, true, dev)?)
-            .push(Relu);
-        let last = if h2 > 0 {
-            model = model.push(Linear::new(h1, h2, true, dev)?).push(Relu);
-            h2
-        } else {
-            h1
-        };
-        let model = model.push(Linear::new(last, 10, true, dev)?);
-        let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
-        let x = Tensor::randn(&[batch, 784], DType::F32, dev)?;
-        let labels: Vec<i32> = (0..batch as i32).map(|i| i % 10).collect();
-        let y = Tensor::from_slice(&labels, &[batch], dev)?;
-        let mut step = || -> kiln::Result<Tensor> {
-            opt.zero_grad(true)?;
-            let loss = cross_entropy(&model.forward(&x)?, &y)?;
-            loss.backward()?;
-            opt.step()?;
-            Ok(loss)
-        };
-        dev.synchronize()?;
-        dev.reset_peak_memory_stats();
-        for _ in 0..5 {
-            step()?;
-        }
-        let iters = if software { 20 } else { 200 };
-        let t = wall_time(dev, iters, &mut step)?;
-        // KILN_BENCH_PROFILE=1: where ten steps' GPU time goes, by op and input shape.
-        if std::env::var("KILN_BENCH_PROFILE").is_ok() {
-            let options = kiln::profiler::ProfileOptions {
-                devices: vec![dev.clone()],
-                profile_memory: false,
-            };
-            let ((), prof) = kiln::profiler::profile(&options, || {
-                for _ in 0..10 {
-                    step()?;
-                }
-                dev.synchronize()
-            })?;
-            println!(
-                "{name}, ten steps:\n{}",
-                prof.key_averages_by(true).table("self_gpu_time_total", 30)
+    let only = std::env::var("KILN_BENCH_TRAIN").ok();
+    for &(name, h1, h2, batch) in sizes {
+        for (opt_name, amp) in [
+            ("SGD-momentum", false),
+            ("Adam", false),
+            ("SGD-momentum", true),
+            ("Adam", true),
+        ] {
+            let case = format!(
+                "MLP {name} {opt_name} step {}",
+                if amp { "AMP f16" } else { "f32" }
             );
+            if (amp && !f16) || only.as_ref().is_some_and(|o| !case.contains(o.as_str())) {
+                continue;
+            }
+            dev.synchronize()?;
+            dev.empty_cache();
+            dev.manual_seed(0);
+            let mut model = Sequential::new()
+                .push(Linear::new(784, h1, true, dev)?)
+                .push(Relu);
+            let last = if h2 > 0 {
+                model = model.push(Linear::new(h1, h2, true, dev)?).push(Relu);
+                h2
+            } else {
+                h1
+            };
+            let model = model.push(Linear::new(last, 10, true, dev)?);
+            let mut opt: Box<dyn Optimizer> = match opt_name {
+                "Adam" => Box::new(Adam::new(model.parameters(), 1e-3)?),
+                _ => Box::new(Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)),
+            };
+            let mut scaler = GradScaler::new().enabled(amp);
+            let x = Tensor::randn(&[batch, 784], DType::F32, dev)?;
+            let labels: Vec<i32> = (0..batch as i32).map(|i| i % 10).collect();
+            let y = Tensor::from_slice(&labels, &[batch], dev)?;
+            let mut step = || -> kiln::Result<Tensor> {
+                opt.zero_grad(true)?;
+                let loss = {
+                    let _amp = autocast(DeviceType::Gpu, DType::F16, amp)?;
+                    cross_entropy(&model.forward(&x)?, &y)?
+                };
+                scaler.scale(&loss)?.backward()?;
+                scaler.step(opt.as_mut())?;
+                scaler.update(None)?;
+                Ok(loss)
+            };
+            step()?;
+            dev.synchronize()?;
+            dev.reset_peak_memory_stats();
+            for _ in 0..5 {
+                step()?;
+            }
+            let iters = if software { 20 } else { 200 };
+            let t = wall_time(dev, iters, &mut step)?;
+            // KILN_BENCH_PROFILE=1: where ten steps' GPU time goes, by op and input shape.
+            if std::env::var("KILN_BENCH_PROFILE").is_ok() {
+                let options = kiln::profiler::ProfileOptions {
+                    devices: vec![dev.clone()],
+                    profile_memory: false,
+                };
+                let ((), prof) = kiln::profiler::profile(&options, || {
+                    for _ in 0..10 {
+                        step()?;
+                    }
+                    dev.synchronize()
+                })?;
+                println!(
+                    "{case}, ten steps:\n{}",
+                    prof.key_averages_by(true).table("self_gpu_time_total", 30)
+                );
+            }
+            rows.push(Row {
+                adapter: dev.name(),
+                suite: "train",
+                case: format!("{case} (wall clock)"),
+                value: t * 1e3,
+                unit: "ms",
+            });
+            rows.push(Row {
+                adapter: dev.name(),
+                suite: "train",
+                case: format!("{case} max_memory_allocated"),
+                value: dev.max_memory_allocated() as f64 / (1 << 20) as f64,
+                unit: "MiB",
+            });
         }
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "train",
-            case: format!("MLP {name} SGD-momentum step f32 (wall clock)"),
-            value: t * 1e3,
-            unit: "ms",
-        });
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "train",
-            case: format!("MLP {name} max_memory_allocated"),
-            value: dev.max_memory_allocated() as f64 / (1 << 20) as f64,
-            unit: "MiB",
-        });
     }
     Ok(())
 }
