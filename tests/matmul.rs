@@ -126,3 +126,60 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
         kiln::ops::force_matmul_tile(None);
     }
 }
+
+/// f16 products as an MLP with 784 inputs and 10 classes meets them under autocast (ragged K
+/// or N; a long K over a narrow N, which takes split-K), against the CPU's f32 product of the
+/// same f16 values: only f16 roundings of partial results differ. On adapters with cooperative
+/// matrices the ragged ones split into a tensor-core part and a SIMT rest.
+#[test]
+fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let devices = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    for dev in devices
+        .into_iter()
+        .filter(|d| !d.is_cpu() && d.adapter_info().is_some_and(|i| i.features.shader_f16))
+    {
+        for (m, k, n, b_t) in [
+            (64, 784, 128, true),
+            (128, 64, 784, false),
+            (64, 4096, 10, true),
+        ] {
+            let a = Tensor::randn(&[m, k], DType::F32, &cpu)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            let b = Tensor::randn(&[k, n], DType::F32, &cpu)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            let gb = match b_t {
+                true => b
+                    .to_device(&dev)
+                    .unwrap()
+                    .t()
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+                    .t()
+                    .unwrap(),
+                false => b.to_device(&dev).unwrap(),
+            };
+            let got = a.to_device(&dev).unwrap().matmul(&gb).unwrap();
+            assert_eq!(got.dtype(), DType::F16);
+            let got = got.to_f64_vec().unwrap();
+            let want = a
+                .to_dtype(DType::F32)
+                .unwrap()
+                .matmul(&b.to_dtype(DType::F32).unwrap())
+                .unwrap()
+                .to_f64_vec()
+                .unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
+                    "{dev:?} {m}x{k}x{n}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

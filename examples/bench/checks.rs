@@ -82,6 +82,27 @@ pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
             .to_vec::<f32>()?;
         worst = worst.max(worst_relative(&got, &want));
     }
+    // 2-D products that are not whole tiles: ragged K or N (split into a tensor-core part and
+    // a SIMT rest) and a long K over a narrow N (split-K), as an MLP with 784 inputs and 10
+    // classes has them: x @ W1^T, g^T @ x, h @ W3^T.
+    for (m, k, n, a_t, b_t) in [
+        (512, 784, 256, false, true),
+        (256, 512, 784, true, false),
+        (256, 784, 400, false, false),
+        (512, 4096, 10, false, true),
+    ] {
+        let a = Tensor::randn(&[m, k], DType::F32, &cpu)?.to_dtype(DType::F16)?;
+        let b = Tensor::randn(&[k, n], DType::F32, &cpu)?.to_dtype(DType::F16)?;
+        let got = stored(&a, a_t)?
+            .matmul(&stored(&b, b_t)?)?
+            .to_dtype(DType::F32)?
+            .to_vec::<f32>()?;
+        let want = a
+            .to_dtype(DType::F32)?
+            .matmul(&b.to_dtype(DType::F32)?)?
+            .to_vec::<f32>()?;
+        worst = worst.max(worst_relative(&got, &want));
+    }
     // As in PyTorch, the product allocates its f16 result and nothing else (the tensor-core
     // kernel rounds its f32 accumulators in place of an f32 temporary and a cast).
     let (a, b) = (

@@ -260,14 +260,13 @@ fn eligible(t: &Tensor) -> bool {
 }
 
 /// Lower-precision ops (matmul, linear, conv2d): the inputs cast to the autocast dtype, or
-/// `None` when autocast does not apply (no region, or nothing to cast).
+/// `None` when no region is active. The caller runs the op on them with autocast suspended
+/// (also when nothing needed a cast), so that the op's own inner steps (split-K's sum) keep
+/// its dtype.
 pub(crate) fn lower(op: &'static str, inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
     let Some(dtype) = inputs.first().and_then(|t| active(t)) else {
         return Ok(None);
     };
-    if inputs.iter().all(|t| !eligible(t) || t.dtype == dtype) {
-        return Ok(None);
-    }
     inputs
         .iter()
         .map(|t| match eligible(t) && t.dtype != dtype {

@@ -238,7 +238,7 @@ fn isize_shape(s: &[usize]) -> Vec<isize> {
 /// Chunks to split K into, for 2-D f32 products on a GPU with too few 64x64 tiles to fill it
 /// and a long K (each chunk at least 128 deep, about 128 workgroups in all).
 fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<usize> {
-    if a.device().is_cpu() || a.dtype() != DType::F32 || !batch.is_empty() || k < 1024 {
+    if a.device().is_cpu() || a.dtype() == DType::F64 || !batch.is_empty() || k < 1024 {
         return None;
     }
     let tiles = m.div_ceil(64) * n.div_ceil(64);
@@ -251,6 +251,49 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
         s /= 2;
     }
     (s >= 2).then_some(s)
+}
+
+/// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
+/// number of its tiles (an MLP's 784-wide input: `x @ W1^T` with K = 784, `g^T @ x` with
+/// N = 784): the whole-tile part on tensor cores and the ragged rest on the SIMT kernel, as
+/// `A[:, :kc] @ B[:kc] + A[:, kc:] @ B[kc:]` or `cat(A @ B[:, :nc], A @ B[:, nc:])`. Measured
+/// on the H100 (784-4096-4096-10, batch 512): the two products took 250 and 346 us on the SIMT
+/// kernel.
+fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Tensor>> {
+    let Some(g) = a.device().gpu().filter(|g| g.coop_f16) else {
+        return Ok(None);
+    };
+    if a.dtype() != DType::F16 || a.rank() != 2 || b.rank() != 2 {
+        return Ok(None);
+    }
+    let unit = |s: &[usize]| s[0] == 1 || s[1] == 1;
+    if !unit(a.strides()) || !unit(b.strides()) {
+        return Ok(None);
+    }
+    let layout = CoopLayout {
+        a_t: a.strides()[1] != 1,
+        b_t: b.strides()[1] != 1,
+    };
+    let shared = g.info.limits.max_compute_workgroup_storage_size;
+    let Some(t) = CoopTile::for_layout(layout)
+        .iter()
+        .find(|t| m.is_multiple_of(t.block_m() as usize) && t.valid(shared))
+    else {
+        return Ok(None);
+    };
+    let (kc, nc) = (k - k % t.k_step() as usize, n - n % t.block_n() as usize);
+    if kc == 0 || nc == 0 || (kc == k && nc == n) {
+        return Ok(None);
+    }
+    if nc < n {
+        let main = matmul_forward(a, &b.narrow(1, 0, nc)?, None)?;
+        let rest = matmul_forward(a, &b.narrow(1, nc, n - nc)?, None)?;
+        return Tensor::cat(&[main, rest], 1).map(Some);
+    }
+    let main = matmul_forward(&a.narrow(1, 0, kc)?, &b.narrow(0, 0, kc)?, None)?;
+    let rest = matmul_forward(&a.narrow(1, kc, k - kc)?, &b.narrow(0, kc, k - kc)?, None)?;
+    super::inplace::binary_(&main, &rest, super::BinaryOp::Add)?;
+    Ok(Some(main))
 }
 
 /// `KILN_MATMUL_SCALAR=1`: the scalar 128-tile kernel even where the vec4 one applies (for
@@ -324,6 +367,19 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
     let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
     // Few output tiles over a long contraction (an MLP's last layer: 512x4096 @ 4096x10): s
     // independent chunks of K as a batched product (views, no copies), then a sum over them.
+    // In f16 the chunks' partial sums would each be rounded to f16 (measured: 2e-3 relative
+    // error at K = 4096); the product runs in f32 instead (one rounding at the end, as cuBLAS
+    // accumulates), which on the H100 took the 512x4096x10 head from 528 us to the f32 time.
+    let narrow_f16 = a.dtype() == DType::F16 && split_k(a, m, n, k, &batch_shape).is_some();
+    if narrow_f16 {
+        let wide = |t: &Tensor| super::predicate::to_dtype(t, DType::F32);
+        let out = matmul_forward(&wide(a)?, &wide(b)?, None)?;
+        let out = super::predicate::to_dtype(&out, DType::F16)?;
+        return match bias {
+            Some(bias) => out.add(bias),
+            None => Ok(out),
+        };
+    }
     let chunks = split_k(a, m, n, k, &batch_shape).and_then(|s| {
         let ks = (k / s) as isize;
         let parts = a2.view(&[m as isize, s as isize, ks]).ok()?;
@@ -340,6 +396,17 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             shape.push(n as isize);
         }
         let out = sum.reshape(&shape)?;
+        return match bias {
+            Some(bias) => out.add(bias),
+            None => Ok(out),
+        };
+    }
+    if let Some(out) = coop_split(&a2, &b2, [m, n, k])? {
+        let out = match (a.rank(), b.rank()) {
+            (1, _) => out.reshape(&[n as isize])?,
+            (_, 1) => out.reshape(&[m as isize])?,
+            _ => out,
+        };
         return match bias {
             Some(bias) => out.add(bias),
             None => Ok(out),
