@@ -101,7 +101,9 @@ pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
             .to_dtype(DType::F32)?
             .matmul(&b.to_dtype(DType::F32)?)?
             .to_vec::<f32>()?;
-        worst = worst.max(worst_relative(&got, &want));
+        let e = worst_relative(&got, &want);
+        println!("f16 {m}x{k}x{n} (A^T {a_t}, B^T {b_t}): max relative error {e:.2e}");
+        worst = worst.max(e);
     }
     // As in PyTorch, the product allocates its f16 result and nothing else (the tensor-core
     // kernel rounds its f32 accumulators in place of an f32 temporary and a cast).

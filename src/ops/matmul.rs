@@ -255,10 +255,11 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
 
 /// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
 /// number of its tiles (an MLP's 784-wide input: `x @ W1^T` with K = 784, `g^T @ x` with
-/// N = 784): the whole-tile part on tensor cores and the ragged rest on the SIMT kernel, as
-/// `A[:, :kc] @ B[:kc] + A[:, kc:] @ B[kc:]` or `cat(A @ B[:, :nc], A @ B[:, nc:])`. Measured
-/// on the H100 (784-4096-4096-10, batch 512): the two products took 250 and 346 us on the SIMT
-/// kernel.
+/// N = 784). A ragged N splits into `cat(A @ B[:, :nc], A @ B[:, nc:])`: the whole tiles on
+/// tensor cores, the rest on the SIMT kernel. A ragged K is padded with zeros to whole K slices
+/// (copies of the operands, each in its own orientation): splitting K instead would round two
+/// partial sums to f16 and lose up to 6e-3 to cancellation (measured on the H100). On the H100
+/// (784-4096-4096-10, batch 512) the two products took 250 and 346 us on the SIMT kernel.
 fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Tensor>> {
     let Some(g) = a.device().gpu().filter(|g| g.coop_f16) else {
         return Ok(None);
@@ -290,10 +291,23 @@ fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Te
         let rest = matmul_forward(a, &b.narrow(1, nc, n - nc)?, None)?;
         return Tensor::cat(&[main, rest], 1).map(Some);
     }
-    let main = matmul_forward(&a.narrow(1, 0, kc)?, &b.narrow(0, 0, kc)?, None)?;
-    let rest = matmul_forward(&a.narrow(1, kc, k - kc)?, &b.narrow(0, kc, k - kc)?, None)?;
-    super::inplace::binary_(&main, &rest, super::BinaryOp::Add)?;
-    Ok(Some(main))
+    let kp = kc + t.k_step() as usize;
+    // `x` [rows, k] (or its transpose, as stored) copied into zeros [rows, kp].
+    let pad = |x: &Tensor, k_dim: usize, transposed: bool| -> Result<Tensor> {
+        let stored = if transposed { x.t()? } else { x.clone() };
+        let k_dim = if transposed { 1 - k_dim } else { k_dim };
+        let mut shape = stored.shape().to_vec();
+        shape[k_dim] = kp;
+        let p = Tensor::zeros(&shape, DType::F16, x.device())?;
+        p.narrow(k_dim as isize, 0, k)?.copy_(&stored)?;
+        if transposed {
+            p.t()
+        } else {
+            Ok(p)
+        }
+    };
+    let (ap, bp) = (pad(a, 1, layout.a_t)?, pad(b, 0, layout.b_t)?);
+    matmul_forward(&ap, &bp, None).map(Some)
 }
 
 /// `KILN_MATMUL_SCALAR=1`: the scalar 128-tile kernel even where the vec4 one applies (for
