@@ -270,6 +270,14 @@ fn bad_autocast_input_is_a_typed_error_that_disturbs_nothing() {
     }
 }
 
+/// A leaf that requires grad, filled with `value` (a parameter).
+fn leaf(value: f64, shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    Tensor::full(shape, value, dtype, dev)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap()
+}
+
 /// One parameter `w` with `grad` set by hand (so that infs can be injected).
 fn set_grad(p: &Tensor, values: &[f32]) {
     let g = Tensor::from_slice(values, p.shape(), p.device()).unwrap();
@@ -286,10 +294,7 @@ fn set_grad(p: &Tensor, values: &[f32]) {
 #[test]
 fn grad_scaler_follows_pytorchs_scale_sequence() {
     for dev in devices() {
-        let w = Tensor::ones(&[5], DType::F32, &dev)
-            .unwrap()
-            .requires_grad_(true)
-            .unwrap();
+        let w = leaf(1.0, &[5], DType::F32, &dev);
         let mut opt = Sgd::new(vec![w.clone()], 0.1).unwrap();
         let mut scaler = GradScaler::with_options(65536.0, 2.0, 0.5, 2, true).unwrap();
         let mut scales = Vec::new();
@@ -334,10 +339,7 @@ fn grad_scaler_follows_pytorchs_scale_sequence() {
 #[test]
 fn a_grown_scale_that_overflows_is_not_taken() {
     let dev = Device::cpu().unwrap();
-    let w = Tensor::zeros(&[1], DType::F32, &dev)
-        .unwrap()
-        .requires_grad_(true)
-        .unwrap();
+    let w = leaf(0.0, &[1], DType::F32, &dev);
     let mut opt = Sgd::new(vec![w.clone()], 0.0).unwrap();
     let mut scaler = GradScaler::with_options(2f64.powi(127), 2.0, 0.5, 1, true).unwrap();
     scaler.scale(&w.sum_all().unwrap()).unwrap();
@@ -425,10 +427,7 @@ fn on_device_unscale_matches_the_tensor_op_reference() {
                 v[n - 1] = b;
             }
             let result = |dev: &Device| -> (Vec<u32>, bool) {
-                let w = Tensor::zeros(&[n], DType::F32, dev)
-                    .unwrap()
-                    .requires_grad_(true)
-                    .unwrap();
+                let w = leaf(0.0, &[n], DType::F32, dev);
                 let mut opt = Sgd::new(vec![w.clone()], 1.0).unwrap();
                 let mut scaler = GradScaler::with_options(3.0, 2.0, 0.5, 100, true).unwrap();
                 scaler.scale(&w.sum_all().unwrap()).unwrap();
@@ -450,10 +449,7 @@ fn on_device_unscale_matches_the_tensor_op_reference() {
 #[test]
 fn grad_scaler_misuse_is_a_typed_error_and_disturbs_nothing() {
     for dev in devices() {
-        let w = Tensor::ones(&[3], DType::F32, &dev)
-            .unwrap()
-            .requires_grad_(true)
-            .unwrap();
+        let w = leaf(1.0, &[3], DType::F32, &dev);
         let mut opt = Sgd::new(vec![w.clone()], 0.5).unwrap();
         let mut scaler = GradScaler::new();
         set_grad(&w, &[1.0, 1.0, 1.0]);
@@ -474,10 +470,7 @@ fn grad_scaler_misuse_is_a_typed_error_and_disturbs_nothing() {
         assert_eq!(scaler.get_growth_tracker(), 1);
         // f16 gradients are refused, as PyTorch's unscale_ refuses them.
         if has_f16(&dev) {
-            let h = Tensor::ones(&[2], DType::F16, &dev)
-                .unwrap()
-                .requires_grad_(true)
-                .unwrap();
+            let h = leaf(1.0, &[2], DType::F16, &dev);
             h.set_grad(Some(Tensor::ones(&[2], DType::F16, &dev).unwrap()))
                 .unwrap();
             let mut opt16 = Sgd::new(vec![h.clone()], 0.5).unwrap();
@@ -498,10 +491,7 @@ fn grad_scaler_misuse_is_a_typed_error_and_disturbs_nothing() {
 #[test]
 fn disabled_scaler_passes_through_and_state_dict_round_trips() {
     let dev = Device::cpu().unwrap();
-    let w = Tensor::ones(&[2], DType::F32, &dev)
-        .unwrap()
-        .requires_grad_(true)
-        .unwrap();
+    let w = leaf(1.0, &[2], DType::F32, &dev);
     let mut opt = Sgd::new(vec![w.clone()], 0.5).unwrap();
     let mut off = GradScaler::new().enabled(false);
     let loss = w.sum_all().unwrap();
@@ -535,14 +525,8 @@ fn disabled_scaler_passes_through_and_state_dict_round_trips() {
 #[test]
 fn clip_grad_norm_matches_its_definition() {
     for dev in devices() {
-        let a = Tensor::zeros(&[3], DType::F32, &dev)
-            .unwrap()
-            .requires_grad_(true)
-            .unwrap();
-        let b = Tensor::zeros(&[2, 2], DType::F32, &dev)
-            .unwrap()
-            .requires_grad_(true)
-            .unwrap();
+        let a = leaf(0.0, &[3], DType::F32, &dev);
+        let b = leaf(0.0, &[2, 2], DType::F32, &dev);
         set_grad(&a, &[3.0, -4.0, 0.0]);
         set_grad(&b, &[0.0, 12.0, 0.0, 0.0]);
         // Total 2-norm sqrt(9 + 16 + 144) = 13; clipped to 6.5: factor 6.5 / (13 + 1e-6).

@@ -14,33 +14,25 @@ use crate::kernels::{launch, Kernel};
 use crate::ops::{BinaryOp, CmpOp};
 use crate::optim::Optimizer;
 use crate::tensor::{DType, Tensor};
-use crate::{no_grad, Device, Error, Result};
+use crate::{no_grad, Error, Result};
 use std::collections::{BTreeMap, HashMap};
 
 /// Where an optimizer is in the iteration (PyTorch's `OptState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Stage {
+    #[default]
     Ready,
     Unscaled,
     Stepped,
 }
 
+#[derive(Default)]
 struct OptimizerState {
     stage: Stage,
     /// One 0-d f32 flag per device its gradients live on (1.0: an inf or NaN was found).
-    found_inf: Vec<(Device, Tensor)>,
+    found_inf: Vec<Tensor>,
     /// The flags' sum once read to the host (by `step`).
     found_inf_host: Option<f64>,
-}
-
-impl Default for OptimizerState {
-    fn default() -> Self {
-        OptimizerState {
-            stage: Stage::Ready,
-            found_inf: Vec::new(),
-            found_inf_host: None,
-        }
-    }
 }
 
 /// Dynamic loss scaling with PyTorch's defaults: scale 2^16, growth x2 after 2000 clean steps,
@@ -185,14 +177,14 @@ impl GradScaler {
         }
         // PyTorch's `scale.double().reciprocal().float()`.
         let inv_scale = (1.0 / scale as f64) as f32;
-        let mut found: Vec<(Device, Tensor)> = Vec::new();
+        let mut found: Vec<Tensor> = Vec::new();
         no_grad(|| -> Result<()> {
             for g in &grads {
-                let flag = match found.iter().find(|(d, _)| d == g.device()) {
-                    Some((_, f)) => f.clone(),
+                let flag = match found.iter().find(|f| f.device() == g.device()) {
+                    Some(f) => f.clone(),
                     None => {
                         let f = Tensor::zeros(&[], DType::F32, g.device())?;
-                        found.push((g.device().clone(), f.clone()));
+                        found.push(f.clone());
                         f
                     }
                 };
@@ -385,7 +377,7 @@ fn read_found(state: &mut OptimizerState) -> Result<f64> {
         return Ok(f);
     }
     let mut sum = 0.0;
-    for (_, flag) in &state.found_inf {
+    for flag in &state.found_inf {
         sum += flag.item::<f32>()? as f64;
     }
     state.found_inf_host = Some(sum);

@@ -339,15 +339,10 @@ fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
 /// (a vec4 of them with `vec4`), `{{W}}` its f32 form.
 fn float_io(src: &str, d: DType, vec4: bool) -> Cow<'static, str> {
     let (e, w) = match vec4 {
-        true => (format!("vec4<{d}>"), "vec4<f32>"),
-        false => (d.name().to_string(), "f32"),
+        true => ("vec4<{{T}}>", "vec4<f32>"),
+        false => ("{{T}}", "f32"),
     };
-    let enables = if d == DType::F16 { "enable f16;" } else { "" };
-    Cow::Owned(
-        src.replace("{{ENABLES}}", enables)
-            .replace("{{E}}", &e)
-            .replace("{{W}}", w),
-    )
+    per_dtype(&src.replace("{{E}}", e).replace("{{W}}", w), d)
 }
 
 /// Parses and validates a kernel's WGSL with naga, as wgpu will.

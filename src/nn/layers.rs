@@ -181,39 +181,7 @@ impl BatchNorm {
             training: true,
         })
     }
-}
 
-impl Module for BatchNorm {
-    /// In f32 under autocast, as PyTorch's batch_norm.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::ops::autocast::fp32_unary(x, |x| self.forward_f32(x))
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
-    }
-    fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("running_mean".into(), self.running_mean.clone()),
-            ("running_var".into(), self.running_var.clone()),
-        ]
-    }
-    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        vec![
-            ("weight".into(), &mut self.weight),
-            ("bias".into(), &mut self.bias),
-            ("running_mean".into(), &mut self.running_mean),
-            ("running_var".into(), &mut self.running_var),
-        ]
-    }
-    fn train(&mut self, mode: bool) {
-        self.training = mode;
-    }
-}
-
-impl BatchNorm {
     fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() < 2 || x.shape()[1] != self.weight.numel() {
             return Err(Error::ShapeMismatch {
@@ -250,6 +218,36 @@ impl BatchNorm {
         let xhat = x.sub(&mean)?.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
         xhat.mul(&self.weight.reshape(&bshape)?)?
             .add(&self.bias.reshape(&bshape)?)
+    }
+}
+
+impl Module for BatchNorm {
+    /// In f32 under autocast, as PyTorch's batch_norm.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::autocast::fp32_unary(x, |x| self.forward_f32(x))
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("running_mean".into(), self.running_mean.clone()),
+            ("running_var".into(), self.running_var.clone()),
+        ]
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+            ("running_mean".into(), &mut self.running_mean),
+            ("running_var".into(), &mut self.running_var),
+        ]
+    }
+    fn train(&mut self, mode: bool) {
+        self.training = mode;
     }
 }
 

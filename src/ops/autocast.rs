@@ -206,18 +206,8 @@ fn active(t: &Tensor) -> Option<DType> {
 /// require grad (weights), cast down, while the region allows caching. The cast keeps its graph
 /// (`ToCopyBackward0`), so gradients reach the f32 weight.
 fn cached_cast(op: &'static str, t: &Tensor, dtype: DType) -> Result<Tensor> {
-    if let Some(info) = t.device().adapter_info() {
-        if dtype == DType::F16 && !info.features.shader_f16 {
-            return Err(Error::UnsupportedDType {
-                op,
-                dtype,
-                why: format!(
-                    "under autocast on {}: the adapter has no shader-f16 (disable autocast there)",
-                    t.device().name()
-                ),
-            });
-        }
-    }
+    // Named after the op that autocast serves, not the cast inside it.
+    super::check_dtype_on(t.device(), op, dtype)?;
     let key = t
         .autograd
         .as_ref()
@@ -280,8 +270,8 @@ pub(crate) fn lower(op: &'static str, inputs: &[&Tensor]) -> Result<Option<Vec<T
 /// f32 ops (softmax, losses, norms, reductions, exp/log/pow): lower-precision inputs cast to
 /// f32, or `None` when autocast does not apply.
 pub(crate) fn fp32(inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
-    if inputs.first().and_then(|t| active(t)).is_none()
-        || inputs.iter().all(|t| t.dtype != DType::F16)
+    if inputs.iter().all(|t| t.dtype != DType::F16)
+        || inputs.first().and_then(|t| active(t)).is_none()
     {
         return Ok(None);
     }

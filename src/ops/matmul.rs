@@ -384,17 +384,13 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
     // In f16 the chunks' partial sums would each be rounded to f16 (measured: 2e-3 relative
     // error at K = 4096); the product runs in f32 instead (one rounding at the end, as cuBLAS
     // accumulates), which on the H100 took the 512x4096x10 head from 528 us to 29 us.
-    let narrow_f16 = a.dtype() == DType::F16 && split_k(a, m, n, k, &batch_shape).is_some();
-    if narrow_f16 {
+    let split = split_k(a, m, n, k, &batch_shape);
+    if a.dtype() == DType::F16 && split.is_some() {
         let wide = |t: &Tensor| super::predicate::to_dtype(t, DType::F32);
         let out = matmul_forward(&wide(a)?, &wide(b)?, None)?;
-        let out = super::predicate::to_dtype(&out, DType::F16)?;
-        return match bias {
-            Some(bias) => out.add(bias),
-            None => Ok(out),
-        };
+        return add_bias(super::predicate::to_dtype(&out, DType::F16)?, bias);
     }
-    let chunks = split_k(a, m, n, k, &batch_shape).and_then(|s| {
+    let chunks = split.and_then(|s| {
         let ks = (k / s) as isize;
         let parts = a2.view(&[m as isize, s as isize, ks]).ok()?;
         let bparts = b2.view(&[s as isize, ks, n as isize]).ok()?;
@@ -409,11 +405,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
         if b.rank() > 1 {
             shape.push(n as isize);
         }
-        let out = sum.reshape(&shape)?;
-        return match bias {
-            Some(bias) => out.add(bias),
-            None => Ok(out),
-        };
+        return add_bias(sum.reshape(&shape)?, bias);
     }
     if let Some(out) = coop_split(&a2, &b2, [m, n, k])? {
         let out = match (a.rank(), b.rank()) {
@@ -421,10 +413,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             (_, 1) => out.reshape(&[m as isize])?,
             _ => out,
         };
-        return match bias {
-            Some(bias) => out.add(bias),
-            None => Ok(out),
-        };
+        return add_bias(out, bias);
     }
     let full = |tail: [usize; 2]| {
         batch_shape
@@ -578,7 +567,11 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
     if b.rank() > 1 {
         shape.push(n as isize);
     }
-    let out = out.reshape(&shape)?;
+    add_bias(out.reshape(&shape)?, bias)
+}
+
+/// `out + bias` (broadcast), or `out` without one.
+fn add_bias(out: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     match bias {
         Some(bias) => out.add(bias),
         None => Ok(out),
