@@ -9,28 +9,7 @@
 // one variant (`matmul128_io.wgsl`: any strides, every index guarded; `matmul128_vec4.wgsl`: whole
 // aligned tiles, in range by the conditions `ops/matmul.rs` checks). Trusted module.
 {{ENABLES}}
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    off_a: u32,
-    sab: u32,
-    sam: u32,
-    sak: u32,
-    off_b: u32,
-    sbb: u32,
-    sbk: u32,
-    sbn: u32,
-    // The vec4 variant: bit 0 adds bias[off_bias + column] to every row (addmm's epilogue).
-    flags: u32,
-    off_bias: u32,
-    pad0: u32,
-    pad1: u32,
-}
-
-var<immediate> p: Params;
-
+{{PARAMS}}
 // Two buffers (the next slice is stored while the current one is read: one barrier per slice)
 // of 16 rows of {{ROW}} vec4s. So that stores of one column by consecutive invocations spread over
 // the banks, rows are either padded to 33 vec4s (where the device allows 33 KiB of shared

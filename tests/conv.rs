@@ -158,3 +158,81 @@ fn pooling_matches_the_cpu_and_pytorch() {
         }
     }
 }
+
+/// The implicit-GEMM convolution (taken for groups of 8 or more channels on Vulkan) against
+/// the CPU device: output and all three gradients, aligned (channels per group a multiple of
+/// 16) and ragged channels, strides, padding, dilation, groups, 1x1, more rows than one tile,
+/// a non-contiguous input, a wgrad whose pixels are split, and f16 where the adapter has it.
+#[test]
+fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let p = |s: usize, pad: usize, d: usize, g: usize| Conv2dParams {
+        stride: (s, s),
+        padding: (pad, pad),
+        dilation: (d, d),
+        groups: g,
+    };
+    // (input, weight, params, transposed input)
+    let cases: Vec<([usize; 4], [usize; 4], Conv2dParams, bool)> = vec![
+        ([2, 16, 9, 7], [32, 16, 3, 3], p(1, 1, 1, 1), false),
+        ([2, 10, 9, 11], [12, 10, 3, 3], p(2, 1, 1, 1), false),
+        ([1, 32, 12, 12], [144, 16, 3, 3], p(1, 2, 2, 2), false),
+        ([3, 24, 8, 8], [40, 24, 1, 1], p(2, 0, 1, 1), true),
+        ([1, 9, 15, 13], [16, 9, 5, 3], p(1, 2, 1, 1), false),
+        ([4, 16, 20, 20], [16, 16, 3, 3], p(1, 1, 1, 1), false),
+        ([1, 16, 6, 6], [160, 16, 3, 3], p(1, 1, 1, 1), false),
+    ];
+    for dev in gpus() {
+        let mut dtypes = vec![(DType::F32, 1e-4)];
+        if dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+            dtypes.push((DType::F16, 3e-2));
+        }
+        for (dtype, tol) in dtypes {
+            for (i, (xs, ws, p, transposed)) in cases.iter().enumerate() {
+                let (nx, nw) = (xs.iter().product(), ws.iter().product());
+                let run = |d: &Device| {
+                    let x = if *transposed {
+                        // Stored [n, c, w, h], read through a transposing view.
+                        let s = [xs[0], xs[1], xs[3], xs[2]];
+                        Tensor::from_f64_slice(&values(nx, i as u64 + 1), &s, dtype, d)
+                            .unwrap()
+                            .transpose(2, 3)
+                            .unwrap()
+                    } else {
+                        Tensor::from_f64_slice(&values(nx, i as u64 + 1), xs, dtype, d).unwrap()
+                    };
+                    let x = x.requires_grad_(true).unwrap();
+                    let w = Tensor::from_f64_slice(&values(nw, i as u64 + 7), ws, dtype, d)
+                        .unwrap()
+                        .requires_grad_(true)
+                        .unwrap();
+                    let b = Tensor::from_f64_slice(&values(ws[0], 3), &[ws[0]], dtype, d)
+                        .unwrap()
+                        .requires_grad_(true)
+                        .unwrap();
+                    let y = conv2d(&x, &w, Some(&b), *p).unwrap();
+                    let gy = Tensor::from_f64_slice(&values(y.numel(), 11), y.shape(), dtype, d)
+                        .unwrap();
+                    y.backward_with(&gy, false).unwrap();
+                    [y.detach(), x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()]
+                };
+                let (got, want) = (run(&dev), run(&cpu));
+                for (j, what) in ["output", "grad input", "grad weight", "grad bias"]
+                    .iter()
+                    .enumerate()
+                {
+                    assert_eq!(got[j].shape(), want[j].shape(), "{what}");
+                    assert_eq!(got[j].dtype(), dtype, "{what}");
+                    // Sums over many pixels: the tolerance scales with the reduction's length.
+                    let scale = if j >= 2 { 1.0 + (xs[0] * xs[2]) as f64 / 16.0 } else { 1.0 };
+                    close(
+                        &got[j].to_f64_vec().unwrap(),
+                        &want[j].to_f64_vec().unwrap(),
+                        tol * scale,
+                        &format!("{dev:?} {dtype} case {i} {what}"),
+                    );
+                }
+            }
+        }
+    }
+}

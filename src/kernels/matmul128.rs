@@ -5,10 +5,35 @@
 
 use std::fmt::Write;
 
-/// Loads of the 128x16 slices at k `k` (a WGSL expression) into the prefetch registers: eight
-/// scalars per operand, or two vec4s.
-fn loads(out: &mut String, k: &str, indent: &str, vec4: bool) {
-    if vec4 {
+/// Which operand access a generated `main` calls: the plain matmul's (`Scalar`: any strides,
+/// guarded; `Vec4`: whole aligned tiles), or a convolution's implicit GEMM
+/// (`shaders/conv_gemm*.wgsl`) with a tile of `bm` rows (64 or 128) by 128 columns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Io {
+    Scalar,
+    Vec4,
+    Conv { bm: u32 },
+}
+
+impl Io {
+    fn bm(self) -> u32 {
+        match self {
+            Io::Conv { bm } => bm,
+            _ => 128,
+        }
+    }
+
+    /// A's elements per invocation per slice (B's are always eight).
+    fn a_loads(self) -> usize {
+        (self.bm() * 16 / 256) as usize
+    }
+}
+
+/// Loads of the slices at k `k` (a WGSL expression) into the prefetch registers: one scalar
+/// per 256 elements of each operand, or two vec4s; a convolution first works out the slice's
+/// window (`slice_a`, `slice_b`) once per invocation.
+fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
+    if io == Io::Vec4 {
         for r in 0..2 {
             let e = r * 256;
             let _ = writeln!(
@@ -22,6 +47,19 @@ fn loads(out: &mut String, k: &str, indent: &str, vec4: bool) {
         }
         return;
     }
+    if let Io::Conv { .. } = io {
+        let _ = writeln!(out, "{indent}{{");
+        let _ = writeln!(out, "{indent}    let sa = slice_a(pa, {k});");
+        let _ = writeln!(out, "{indent}    let sb = slice_b(pb, {k});");
+        for r in 0..8 {
+            if r < io.a_loads() {
+                let _ = writeln!(out, "{indent}    ra[{r}] = load_a(pa, sa, {k}, {r}u);");
+            }
+            let _ = writeln!(out, "{indent}    rb[{r}] = load_b(pb, sb, {k}, {r}u);");
+        }
+        let _ = writeln!(out, "{indent}}}");
+        return;
+    }
     for r in 0..8 {
         let e = r * 256;
         let _ = writeln!(out, "{indent}ra[{r}] = load_a(a_base, m0, {k}, li + {e}u);");
@@ -30,8 +68,8 @@ fn loads(out: &mut String, k: &str, indent: &str, vec4: bool) {
 }
 
 /// Stores of the prefetch registers into the shared buffer at `base`.
-fn stores(out: &mut String, base: &str, indent: &str, vec4: bool) {
-    if vec4 {
+fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
+    if io == Io::Vec4 {
         for r in 0..2 {
             let e = r * 256;
             let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
@@ -41,20 +79,26 @@ fn stores(out: &mut String, base: &str, indent: &str, vec4: bool) {
     }
     for r in 0..8 {
         let e = r * 256;
+        let _ = writeln!(out, "{indent}{{");
+        if r < io.a_loads() {
+            let _ = write!(
+                out,
+                "{indent}    let c = a_coord(li + {e}u);\n\
+                 {indent}    tile_a[{base} + c.y * {{{{ROW}}}}u + ((c.x / 4u) ^ ((c.y % 8u) * {{{{SWZ}}}}u))][c.x % 4u] = ra[{r}];\n"
+            );
+        }
         let _ = write!(
             out,
-            "{indent}{{\n\
-             {indent}    let c = a_coord(li + {e}u);\n\
-             {indent}    tile_a[{base} + c.y * {{{{ROW}}}}u + ((c.x / 4u) ^ ((c.y % 8u) * {{{{SWZ}}}}u))][c.x % 4u] = ra[{r}];\n\
-             {indent}    let d = b_coord(li + {e}u);\n\
+            "{indent}    let d = b_coord(li + {e}u);\n\
              {indent}    tile_b[{base} + d.x * {{{{ROW}}}}u + ((d.y / 4u) ^ ((d.x % 8u) * {{{{SWZ}}}}u))][d.y % 4u] = rb[{r}];\n\
              {indent}}}\n"
         );
     }
 }
 
-/// One k step of the slice: four vec4 shared reads, 64 FMAs.
-fn k_step(out: &mut String, kk: usize) {
+/// One k step of the slice: four vec4 shared reads, 64 FMAs (three and 32 for a 64-row tile).
+fn k_step(out: &mut String, kk: usize, io: Io) {
+    let full = io.bm() == 128;
     let s = kk % 8;
     let _ = writeln!(out, "        {{");
     for (v, buf, half, sw) in [
@@ -63,6 +107,9 @@ fn k_step(out: &mut String, kk: usize) {
         ("b_lo", "b", "", "xs"),
         ("b_hi", "b", " + 16u", "xs"),
     ] {
+        if v == "a_hi" && !full {
+            continue;
+        }
         let _ = writeln!(
             out,
             "            let {v} = tile_{buf}[cur + {kk}u * {{{{ROW}}}}u{half} + {sw}{s}];"
@@ -75,6 +122,9 @@ fn k_step(out: &mut String, kk: usize) {
             (format!("acc{}l", i + 4), "a_hi", "b_lo"),
             (format!("acc{}h", i + 4), "a_hi", "b_hi"),
         ] {
+            if a == "a_hi" && !full {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "            {acc} = fma(vec4<f32>({a}.{c}), {b}, {acc});"
@@ -84,29 +134,32 @@ fn k_step(out: &mut String, kk: usize) {
     let _ = writeln!(out, "        }}");
 }
 
-/// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store; with
-/// `vec4`, the access functions of `shaders/matmul128_vec4.wgsl`.
-pub(crate) fn main_fn(vec4: bool) -> String {
+/// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store, for
+/// the operand access `io` provides.
+pub(crate) fn main_fn(io: Io) -> String {
+    let full = io.bm() == 128;
     let mut out = String::from(
         "@compute @workgroup_size(16, 16)\n\
          fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n\
-         \x20   let bt = wg.z;\n\
-         \x20   let m0 = wg.y * 128u;\n\
-         \x20   let n0 = wg.x * 128u;\n\
-         \x20   let a_base = p.off_a + bt * p.sab;\n\
-         \x20   let b_base = p.off_b + bt * p.sbb;\n",
+         \x20   let bt = wg.z;\n",
     );
+    let _ = writeln!(out, "    let m0 = wg.y * {}u;", io.bm());
+    out += "    let n0 = wg.x * 128u;\n";
+    out += match io {
+        Io::Conv { .. } => "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n",
+        _ => "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n",
+    };
     for i in 0..8 {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    out += if vec4 {
+    out += if io == Io::Vec4 {
         "    var ra: array<vec4<f32>, 2>;\n    var rb: array<vec4<f32>, 2>;\n"
     } else {
         "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n"
     };
-    loads(&mut out, "0u", "    ", vec4);
-    stores(&mut out, "0u", "    ", vec4);
+    loads(&mut out, "0u", "    ", io);
+    stores(&mut out, "0u", "    ", io);
     out += "    workgroupBarrier();\n";
     out += "    // The swizzled columns this invocation reads, one per row class k % 8.\n";
     for i in 0..8 {
@@ -118,13 +171,13 @@ pub(crate) fn main_fn(vec4: bool) -> String {
             \x20       let k1 = k0 + 16u;\n\
             \x20       let more = k1 < p.k;\n\
             \x20       if more {\n";
-    loads(&mut out, "k1", "            ", vec4);
+    loads(&mut out, "k1", "            ", io);
     out += "        }\n";
     for kk in 0..16 {
-        k_step(&mut out, kk);
+        k_step(&mut out, kk, io);
     }
     out += "        let next = {{HALF}}u - cur;\n        if more {\n";
-    stores(&mut out, "next", "            ", vec4);
+    stores(&mut out, "next", "            ", io);
     out += "        }\n        workgroupBarrier();\n        cur = next;\n    }\n";
     out += "    let r_lo = m0 + 4u * l.y;\n\
             \x20   let r_hi = m0 + 64u + 4u * l.y;\n\
@@ -133,8 +186,10 @@ pub(crate) fn main_fn(vec4: bool) -> String {
     for i in 0..4 {
         let _ = writeln!(out, "    store4(bt, r_lo + {i}u, c_lo, acc{i}l);");
         let _ = writeln!(out, "    store4(bt, r_lo + {i}u, c_hi, acc{i}h);");
-        let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_lo, acc{}l);", i + 4);
-        let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_hi, acc{}h);", i + 4);
+        if full {
+            let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_lo, acc{}l);", i + 4);
+            let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_hi, acc{}h);", i + 4);
+        }
     }
     out += "}\n";
     out

@@ -66,6 +66,8 @@ pub enum Kernel {
     ColumnSum,
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 or f16 parameters (f32 math).
     Optim(OptimKernel, DType),
+    /// Convolution as implicit GEMM on the 128-tile kernel (`shaders/conv_gemm*.wgsl`).
+    ConvGemm(ConvGemm),
     /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
     /// elements per invocation with `true`. (GradScaler refuses f16 gradients, as PyTorch's.)
     AmpUnscale(bool),
@@ -80,6 +82,111 @@ pub enum OptimKernel {
     /// by 4), which is what reaches HBM bandwidth.
     Sgd4,
     Adam4,
+}
+
+/// Which product of a convolution an implicit-GEMM kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvMode {
+    /// The output from the input and the weight.
+    Fwd,
+    /// The input's gradient from the output's and the weight.
+    Dgrad,
+    /// f32 partials of the weight's gradient from the output's gradient and the input.
+    Wgrad,
+}
+
+/// One implicit-GEMM convolution kernel: its mode, the tensors' dtype (f32 or f16, f32
+/// accumulation), padded (33 KiB) or swizzled (32 KiB) shared rows as `Matmul128`, and a
+/// tile of 64 rows instead of 128 (`bm64`: for 64 channels, the common case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvGemm {
+    pub mode: ConvMode,
+    pub dtype: DType,
+    pub padded: bool,
+    pub bm64: bool,
+}
+
+impl ConvGemm {
+    fn all() -> Vec<ConvGemm> {
+        let mut v = Vec::new();
+        for mode in [ConvMode::Fwd, ConvMode::Dgrad, ConvMode::Wgrad] {
+            for dtype in [DType::F32, DType::F16] {
+                for padded in [false, true] {
+                    for bm64 in [false, true] {
+                        v.push(ConvGemm {
+                            mode,
+                            dtype,
+                            padded,
+                            bm64,
+                        });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    pub fn bm(&self) -> u32 {
+        if self.bm64 {
+            64
+        } else {
+            128
+        }
+    }
+
+    fn source(&self) -> String {
+        let io = match self.mode {
+            ConvMode::Fwd => include_str!("../../shaders/conv_gemm_fwd.wgsl"),
+            ConvMode::Dgrad => include_str!("../../shaders/conv_gemm_dgrad.wgsl"),
+            ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl"),
+        };
+        // wgrad's partials stay f32 whatever the tensors' dtype.
+        let o = match self.mode {
+            ConvMode::Wgrad => "f32",
+            _ => "{{T}}",
+        };
+        let io = format!("{}\n{io}", include_str!("../../shaders/conv_gemm.wgsl"))
+            .replace("{{O}}", o)
+            .replace("{{BM}}", &self.bm().to_string());
+        tiled_128(
+            &io,
+            "",
+            self.dtype,
+            self.padded,
+            matmul128::Io::Conv { bm: self.bm() },
+        )
+    }
+
+    fn name(&self) -> String {
+        let mode = match self.mode {
+            ConvMode::Fwd => "fwd",
+            ConvMode::Dgrad => "dgrad",
+            ConvMode::Wgrad => "wgrad",
+        };
+        format!(
+            "conv_gemm_{mode}_{}_{}{}",
+            self.dtype,
+            self.bm(),
+            if self.padded { "_padded" } else { "" }
+        )
+    }
+}
+
+/// `shaders/matmul128.wgsl` around the operand access `io` (with its immediates `params`),
+/// its `main` generated for `kind`.
+fn tiled_128(io: &str, params: &str, d: DType, padded: bool, kind: matmul128::Io) -> String {
+    let (row, swz) = if padded { (33, 0) } else { (32, 1) };
+    per_dtype(
+        &include_str!("../../shaders/matmul128.wgsl")
+            .replace("{{PARAMS}}", params)
+            .replace("{{IO}}", io),
+        d,
+    )
+    .replace("{{MAIN}}", &matmul128::main_fn(kind))
+    .replace("{{ROW}}", &row.to_string())
+    .replace("{{SWZ}}", &swz.to_string())
+    .replace("{{TILE}}", &(32 * row).to_string())
+    .replace("{{HALF}}", &(16 * row).to_string())
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -127,6 +234,7 @@ impl Kernel {
                 .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
             )
             .chain([false, true].map(Kernel::AmpUnscale))
+            .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
             .chain([Kernel::ColumnSum])
             .collect()
     }
@@ -176,29 +284,20 @@ impl Kernel {
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
             Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => {
-                let (d, padded, vec4) = match *self {
-                    Kernel::Matmul128(d, padded) => (d, padded, false),
-                    Kernel::Matmul128Vec4(padded) => (DType::F32, padded, true),
+                let (d, padded, io) = match *self {
+                    Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar),
+                    Kernel::Matmul128Vec4(padded) => (DType::F32, padded, matmul128::Io::Vec4),
                     _ => unreachable!(),
                 };
-                let (row, swz) = if padded { (33, 0) } else { (32, 1) };
-                let io = if vec4 {
+                let body = if io == matmul128::Io::Vec4 {
                     include_str!("../../shaders/matmul128_vec4.wgsl")
                 } else {
                     include_str!("../../shaders/matmul128_io.wgsl")
                 };
-                Cow::Owned(
-                    per_dtype(
-                        &include_str!("../../shaders/matmul128.wgsl").replace("{{IO}}", io),
-                        d,
-                    )
-                    .replace("{{MAIN}}", &matmul128::main_fn(vec4))
-                    .replace("{{ROW}}", &row.to_string())
-                    .replace("{{SWZ}}", &swz.to_string())
-                    .replace("{{TILE}}", &(32 * row).to_string())
-                    .replace("{{HALF}}", &(16 * row).to_string()),
-                )
+                let params = include_str!("../../shaders/matmul128_params.wgsl");
+                Cow::Owned(tiled_128(body, params, d, padded, io))
             }
+            Kernel::ConvGemm(c) => Cow::Owned(c.source()),
         }
     }
 
@@ -236,6 +335,7 @@ impl Kernel {
                     ""
                 }
             )),
+            Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",
                 if *vec4 { "_vec4" } else { "" }
@@ -257,7 +357,7 @@ impl Kernel {
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop(..) => 3,
             Kernel::Pool2d(_) => 2,
-            Kernel::Optim(..) => 4,
+            Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
             Kernel::ColumnSum => 2,
         }
@@ -282,7 +382,10 @@ impl Kernel {
     fn trusted(&self) -> bool {
         matches!(
             self,
-            Kernel::Matmul(_) | Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_)
+            Kernel::Matmul(_)
+                | Kernel::Matmul128(..)
+                | Kernel::Matmul128Vec4(_)
+                | Kernel::ConvGemm(_)
         ) || (matches!(self, Kernel::MatmulCoop(..)) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
@@ -307,6 +410,7 @@ impl Kernel {
             Kernel::Optim(..) => 64,
             Kernel::AmpUnscale(_) => 16,
             Kernel::ColumnSum => 32,
+            Kernel::ConvGemm(_) => 112,
         }
     }
 

@@ -159,6 +159,22 @@ fn conv2d_forward(
         crate::cpu::conv2d(&x, &weight, bias.as_ref(), &out, p);
         return Ok(out);
     }
+    let geometry = super::conv_gemm::Geometry {
+        n,
+        c: cin,
+        h,
+        w,
+        o: cout,
+        oh,
+        ow,
+        kh,
+        kw,
+        p,
+    };
+    if super::conv_gemm::suits(&x, &geometry) {
+        super::conv_gemm::forward(&x, &weight, bias.as_ref(), &geometry, &out)?;
+        return Ok(out);
+    }
     let b = bias.as_ref().unwrap_or(&weight);
     let imm = [
         n,

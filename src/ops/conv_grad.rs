@@ -62,6 +62,33 @@ pub(super) fn conv2d_backward(
     let cout_g = cout / p.groups;
     let rows = (n * oh * ow) as isize;
     let g = g.contiguous()?;
+    let geometry = super::conv_gemm::Geometry {
+        n,
+        c: x_shape[1],
+        h,
+        w: wd,
+        o: cout,
+        oh,
+        ow,
+        kh,
+        kw,
+        p,
+    };
+    if super::conv_gemm::suits(&g, &geometry) {
+        let gx = needs[0]
+            .then(|| super::conv_gemm::input_grad(&g, &w.contiguous()?, &geometry))
+            .transpose()?;
+        let gw = match (needs[1], x) {
+            (true, Some(x)) => Some(super::conv_gemm::weight_grad(
+                &g,
+                &x.contiguous()?,
+                &geometry,
+            )?),
+            _ => None,
+        };
+        let gb = needs[2].then(|| g.sum(&[0, 2, 3], false)).transpose()?;
+        return Ok([gx, gw, gb]);
+    }
     let xp = match (needs[1], x) {
         (true, Some(x)) => Some(pad(x, p.padding.0, p.padding.1, 0.0)?),
         _ => None,

@@ -4,6 +4,7 @@
 pub(crate) mod autocast;
 mod composite;
 mod conv;
+mod conv_gemm;
 mod conv_grad;
 mod elementwise;
 mod grad;

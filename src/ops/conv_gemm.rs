@@ -1,0 +1,225 @@
+//! Convolution as implicit GEMM on the 128-tile matmul (`shaders/conv_gemm*.wgsl`): the
+//! forward pass and both gradients, each one kernel over all groups (plus a one-off permuted
+//! copy of the weight, and in wgrad the sum of the K splits). The direct kernel
+//! (`shaders/conv2d.wgsl`) and the per-tap backward (`conv_grad.rs`) stay for what the GEMM
+//! does not suit: depthwise convolutions (a GEMM of one row per group), the CPU device, and
+//! GL, whose llvmpipe compiles a 128-tile variant in about 90 s.
+
+use super::{u32_of, Conv2dParams};
+use crate::kernels::{launch_groups, ConvGemm, ConvMode, Kernel};
+use crate::tensor::{DType, Tensor};
+use crate::Result;
+
+/// The sizes of one convolution, as the kernels' immediates name them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geometry {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub p: Conv2dParams,
+}
+
+impl Geometry {
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+
+    fn taps(&self) -> usize {
+        self.kh * self.kw
+    }
+}
+
+/// Whether the GEMM kernels take this convolution on `x`'s device: a GPU other than GL, and
+/// groups of at least 8 channels in and out (depthwise and narrow groups stay direct: a tile
+/// of 64 rows would be mostly empty).
+pub(super) fn suits(x: &Tensor, g: &Geometry) -> bool {
+    let Some(info) = x.device().adapter_info() else {
+        return false;
+    };
+    info.backend != wgpu::Backend::Gl
+        && matches!(x.dtype(), DType::F32 | DType::F16)
+        && std::env::var_os("KILN_CONV_DIRECT").is_none()
+        && g.cg() >= 8
+        && g.og() >= 8
+}
+
+fn padded(t: &Tensor) -> bool {
+    t.device()
+        .adapter_info()
+        .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024)
+}
+
+/// Launches one mode over GEMM `[m, n, k]` (k of one split), `z` workgroup layers.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    op: &'static str,
+    mode: ConvMode,
+    g: &Geometry,
+    [m, n, k, k_total]: [usize; 4],
+    splits: usize,
+    operands: [&Tensor; 3],
+    bias: Option<&Tensor>,
+) -> Result<()> {
+    let [a, b, out] = operands;
+    let kernel = ConvGemm {
+        mode,
+        dtype: a.dtype(),
+        padded: padded(a),
+        bm64: m <= 64,
+    };
+    let aligned = match mode {
+        ConvMode::Fwd => g.cg() % 16 == 0,
+        ConvMode::Dgrad => g.og() % 16 == 0,
+        ConvMode::Wgrad => false,
+    };
+    let flags = bias.is_some() as usize | (aligned as usize) << 1;
+    let p = g.p;
+    let imm = [
+        m,
+        n,
+        k,
+        k_total,
+        g.n,
+        g.c,
+        g.h,
+        g.w,
+        g.o,
+        g.oh,
+        g.ow,
+        g.kh,
+        g.kw,
+        p.stride.0,
+        p.stride.1,
+        p.padding.0,
+        p.padding.1,
+        p.dilation.0,
+        p.dilation.1,
+        g.cg(),
+        g.og(),
+        splits,
+        a.layout().offset,
+        b.layout().offset,
+        out.layout().offset,
+        bias.map_or(0, |t| t.layout().offset),
+        flags,
+        0,
+    ]
+    .iter()
+    .map(|&v| u32_of(op, v))
+    .collect::<Result<Vec<u32>>>()?;
+    // Every element index must fit a u32 too (the kernels compute them so).
+    for t in [a, b, out] {
+        u32_of(op, t.layout().offset + t.numel())?;
+    }
+    let groups = (
+        u32_of(op, n.div_ceil(128))?,
+        u32_of(op, m.div_ceil(kernel.bm() as usize))?,
+        u32_of(op, p.groups * splits)?,
+    );
+    let bias_block = bias.map_or(&a.storage.block, |t| &t.storage.block);
+    launch_groups(
+        Kernel::ConvGemm(kernel),
+        &[&a.storage.block, &b.storage.block, &out.storage.block, bias_block],
+        &imm,
+        groups,
+    )
+}
+
+/// `out = conv2d(x, weight) (+ bias)` into the contiguous `out`; `x`, `weight`, `bias`
+/// contiguous.
+pub(super) fn forward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+    out: &Tensor,
+) -> Result<()> {
+    // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
+    let wp = weight.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let k = g.taps() * g.cg();
+    run(
+        "conv2d",
+        ConvMode::Fwd,
+        g,
+        [g.og(), g.n * g.oh * g.ow, k, k],
+        1,
+        [&wp, x, out],
+        bias,
+    )
+}
+
+/// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight.
+pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let groups = g.p.groups as isize;
+    // [o, cg, kh, kw] -> [groups, kh, kw, og, cg].
+    let wd = weight
+        .reshape(&[
+            groups,
+            g.og() as isize,
+            g.cg() as isize,
+            g.kh as isize,
+            g.kw as isize,
+        ])?
+        .permute(&[0, 3, 4, 1, 2])?
+        .contiguous()?;
+    let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
+    let k = g.taps() * g.og();
+    run(
+        "conv2d_backward",
+        ConvMode::Dgrad,
+        g,
+        [g.cg(), g.n * g.h * g.w, k, k],
+        1,
+        [&wd, gy, &dx],
+        None,
+    )?;
+    Ok(dx)
+}
+
+/// The gradient of conv2d's weight, [o, cg, kh, kw] in `x`'s dtype, from the output's
+/// (contiguous) and the input (contiguous). The pixels (GEMM's K) are split so that about 512
+/// workgroups run; the f32 partials are summed after.
+pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let (m, n) = (g.og(), g.taps() * g.cg());
+    let k_total = g.n * g.oh * g.ow;
+    let tiles = m.div_ceil(if m <= 64 { 64 } else { 128 }) * n.div_ceil(128) * g.p.groups;
+    let splits = 512usize.div_ceil(tiles).clamp(1, k_total.div_ceil(256).max(1));
+    // Whole 16-deep slices per split.
+    let k = k_total.div_ceil(splits).div_ceil(16) * 16;
+    let splits = k_total.div_ceil(k);
+    let partial = Tensor::empty(&[g.p.groups, splits, m, n], DType::F32, gy.device())?;
+    run(
+        "conv2d_backward",
+        ConvMode::Wgrad,
+        g,
+        [m, n, k, k_total],
+        splits,
+        [gy, x, &partial],
+        None,
+    )?;
+    let summed = match splits {
+        1 => partial,
+        _ => partial.sum(&[1], false)?,
+    };
+    // [groups, og, kh, kw, cg] -> [o, cg, kh, kw].
+    summed
+        .reshape(&[
+            g.o as isize,
+            g.kh as isize,
+            g.kw as isize,
+            g.cg() as isize,
+        ])?
+        .permute(&[0, 3, 1, 2])?
+        .contiguous()?
+        .to_dtype(x.dtype())
+}
