@@ -10,7 +10,7 @@
 // over (tap, channel) with the channel inner: where the channels per group are a multiple of 16,
 // a 16-deep slice lies in one tap, so a slice's window is worked out once per invocation
 // (flags bit 1); else every element finds its own tap. The workgroup's z is the group (and in
-// wgrad the K split: z = group * splits + split, each split writing its own f32 partial).
+// wgrad the K split: z = split * groups + group, each split writing its own f32 partial).
 struct Params {
     m: u32,
     n: u32,
@@ -34,7 +34,7 @@ struct Params {
     dw: u32,
     cg: u32,
     og: u32,
-    splits: u32,
+    groups: u32,
     off_a: u32,
     off_b: u32,
     off_out: u32,

@@ -1,5 +1,5 @@
 // wgrad: A = dy (read along the pixel, the GEMM's k), B = x gathered (also along the pixel),
-// out = this split's f32 partial of dw [split][co][tap][ci]; the splits are summed after.
+// out = this split's f32 partial of dw [split][group][co][tap][ci]; the splits are summed after.
 fn a_coord(e: u32) -> vec2<u32> {
     return vec2<u32>(e / 16u, e % 16u);
 }
@@ -16,7 +16,7 @@ struct PreA {
 }
 
 fn pre_a(bt: u32, m0: u32, li: u32) -> PreA {
-    return PreA(bt / p.splits, (bt % p.splits) * p.k, m0 + li / 16u, li % 16u);
+    return PreA(bt % p.groups, (bt / p.groups) * p.k, m0 + li / 16u, li % 16u);
 }
 
 // dy's offset of (img, group's first channel, pixel) for this invocation's k, or -1.
@@ -46,7 +46,7 @@ struct PreB {
 }
 
 fn pre_b(bt: u32, n0: u32, li: u32) -> PreB {
-    return PreB(bt / p.splits, (bt % p.splits) * p.k, n0 + li / 16u, li % 16u);
+    return PreB(bt % p.groups, (bt / p.groups) * p.k, n0 + li / 16u, li % 16u);
 }
 
 struct SliceB {

@@ -2,7 +2,8 @@
 //! [--suite NAME] [--json PATH]`. Suites: `alloc` (cached allocation + free against raw wgpu
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
 //! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `matmul` (the
-//! big MLP step's f32 products by layout), `train` (MLP steps: SGD-momentum and Adam, f32 and AMP f16), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
+//! big MLP step's f32 products by layout), `conv` (ResNet's 3x3 convolution, forward and
+//! backward), `train` (MLP steps: SGD-momentum and Adam, f32 and AMP f16), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
 //! (whether the DataLoader's assembly and uploads overlap training steps). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
@@ -346,6 +347,76 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// conv2d 3x3 64->64 with padding 1 (ResNet-50's layer1 shape: 56x56, batch 32, on a GPU;
+/// 16x16, batch 2, on a software adapter): the forward pass, and forward plus both gradients
+/// through autograd (three products' FLOPs), f32 and f16 (PyTorch's anchor: cuDNN, TF32 off).
+fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::ops::{conv2d, Conv2dParams};
+    let software = dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let (n, hw) = if software { (2, 16) } else { (32, 56) };
+    let p = Conv2dParams {
+        padding: (1, 1),
+        ..Default::default()
+    };
+    let mut dtypes = vec![DType::F32];
+    if dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+        dtypes.push(DType::F16);
+    }
+    let flops = 2.0 * (n * 64 * 64 * 9 * hw * hw) as f64;
+    for dtype in dtypes {
+        let x = Tensor::randn(&[n, 64, hw, hw], dtype, dev)?;
+        let w = Tensor::randn(&[64, 64, 3, 3], dtype, dev)?.mul_scalar(0.05)?;
+        let (t, stamped) = gpu_time(dev, 10, || conv2d(&x, &w, None, p))?;
+        let clock = if stamped { "timestamps" } else { "wall clock" };
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "conv",
+            case: format!("conv2d 3x3 64->64 {hw}x{hw} b{n} {dtype} forward ({clock})"),
+            value: flops / t / 1e12,
+            unit: "TFLOP/s",
+        });
+        let xg = x.detach().requires_grad_(true)?;
+        let wg = w.detach().requires_grad_(true)?;
+        let gy = Tensor::randn(&[n, 64, hw, hw], dtype, dev)?;
+        let step = || {
+            let y = conv2d(&xg, &wg, None, p)?;
+            y.backward_with(&gy, false)?;
+            Ok(y)
+        };
+        let (t, stamped) = gpu_time(dev, 5, step)?;
+        // KILN_BENCH_PROFILE=1: the GPU time of each kernel of five steps.
+        if std::env::var("KILN_BENCH_PROFILE").is_ok() {
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let ((), prof) = kiln::profiler::profile(&options, || {
+                for _ in 0..5 {
+                    step()?;
+                }
+                dev.synchronize()
+            })?;
+            println!(
+                "conv {dtype}, five steps:\n{}",
+                prof.key_averages_by(true).table("self_gpu_time_total", 20)
+            );
+        }
+        let clock = if stamped { "timestamps" } else { "wall clock" };
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "conv",
+            case: format!(
+                "conv2d 3x3 64->64 {hw}x{hw} b{n} {dtype} forward + both gradients ({clock})"
+            ),
+            value: 3.0 * flops / t / 1e12,
+            unit: "TFLOP/s",
+        });
+    }
+    Ok(())
+}
+
 /// One training step of an MLP, PyTorch's loop (`torch_anchor_wave2.py`): `zero_grad(set_to_none)`,
 /// forward and loss under autocast (AMP rows), `scaler.scale(loss).backward()`,
 /// `scaler.step(opt)`, `scaler.update()`; SGD with momentum 0.9 or Adam. f32 rows run the same
@@ -488,6 +559,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "alloc" {
             alloc_suite(dev, &mut rows);
+        }
+        if suite == "all" || suite == "conv" {
+            conv_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "train" {
             train_suite(dev, &mut rows)?;

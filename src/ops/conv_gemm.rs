@@ -106,7 +106,7 @@ fn run(
         p.dilation.1,
         g.cg(),
         g.og(),
-        splits,
+        p.groups,
         a.layout().offset,
         b.layout().offset,
         out.layout().offset,
@@ -197,7 +197,7 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
     // Whole 16-deep slices per split.
     let k = k_total.div_ceil(splits).div_ceil(16) * 16;
     let splits = k_total.div_ceil(k);
-    let partial = Tensor::empty(&[g.p.groups, splits, m, n], DType::F32, gy.device())?;
+    let partial = Tensor::empty(&[splits, g.p.groups, m, n], DType::F32, gy.device())?;
     run(
         "conv2d_backward",
         ConvMode::Wgrad,
@@ -209,7 +209,8 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
     )?;
     let summed = match splits {
         1 => partial,
-        _ => partial.sum(&[1], false)?,
+        // Over the leading dim: the column-sum kernel.
+        _ => partial.sum(&[0], false)?,
     };
     // [groups, og, kh, kw, cg] -> [o, cg, kh, kw].
     summed
