@@ -214,7 +214,12 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
                     let gy = Tensor::from_f64_slice(&values(y.numel(), 11), y.shape(), dtype, d)
                         .unwrap();
                     y.backward_with(&gy, false).unwrap();
-                    [y.detach(), x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()]
+                    [
+                        y.detach(),
+                        x.grad().unwrap(),
+                        w.grad().unwrap(),
+                        b.grad().unwrap(),
+                    ]
                 };
                 let (got, want) = (run(&dev), run(&cpu));
                 for (j, what) in ["output", "grad input", "grad weight", "grad bias"]
@@ -224,7 +229,11 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
                     assert_eq!(got[j].shape(), want[j].shape(), "{what}");
                     assert_eq!(got[j].dtype(), dtype, "{what}");
                     // Sums over many pixels: the tolerance scales with the reduction's length.
-                    let scale = if j >= 2 { 1.0 + (xs[0] * xs[2]) as f64 / 16.0 } else { 1.0 };
+                    let scale = if j >= 2 {
+                        1.0 + (xs[0] * xs[2]) as f64 / 16.0
+                    } else {
+                        1.0
+                    };
                     close(
                         &got[j].to_f64_vec().unwrap(),
                         &want[j].to_f64_vec().unwrap(),

@@ -153,11 +153,7 @@ fn state_dicts_round_trip_through_safetensors_files() {
         load_state_dict(&mut other, &loaded).unwrap();
         for ((n1, a), (n2, b)) in state_dict(&model).iter().zip(state_dict(&other)) {
             assert_eq!(n1, &n2);
-            assert_eq!(
-                a.to_vec::<f32>().unwrap(),
-                b.to_vec::<f32>().unwrap(),
-                "{n1}"
-            );
+            assert_eq!(a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap(), "{n1}");
         }
         assert!(other.parameters()[0].requires_grad(), "still a parameter");
         let wrong = vec![(
@@ -195,4 +191,170 @@ fn adam_state_appears_on_the_first_step() {
             ["state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq"]
         );
     }
+}
+
+/// torchvision's counts and names: resnet50 has 25,557,032 parameters (97.5 MiB) in 161
+/// tensors and 320 state-dict entries; resnet18 11,689,512.
+#[test]
+fn resnets_have_torchvisions_parameters_and_names() {
+    use kiln::nn::models::{resnet18, resnet50};
+    let cpu = Device::cpu().unwrap();
+    let count = |m: &dyn Module| m.parameters().iter().map(|p| p.numel()).sum::<usize>();
+    let r50 = resnet50(1000, &cpu).unwrap();
+    assert_eq!(count(&r50), 25_557_032);
+    assert_eq!(r50.named_parameters().len(), 161);
+    let sd = state_dict(&r50);
+    assert_eq!(sd.len(), 320);
+    let names: Vec<&str> = sd.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "conv1.weight",
+        "bn1.running_mean",
+        "bn1.num_batches_tracked",
+        "layer1.0.conv1.weight",
+        "layer1.0.downsample.0.weight",
+        "layer1.0.downsample.1.running_var",
+        "layer2.3.bn3.bias",
+        "layer3.5.conv2.weight",
+        "layer4.2.conv3.weight",
+        "fc.weight",
+        "fc.bias",
+    ] {
+        assert!(names.contains(&want), "{want} missing");
+    }
+    let shape = |n: &str| sd.iter().find(|(k, _)| k == n).unwrap().1.shape().to_vec();
+    assert_eq!(shape("layer2.0.conv2.weight"), [128, 128, 3, 3]);
+    assert_eq!(shape("layer4.0.downsample.0.weight"), [2048, 1024, 1, 1]);
+    assert_eq!(shape("fc.weight"), [1000, 2048]);
+    assert_eq!(count(&resnet18(1000, &cpu).unwrap()), 11_689_512);
+}
+
+/// resnet18 (48x48 inputs) on every adapter against the CPU device with the same weights: logits, BatchNorm's
+/// running statistics, and the gradients of the first and last layers after one backward.
+#[test]
+fn resnet18_matches_the_cpu_forward_and_backward() {
+    use kiln::nn::models::resnet18;
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(3);
+    let reference = resnet18(10, &cpu).unwrap();
+    let x_host: Vec<f32> = (0..2 * 3 * 48 * 48)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let run = |model: &dyn Module, dev: &Device| {
+        let x = Tensor::from_slice(&x_host, &[2, 3, 48, 48], dev).unwrap();
+        let y = model.forward(&x).unwrap();
+        let labels = Tensor::from_slice(&[3i32, 7], &[2], dev).unwrap();
+        kiln::nn::cross_entropy(&y, &labels)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let sd = state_dict(model);
+        let get = |n: &str| sd.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        let grad = |n: &str| {
+            model
+                .named_parameters()
+                .into_iter()
+                .find(|(k, _)| k == n)
+                .unwrap()
+                .1
+                .grad()
+                .unwrap()
+        };
+        [
+            y.detach(),
+            get("layer3.1.bn2.running_var"),
+            grad("conv1.weight"),
+            grad("layer2.0.downsample.0.weight"),
+            grad("fc.weight"),
+        ]
+        .map(|t| t.to_vec::<f32>().unwrap())
+    };
+    let want = run(&reference, &cpu);
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let mut model = resnet18(10, &dev).unwrap();
+        load_state_dict(&mut model, &state_dict(&resnet18_fresh(&cpu))).unwrap();
+        let got = run(&model, &dev);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // Gradients pass back through 20 train-mode BatchNorms, the last over 8 values
+            // each: f32 on the GPU and f64 on the CPU drift apart there by up to 1% (the direct
+            // and the GEMM convolution agree with each other to 1e-5).
+            let tol = if i >= 2 { 2e-2 } else { 2e-3 };
+            assert!(
+                close(g, w, tol * scale.max(1e-3)),
+                "{dev:?} output {i}: {:?} vs {:?}",
+                &g[..4.min(g.len())],
+                &w[..4.min(w.len())]
+            );
+        }
+    }
+}
+
+/// The reference's initial weights again (the same seed on the CPU device).
+fn resnet18_fresh(cpu: &Device) -> impl Module {
+    cpu.manual_seed(3);
+    kiln::nn::models::resnet18(10, cpu).unwrap()
+}
+
+#[test]
+fn adaptive_average_pooling_and_batchnorm_bookkeeping() {
+    use kiln::nn::{AdaptiveAvgPool2d, BatchNorm2d};
+    for dev in devices() {
+        // 1x1x5x3 -> (2, 2): rows 0..3 and 2..5, columns 0..2 and 1..3 (PyTorch's windows).
+        let x: Vec<f32> = (0..15).map(|v| v as f32).collect();
+        let t = Tensor::from_slice(&x, &[1, 1, 5, 3], &dev).unwrap();
+        let y = AdaptiveAvgPool2d::new((2, 2)).forward(&t).unwrap();
+        let cell = |r: std::ops::Range<usize>, c: std::ops::Range<usize>| {
+            let n = (r.len() * c.len()) as f32;
+            let mut sum = 0.0;
+            for i in r {
+                for j in c.clone() {
+                    sum += x[i * 3 + j];
+                }
+            }
+            sum / n
+        };
+        let want = [
+            cell(0..3, 0..2),
+            cell(0..3, 1..3),
+            cell(2..5, 0..2),
+            cell(2..5, 1..3),
+        ];
+        assert!(close(&y.to_vec::<f32>().unwrap(), &want, 1e-5), "{dev:?}");
+        let g = AdaptiveAvgPool2d::new((1, 1)).forward(&t).unwrap();
+        assert_eq!(g.shape(), &[1, 1, 1, 1]);
+
+        let mut bn = BatchNorm2d::new(1, &dev).unwrap();
+        for _ in 0..3 {
+            bn.forward(&t).unwrap();
+        }
+        bn.eval();
+        bn.forward(&t).unwrap();
+        assert_eq!(bn.num_batches_tracked.to_vec::<i32>().unwrap(), [3]);
+    }
+}
+
+/// A torchvision-style file: BatchNorm's int64 `num_batches_tracked` loads (narrowed to i32).
+#[test]
+fn int64_buffers_load_from_safetensors() {
+    let dir = std::env::temp_dir().join(format!("kiln-i64-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bn.safetensors");
+    let header = r#"{"n":{"dtype":"I64","shape":[],"data_offsets":[0,8]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(7i64.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let cpu = Device::cpu().unwrap();
+    let t = load_safetensors(&path, &cpu).unwrap();
+    assert_eq!(t[0].1.dtype(), DType::I32);
+    assert_eq!(t[0].1.to_vec::<i32>().unwrap(), [7]);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend((1i64 << 40).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(
+        load_safetensors(&path, &cpu).is_err(),
+        "2^40 does not fit an i32"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

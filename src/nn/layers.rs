@@ -164,10 +164,15 @@ pub struct BatchNorm {
     pub bias: Tensor,
     pub running_mean: Tensor,
     pub running_var: Tensor,
+    /// Training-mode forward passes so far (an i32 0-d tensor; PyTorch's is int64).
+    pub num_batches_tracked: Tensor,
     pub eps: f64,
     pub momentum: f64,
     training: bool,
 }
+
+/// PyTorch's name for the 4-D use of `BatchNorm` (which also takes [N, C]).
+pub type BatchNorm2d = BatchNorm;
 
 impl BatchNorm {
     pub fn new(num_features: usize, device: &Device) -> Result<Self> {
@@ -176,6 +181,7 @@ impl BatchNorm {
             bias: param(Tensor::zeros(&[num_features], DType::F32, device)?)?,
             running_mean: Tensor::zeros(&[num_features], DType::F32, device)?,
             running_var: Tensor::ones(&[num_features], DType::F32, device)?,
+            num_batches_tracked: Tensor::zeros(&[], DType::I32, device)?,
             eps: 1e-5,
             momentum: 0.1,
             training: true,
@@ -206,7 +212,8 @@ impl BatchNorm {
                 self.running_mean
                     .add_(&mean.reshape(&[c])?.mul_scalar(m)?)?;
                 self.running_var.mul_scalar_(1.0 - m)?;
-                self.running_var.add_(&unbiased.mul_scalar(m)?)
+                self.running_var.add_(&unbiased.mul_scalar(m)?)?;
+                self.num_batches_tracked.add_scalar_(1.0)
             })?;
             (mean, var)
         } else {
@@ -236,6 +243,10 @@ impl Module for BatchNorm {
         vec![
             ("running_mean".into(), self.running_mean.clone()),
             ("running_var".into(), self.running_var.clone()),
+            (
+                "num_batches_tracked".into(),
+                self.num_batches_tracked.clone(),
+            ),
         ]
     }
     fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
@@ -244,6 +255,7 @@ impl Module for BatchNorm {
             ("bias".into(), &mut self.bias),
             ("running_mean".into(), &mut self.running_mean),
             ("running_var".into(), &mut self.running_var),
+            ("num_batches_tracked".into(), &mut self.num_batches_tracked),
         ]
     }
     fn train(&mut self, mode: bool) {
@@ -381,6 +393,88 @@ macro_rules! activation {
 }
 
 activation!(Relu => relu, Gelu => gelu, Silu => silu, Tanh => tanh, Sigmoid => sigmoid);
+
+/// `nn.ReLU(inplace=True)`: writes the result into its input where autograd does not need
+/// that input (no grad mode, or a tensor that does not require grad). kiln records no in-place
+/// op in the graph (`Tensor::check_inplace`), so under autograd it computes out of place;
+/// ReLU saves its output either way, so what backward keeps alive is the same as PyTorch's,
+/// and the input is freed as soon as nothing else holds it.
+pub struct ReluInplace;
+
+impl Module for ReluInplace {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if crate::autograd::is_grad_enabled() && x.requires_grad() {
+            return x.relu();
+        }
+        x.relu_()?;
+        Ok(x.clone())
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+}
+
+/// `nn.AdaptiveAvgPool2d((oh, ow))`: output cell (i, j) averages input rows
+/// floor(i*h/oh)..ceil((i+1)*h/oh) and the columns likewise, as PyTorch does.
+pub struct AdaptiveAvgPool2d {
+    pub output_size: (usize, usize),
+}
+
+impl AdaptiveAvgPool2d {
+    pub fn new(output_size: (usize, usize)) -> Self {
+        AdaptiveAvgPool2d { output_size }
+    }
+}
+
+impl Module for AdaptiveAvgPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        const OP: &str = "adaptive_avg_pool2d";
+        let (oh, ow) = self.output_size;
+        if x.rank() != 4 || oh == 0 || ow == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!(
+                    "expected a 4-D input and a positive output size, got {:?} and {:?}",
+                    x.shape(),
+                    self.output_size
+                ),
+            });
+        }
+        let (h, w) = (x.shape()[2], x.shape()[3]);
+        if (oh, ow) == (1, 1) {
+            return x.mean(&[2, 3], true);
+        }
+        if h % oh == 0 && w % ow == 0 {
+            let k = (h / oh, w / ow);
+            return crate::ops::avg_pool2d(x, k, k, (0, 0));
+        }
+        // Uneven windows: one mean per output cell, joined back.
+        let mut rows = Vec::with_capacity(oh);
+        for i in 0..oh {
+            let (r0, r1) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
+            let mut cells = Vec::with_capacity(ow);
+            for j in 0..ow {
+                let (c0, c1) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
+                cells.push(
+                    x.narrow(2, r0, r1 - r0)?
+                        .narrow(3, c0, c1 - c0)?
+                        .mean(&[2, 3], true)?,
+                );
+            }
+            rows.push(Tensor::cat(&cells, 3)?);
+        }
+        Tensor::cat(&rows, 2)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+}
 
 /// Flattens every dim after the first.
 pub struct Flatten;

@@ -5,13 +5,14 @@
 pub mod init;
 mod layers;
 mod loss;
+pub mod models;
 mod recurrent;
 mod state;
 mod utils;
 
 pub use layers::{
-    BatchNorm, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Relu,
-    Sequential, Sigmoid, Silu, Tanh,
+    AdaptiveAvgPool2d, BatchNorm, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu,
+    LayerNorm, Linear, MaxPool2d, Relu, ReluInplace, Sequential, Sigmoid, Silu, Tanh,
 };
 pub use loss::{cross_entropy, mse_loss, nll_loss};
 pub use recurrent::LstmCell;

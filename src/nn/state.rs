@@ -93,6 +93,30 @@ pub fn load_safetensors(path: &Path, device: &Device) -> Result<Vec<(String, Ten
         let view = st
             .tensor(name)
             .map_err(|e| st_error("load_safetensors", path, e))?;
+        if view.dtype() == Dtype::I64 {
+            // PyTorch's integer buffers (BatchNorm's num_batches_tracked) are int64; kiln's
+            // integers are 32-bit, so the values are narrowed, and refused if they do not fit.
+            let wide: Vec<i64> = view
+                .data()
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            let narrow = wide
+                .iter()
+                .map(|&v| i32::try_from(v))
+                .collect::<std::result::Result<Vec<i32>, _>>()
+                .map_err(|_| {
+                    st_error(
+                        "load_safetensors",
+                        path,
+                        format!("{name}: an int64 value does not fit kiln's i32"),
+                    )
+                })?;
+            let bytes: Vec<u8> = narrow.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let t = Tensor::from_le_bytes(&bytes, view.shape(), DType::I32, device)?;
+            out.push((name.to_string(), t));
+            continue;
+        }
         let dtype = from_st(view.dtype()).ok_or_else(|| {
             st_error(
                 "load_safetensors",

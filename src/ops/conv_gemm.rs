@@ -129,7 +129,12 @@ fn run(
     let bias_block = bias.map_or(&a.storage.block, |t| &t.storage.block);
     launch_groups(
         Kernel::ConvGemm(kernel),
-        &[&a.storage.block, &b.storage.block, &out.storage.block, bias_block],
+        &[
+            &a.storage.block,
+            &b.storage.block,
+            &out.storage.block,
+            bias_block,
+        ],
         &imm,
         groups,
     )
@@ -193,7 +198,9 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
     let (m, n) = (g.og(), g.taps() * g.cg());
     let k_total = g.n * g.oh * g.ow;
     let tiles = m.div_ceil(if m <= 64 { 64 } else { 128 }) * n.div_ceil(128) * g.p.groups;
-    let splits = 512usize.div_ceil(tiles).clamp(1, k_total.div_ceil(256).max(1));
+    let splits = 512usize
+        .div_ceil(tiles)
+        .clamp(1, k_total.div_ceil(256).max(1));
     // Whole 16-deep slices per split.
     let k = k_total.div_ceil(splits).div_ceil(16) * 16;
     let splits = k_total.div_ceil(k);
@@ -214,12 +221,7 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
     };
     // [groups, og, kh, kw, cg] -> [o, cg, kh, kw].
     summed
-        .reshape(&[
-            g.o as isize,
-            g.kh as isize,
-            g.kw as isize,
-            g.cg() as isize,
-        ])?
+        .reshape(&[g.o as isize, g.kh as isize, g.kw as isize, g.cg() as isize])?
         .permute(&[0, 3, 1, 2])?
         .contiguous()?
         .to_dtype(x.dtype())
