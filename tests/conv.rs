@@ -181,6 +181,7 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         ([1, 9, 15, 13], [16, 9, 5, 3], p(1, 2, 1, 1), false),
         ([4, 16, 20, 20], [16, 16, 3, 3], p(1, 1, 1, 1), false),
         ([1, 16, 6, 6], [160, 16, 3, 3], p(1, 1, 1, 1), false),
+        ([2, 3, 23, 21], [16, 3, 7, 7], p(2, 3, 1, 1), false),
     ];
     for dev in gpus() {
         let mut dtypes = vec![(DType::F32, 1e-4)];

@@ -3,7 +3,7 @@
 //! buffer creation), `ops` (the work of `../shared/anchors/torch_anchor.py`: y=2x and a+b over
 //! 2^26 f32, sum, 8192^2 transpose to contiguous, a tiny op's dispatch cost), `matmul` (the
 //! big MLP step's f32 products by layout), `conv` (ResNet's 3x3 convolution, forward and
-//! backward), `train` (MLP steps: SGD-momentum and Adam, f32 and AMP f16), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
+//! backward), `resnet` (a ResNet training step's time and peak memory), `train` (MLP steps: SGD-momentum and Adam, f32 and AMP f16), `transfer` (host-device copies: pageable, pinned non-blocking, naive wgpu), `loader`
 //! (whether the DataLoader's assembly and uploads overlap training steps). Prints a table per
 //! adapter; `--json` writes the figures.
 //!
@@ -417,6 +417,75 @@ fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// A ResNet training step as the anchor's `rstep`: `zero_grad(set_to_none)`, cross entropy of
+/// the model's logits, backward, SGD with momentum 0.9; ResNet-50 at batch 32, 224x224 on a
+/// GPU (the peak is `max_memory_allocated` over the steps), ResNet-18 at batch 2, 64x64 on a
+/// software adapter.
+fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::nn::models::{resnet18, resnet50};
+    use kiln::nn::Module;
+    use kiln::optim::{Optimizer, Sgd};
+    let software = dev
+        .adapter_info()
+        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let (name, model, n, hw) = if software {
+        ("resnet18", resnet18(1000, dev)?, 2, 64)
+    } else {
+        ("resnet50", resnet50(1000, dev)?, 32, 224)
+    };
+    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let x = Tensor::randn(&[n, 3, hw, hw], DType::F32, dev)?;
+    let labels: Vec<i32> = (0..n as i32).map(|i| i * 31 % 1000).collect();
+    let y = Tensor::from_slice(&labels, &[n], dev)?;
+    let mut step = || -> kiln::Result<()> {
+        opt.zero_grad(true)?;
+        kiln::nn::cross_entropy(&model.forward(&x)?, &y)?.backward()?;
+        opt.step()
+    };
+    for _ in 0..3 {
+        step()?;
+    }
+    dev.synchronize()?;
+    dev.reset_peak_memory_stats();
+    let iters = if software { 3 } else { 10 };
+    let t = Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    dev.synchronize()?;
+    let ms = t.elapsed().as_secs_f64() * 1e3 / iters as f64;
+    let case = format!("{name} b{n} {hw}x{hw} SGD momentum step f32");
+    rows.push(Row {
+        adapter: dev.name(),
+        suite: "resnet",
+        case: format!("{case} (wall clock)"),
+        value: ms,
+        unit: "ms",
+    });
+    rows.push(Row {
+        adapter: dev.name(),
+        suite: "resnet",
+        case: format!("{case}: max_memory_allocated"),
+        value: dev.max_memory_allocated() as f64 / (1 << 20) as f64,
+        unit: "MiB",
+    });
+    if std::env::var("KILN_BENCH_PROFILE").is_ok() {
+        let options = kiln::profiler::ProfileOptions {
+            devices: vec![dev.clone()],
+            profile_memory: false,
+        };
+        let ((), prof) = kiln::profiler::profile(&options, || {
+            step()?;
+            dev.synchronize()
+        })?;
+        println!(
+            "{case}, one step:\n{}",
+            prof.key_averages().table("self_gpu_time_total", 25)
+        );
+    }
+    Ok(())
+}
+
 /// One training step of an MLP, PyTorch's loop (`torch_anchor_wave2.py`): `zero_grad(set_to_none)`,
 /// forward and loss under autocast (AMP rows), `scaler.scale(loss).backward()`,
 /// `scaler.step(opt)`, `scaler.update()`; SGD with momentum 0.9 or Adam. f32 rows run the same
@@ -562,6 +631,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "conv" {
             conv_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "resnet" {
+            resnet_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "train" {
             train_suite(dev, &mut rows)?;

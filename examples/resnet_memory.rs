@@ -1,0 +1,173 @@
+//! The CUDA memory notebook's ResNet-50 scenario in kiln: batch 1, 224x224, SGD with momentum
+//! 0.9, five iterations while the allocator records its history, once with `zero_grad`
+//! forgotten (`--forget-zero-grad`) and once with `zero_grad(set_to_none=True)`. Prints
+//! `memory_allocated` and `max_memory_allocated` after each iteration (MiB above what was
+//! allocated before the model was built) beside PyTorch 2.11's figures on the H100, dumps the
+//! snapshot (open it in https://pytorch.org/memory_viz) and draws the timeline (SVG and PNG).
+//!
+//!     cargo run --release --example resnet_memory -- [--forget-zero-grad] [--out DIR]
+//!         [--device SPEC] [--size 224]
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks};
+use kiln::nn::models::resnet50;
+use kiln::nn::Module;
+use kiln::optim::{Optimizer, Sgd};
+use kiln::{DType, Device, Tensor};
+use std::path::PathBuf;
+
+/// PyTorch 2.11 on the H100 (`../shared/anchors/torch_anchor_wave2.py`): (allocated, peak)
+/// MiB after iterations 1..5, forgot zero_grad and set_to_none.
+const TORCH_FORGOT: [(f64, f64); 5] = [
+    (300.7, 300.7),
+    (300.7, 393.0),
+    (300.7, 392.9),
+    (300.7, 392.9),
+    (300.7, 392.9),
+];
+const TORCH_SET_TO_NONE: [(f64, f64); 5] = [
+    (200.2, 300.7),
+    (200.2, 367.5),
+    (200.2, 368.0),
+    (200.2, 368.0),
+    (200.2, 368.0),
+];
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn main() -> kiln::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let forget = args.iter().any(|a| a == "--forget-zero-grad");
+    let known = ["--forget-zero-grad", "--out", "--device", "--size"];
+    if let Some(bad) = args.iter().enumerate().find(|(i, a)| {
+        a.starts_with("--") && !known.contains(&a.as_str()) || (*i == 0 && !a.starts_with("--"))
+    }) {
+        return Err(kiln::Error::InvalidArgument {
+            op: "resnet_memory",
+            msg: format!("unknown argument {}; options: {known:?}", bad.1),
+        });
+    }
+    let device = match opt("--device") {
+        Some(spec) => Device::from_spec(&spec)?,
+        None => Device::best()?,
+    };
+    let size: usize = opt("--size")
+        .map(|s| s.parse())
+        .transpose()
+        .map_err(|_| kiln::Error::InvalidArgument {
+            op: "resnet_memory",
+            msg: "--size takes a whole number of pixels".into(),
+        })?
+        .unwrap_or(224);
+    let out = PathBuf::from(opt("--out").unwrap_or_else(|| "target/resnet_memory".into()));
+    std::fs::create_dir_all(&out).map_err(|e| kiln::Error::InvalidArgument {
+        op: "resnet_memory",
+        msg: format!("creating {}: {e}", out.display()),
+    })?;
+    println!(
+        "ResNet-50, batch 1, {size}x{size}, SGD momentum 0.9, on {}; zero_grad {}",
+        device.name(),
+        if forget {
+            "forgotten"
+        } else {
+            "(set_to_none=True)"
+        }
+    );
+
+    // torch.cuda.memory._record_memory_history(max_entries=100000)
+    device.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::All,
+        HistoryStacks::Kiln,
+        100_000,
+    );
+    let base = device.memory_allocated();
+    // model = models.resnet50().to(device)
+    let model = resnet50(1000, &device)?;
+    // inputs = torch.randn(1, 3, 224, 224); labels = torch.rand_like(model(inputs))
+    let inputs = Tensor::randn(&[1, 3, size, size], DType::F32, &device)?;
+    let labels = kiln::no_grad(|| model.forward(&inputs))?.rand_like()?;
+    // optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let params: usize = model.parameters().iter().map(|p| p.numel() * 4).sum();
+    println!("parameters: {:.1} MiB", mib(params as u64));
+
+    let bar = ProgressBar::new(5).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} iterations [{elapsed}<{eta}]")
+            .expect("a valid template"),
+    );
+    let mut rows = Vec::new();
+    for _ in 0..5 {
+        device.reset_peak_memory_stats();
+        // pred = model(inputs); loss_fn(pred, labels).backward()  (CrossEntropyLoss with
+        // probabilities as targets: -(labels * log_softmax(pred)).sum(1).mean())
+        let pred = model.forward(&inputs)?;
+        let loss = labels
+            .mul(&pred.log_softmax(1)?)?
+            .sum(&[1], false)?
+            .mean(&[0], false)?
+            .neg()?;
+        loss.backward()?;
+        drop((pred, loss));
+        // optimizer.step(); optimizer.zero_grad(set_to_none=True)
+        optimizer.step()?;
+        if !forget {
+            optimizer.zero_grad(true)?;
+        }
+        device.synchronize()?;
+        rows.push((
+            mib(device.memory_allocated() - base),
+            mib(device.max_memory_allocated() - base),
+        ));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    let torch = if forget {
+        TORCH_FORGOT
+    } else {
+        TORCH_SET_TO_NONE
+    };
+    println!(
+        "{:>9}  {:>14} {:>14}  {:>14} {:>14}",
+        "iteration", "allocated MiB", "PyTorch", "peak MiB", "PyTorch"
+    );
+    for (i, ((a, p), (ta, tp))) in rows.iter().zip(torch).enumerate() {
+        println!("{:>9}  {a:>14.1} {ta:>14.1}  {p:>14.1} {tp:>14.1}", i + 1);
+    }
+    println!(
+        "allocated holds parameters, momentum and (forgotten) gradients, which are PyTorch's \
+         bytes exactly; the peak adds activations and kiln's temporaries where PyTorch's adds \
+         cuDNN's workspaces"
+    );
+
+    let which = if forget {
+        "forgot_zero_grad"
+    } else {
+        "set_to_none"
+    };
+    let snapshot = out.join(format!("resnet50_{which}.pickle"));
+    // torch.cuda.memory._dump_snapshot("snapshot.pickle")
+    device.dump_snapshot(&snapshot)?;
+    let opts = kiln::viz::TimelineOptions {
+        title: format!("ResNet-50, batch 1: {which}"),
+        ..Default::default()
+    };
+    let stem = out.join(format!("resnet50_{which}"));
+    kiln::viz::write_timeline(&device.memory_snapshot(), &stem, &opts)?;
+    device.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+    println!(
+        "snapshot: {} (https://pytorch.org/memory_viz); timeline: {}.{{svg,png}}",
+        snapshot.display(),
+        stem.display()
+    );
+    Ok(())
+}
