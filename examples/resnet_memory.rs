@@ -144,9 +144,10 @@ fn main() -> kiln::Result<()> {
         println!("{:>9}  {a:>14.1} {ta:>14.1}  {p:>14.1} {tp:>14.1}", i + 1);
     }
     println!(
-        "allocated holds parameters, momentum and (forgotten) gradients, which are PyTorch's \
-         bytes exactly; the peak adds activations and kiln's temporaries where PyTorch's adds \
-         cuDNN's workspaces"
+        "allocated: parameters, momentum and (forgotten) gradients, as in PyTorch (whose ~2 MiB \
+         more are its input and cuDNN's cached workspace); the peak adds what backward keeps \
+         (kiln's composite BatchNorm keeps more than PyTorch's) and kiln's temporaries where \
+         PyTorch's adds cuDNN's workspaces"
     );
 
     let which = if forget {

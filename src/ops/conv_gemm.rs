@@ -80,8 +80,8 @@ fn run(
         bm64: m <= 64,
     };
     let aligned = match mode {
-        ConvMode::Fwd => g.cg() % 16 == 0,
-        ConvMode::Dgrad => g.og() % 16 == 0,
+        ConvMode::Fwd => g.cg().is_multiple_of(16),
+        ConvMode::Dgrad => g.og().is_multiple_of(16),
         ConvMode::Wgrad => false,
     };
     let flags = bias.is_some() as usize | (aligned as usize) << 1;
