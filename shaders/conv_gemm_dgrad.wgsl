@@ -71,27 +71,9 @@ fn b_at(pb: PreB, k: u32) -> i32 {
     return i32(pb.base + co * p.oh * p.ow + oy * p.ow + ox);
 }
 
-fn slice_b(pb: PreB, k0: u32) -> i32 {
-    if aligned() {
-        return b_at(pb, k0 + pb.kr);
-    }
-    return 0;
-}
-
-fn load_b(pb: PreB, s: i32, k0: u32, r: u32) -> f32 {
-    var at = s;
-    if aligned() {
-        if at < 0 {
-            return 0.0;
-        }
-        at += i32(2u * r * p.oh * p.ow);
-    } else {
-        at = b_at(pb, k0 + pb.kr + 2u * r);
-        if at < 0 {
-            return 0.0;
-        }
-    }
-    return f32(b[u32(at)]);
+// dy's channels lie p.oh * p.ow apart.
+fn b_channel() -> u32 {
+    return p.oh * p.ow;
 }
 
 // Input channels m, pixels n..n+3 of group bt.

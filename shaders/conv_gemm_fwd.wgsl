@@ -67,28 +67,9 @@ fn b_at(pb: PreB, k: u32) -> i32 {
     return i32(pb.base + ci * p.h * p.w + u32(ih) * p.w + u32(iw));
 }
 
-// Aligned: the slice's first row (the 16 rows lie in one tap, channels apart by h * w).
-fn slice_b(pb: PreB, k0: u32) -> i32 {
-    if aligned() {
-        return b_at(pb, k0 + pb.kr);
-    }
-    return 0;
-}
-
-fn load_b(pb: PreB, s: i32, k0: u32, r: u32) -> f32 {
-    var at = s;
-    if aligned() {
-        if at < 0 {
-            return 0.0;
-        }
-        at += i32(2u * r * p.h * p.w);
-    } else {
-        at = b_at(pb, k0 + pb.kr + 2u * r);
-        if at < 0 {
-            return 0.0;
-        }
-    }
-    return f32(b[u32(at)]);
+// x's channels lie p.h * p.w apart.
+fn b_channel() -> u32 {
+    return p.h * p.w;
 }
 
 // Output channels m, pixels n..n+3 of group bt.

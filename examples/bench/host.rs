@@ -125,9 +125,7 @@ pub fn loader_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     use kiln::data::{synthetic_glyphs, DataLoader, LoaderOptions};
     use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
     use kiln::optim::{Optimizer, Sgd};
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let software = super::is_software(dev);
     let (n, batch, hidden) = if software {
         (1024, 128, 128)
     } else {

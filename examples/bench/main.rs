@@ -174,9 +174,7 @@ fn wall_time(
 }
 
 fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let software = is_software(dev);
     // Software adapters get smaller problems: the figures there are for relative checks only.
     let (n, side, iters) = if software {
         (1usize << 22, 2048usize, 5)
@@ -268,15 +266,45 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 }
 
 /// The f32 products of the big MLP step, by operand layout (GPU time): TFLOP/s.
-fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
-    let s = if dev
-        .adapter_info()
+/// A software adapter (lavapipe, llvmpipe) or the CPU device: suites shrink their problems
+/// there, whose figures are for relative checks only.
+fn is_software(dev: &Device) -> bool {
+    dev.adapter_info()
         .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu)
-    {
-        8
-    } else {
-        1
+}
+
+/// KILN_BENCH_PROFILE=1: prints where `steps` calls of `step` spend their GPU time, by op and
+/// input shape (the `rows` largest).
+fn print_profile(
+    dev: &Device,
+    label: &str,
+    steps: usize,
+    rows: usize,
+    mut step: impl FnMut() -> kiln::Result<()>,
+) -> kiln::Result<()> {
+    if std::env::var("KILN_BENCH_PROFILE").is_err() {
+        return Ok(());
+    }
+    let options = kiln::profiler::ProfileOptions {
+        devices: vec![dev.clone()],
+        profile_memory: false,
     };
+    let ((), prof) = kiln::profiler::profile(&options, || {
+        for _ in 0..steps {
+            step()?;
+        }
+        dev.synchronize()
+    })?;
+    println!(
+        "{label}, {steps} steps:\n{}",
+        prof.key_averages_by(true)
+            .table("self_gpu_time_total", rows)
+    );
+    Ok(())
+}
+
+fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    let s = if is_software(dev) { 8 } else { 1 };
     let r = |d: usize| Tensor::randn(&[d / s, 4096 / s], DType::F32, dev);
     let (x, w) = (r(512)?, r(4096)?);
     let xt = x.t()?;
@@ -352,9 +380,7 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 /// through autograd (three products' FLOPs), f32 and f16 (PyTorch's anchor: cuDNN, TF32 off).
 fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     use kiln::ops::{conv2d, Conv2dParams};
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let software = is_software(dev);
     let (n, hw) = if software { (2, 16) } else { (32, 56) };
     let p = Conv2dParams {
         padding: (1, 1),
@@ -386,23 +412,7 @@ fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             Ok(y)
         };
         let (t, stamped) = gpu_time(dev, 5, step)?;
-        // KILN_BENCH_PROFILE=1: the GPU time of each kernel of five steps.
-        if std::env::var("KILN_BENCH_PROFILE").is_ok() {
-            let options = kiln::profiler::ProfileOptions {
-                devices: vec![dev.clone()],
-                profile_memory: false,
-            };
-            let ((), prof) = kiln::profiler::profile(&options, || {
-                for _ in 0..5 {
-                    step()?;
-                }
-                dev.synchronize()
-            })?;
-            println!(
-                "conv {dtype}, five steps:\n{}",
-                prof.key_averages_by(true).table("self_gpu_time_total", 20)
-            );
-        }
+        print_profile(dev, &format!("conv {dtype}"), 5, 20, || step().map(drop))?;
         let clock = if stamped { "timestamps" } else { "wall clock" };
         rows.push(Row {
             adapter: dev.name(),
@@ -425,9 +435,7 @@ fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     use kiln::nn::models::{resnet18, resnet50};
     use kiln::nn::Module;
     use kiln::optim::{Optimizer, Sgd};
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let software = is_software(dev);
     let (name, model, n, hw) = if software {
         ("resnet18", resnet18(1000, dev)?, 2, 64)
     } else {
@@ -469,20 +477,7 @@ fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         value: dev.max_memory_allocated() as f64 / (1 << 20) as f64,
         unit: "MiB",
     });
-    if std::env::var("KILN_BENCH_PROFILE").is_ok() {
-        let options = kiln::profiler::ProfileOptions {
-            devices: vec![dev.clone()],
-            profile_memory: false,
-        };
-        let ((), prof) = kiln::profiler::profile(&options, || {
-            step()?;
-            dev.synchronize()
-        })?;
-        println!(
-            "{case}, one step:\n{}",
-            prof.key_averages().table("self_gpu_time_total", 25)
-        );
-    }
+    print_profile(dev, &case, 1, 25, step)?;
     Ok(())
 }
 
@@ -494,9 +489,7 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     use kiln::amp::{autocast, DeviceType, GradScaler};
     use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
     use kiln::optim::{Adam, Optimizer, Sgd};
-    let software = dev
-        .adapter_info()
-        .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu);
+    let software = is_software(dev);
     let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
     let sizes: &[(&str, usize, usize, usize)] = if software {
         &[("784-128-10 b64", 128, 0, 64)]
@@ -561,23 +554,7 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             }
             let iters = if software { 20 } else { 200 };
             let t = wall_time(dev, iters, &mut step)?;
-            // KILN_BENCH_PROFILE=1: where ten steps' GPU time goes, by op and input shape.
-            if std::env::var("KILN_BENCH_PROFILE").is_ok() {
-                let options = kiln::profiler::ProfileOptions {
-                    devices: vec![dev.clone()],
-                    profile_memory: false,
-                };
-                let ((), prof) = kiln::profiler::profile(&options, || {
-                    for _ in 0..10 {
-                        step()?;
-                    }
-                    dev.synchronize()
-                })?;
-                println!(
-                    "{case}, ten steps:\n{}",
-                    prof.key_averages_by(true).table("self_gpu_time_total", 30)
-                );
-            }
+            print_profile(dev, &case, 10, 30, || step().map(drop))?;
             rows.push(Row {
                 adapter: dev.name(),
                 suite: "train",

@@ -135,10 +135,17 @@ impl ConvGemm {
     }
 
     fn source(&self) -> String {
+        let window = include_str!("../../shaders/conv_gemm_window.wgsl");
         let io = match self.mode {
-            ConvMode::Fwd => include_str!("../../shaders/conv_gemm_fwd.wgsl"),
-            ConvMode::Dgrad => include_str!("../../shaders/conv_gemm_dgrad.wgsl"),
-            ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl"),
+            ConvMode::Fwd => format!(
+                "{}{window}",
+                include_str!("../../shaders/conv_gemm_fwd.wgsl")
+            ),
+            ConvMode::Dgrad => format!(
+                "{}{window}",
+                include_str!("../../shaders/conv_gemm_dgrad.wgsl")
+            ),
+            ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl").to_string(),
         };
         // wgrad's partials stay f32 whatever the tensors' dtype.
         let o = match self.mode {

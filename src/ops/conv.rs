@@ -159,18 +159,7 @@ fn conv2d_forward(
         crate::cpu::conv2d(&x, &weight, bias.as_ref(), &out, p);
         return Ok(out);
     }
-    let geometry = super::conv_gemm::Geometry {
-        n,
-        c: cin,
-        h,
-        w,
-        o: cout,
-        oh,
-        ow,
-        kh,
-        kw,
-        p,
-    };
+    let geometry = super::conv_gemm::Geometry::new(x.shape(), weight.shape(), (oh, ow), p);
     if super::conv_gemm::suits(&x, &geometry) {
         super::conv_gemm::forward(&x, &weight, bias.as_ref(), &geometry, &out)?;
         return Ok(out);

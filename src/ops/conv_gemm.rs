@@ -26,6 +26,22 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
+    /// From the input's and the weight's shapes (NCHW, [o, cg, kh, kw]) and the output's size.
+    pub fn new(x: &[usize], weight: &[usize], (oh, ow): (usize, usize), p: Conv2dParams) -> Self {
+        Geometry {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            o: weight[0],
+            oh,
+            ow,
+            kh: weight[2],
+            kw: weight[3],
+            p,
+        }
+    }
+
     fn cg(&self) -> usize {
         self.c / self.p.groups
     }
@@ -50,9 +66,15 @@ pub(super) fn suits(x: &Tensor, g: &Geometry) -> bool {
     };
     info.backend != wgpu::Backend::Gl
         && matches!(x.dtype(), DType::F32 | DType::F16)
-        && std::env::var_os("KILN_CONV_DIRECT").is_none()
+        && !direct_forced()
         && g.og() >= 8
         && g.cg() * g.taps() >= 8
+}
+
+/// `KILN_CONV_DIRECT` (read once): every convolution on the direct kernel, for comparison.
+fn direct_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_DIRECT").is_some())
 }
 
 fn padded(t: &Tensor) -> bool {

@@ -51,29 +51,11 @@ pub(super) fn conv2d_backward(
     needs: [bool; 3],
 ) -> Result<[Option<Tensor>; 3]> {
     let (n, h, wd) = (x_shape[0], x_shape[2], x_shape[3]);
-    let padded = [
-        x_shape[0],
-        x_shape[1],
-        h + 2 * p.padding.0,
-        wd + 2 * p.padding.1,
-    ];
     let (cout, cin_g, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
     let (oh, ow) = (g.shape()[2], g.shape()[3]);
-    let cout_g = cout / p.groups;
-    let rows = (n * oh * ow) as isize;
     let g = g.contiguous()?;
-    let geometry = super::conv_gemm::Geometry {
-        n,
-        c: x_shape[1],
-        h,
-        w: wd,
-        o: cout,
-        oh,
-        ow,
-        kh,
-        kw,
-        p,
-    };
+    let gb = needs[2].then(|| g.sum(&[0, 2, 3], false)).transpose()?;
+    let geometry = super::conv_gemm::Geometry::new(x_shape, w.shape(), (oh, ow), p);
     if super::conv_gemm::suits(&g, &geometry) {
         let gx = needs[0]
             .then(|| super::conv_gemm::input_grad(&g, &w.contiguous()?, &geometry))
@@ -86,9 +68,16 @@ pub(super) fn conv2d_backward(
             )?),
             _ => None,
         };
-        let gb = needs[2].then(|| g.sum(&[0, 2, 3], false)).transpose()?;
         return Ok([gx, gw, gb]);
     }
+    let padded = [
+        x_shape[0],
+        x_shape[1],
+        h + 2 * p.padding.0,
+        wd + 2 * p.padding.1,
+    ];
+    let cout_g = cout / p.groups;
+    let rows = (n * oh * ow) as isize;
     let xp = match (needs[1], x) {
         (true, Some(x)) => Some(pad(x, p.padding.0, p.padding.1, 0.0)?),
         _ => None,
@@ -143,7 +132,6 @@ pub(super) fn conv2d_backward(
     let gx = gx
         .map(|gx| gx.narrow(2, p.padding.0, h)?.narrow(3, p.padding.1, wd))
         .transpose()?;
-    let gb = needs[2].then(|| g.sum(&[0, 2, 3], false)).transpose()?;
     Ok([gx, gw, gb])
 }
 
