@@ -67,6 +67,140 @@ fn batchnorm_normalises_and_tracks_running_stats() {
     }
 }
 
+/// The fused GPU batch norm (f32) against the composite formula on the CPU device: output,
+/// running statistics, and the gradients of input, weight and bias, in training and in
+/// evaluation, for 2-D and 4-D inputs, rows of vec4s and not, several chunks per channel,
+/// an input at an offset and a non-contiguous one.
+#[test]
+fn batch_norm_fused_matches_the_cpu_reference() {
+    use kiln::ops::batch_norm;
+    let cpu = Device::cpu().unwrap();
+    let vals = |n: usize, seed: u64, shift: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((((i as u64 + 1) * (seed * 2654435761 + 97)) % 1000) as f32 / 250.0 - 2.0) + shift
+            })
+            .collect()
+    };
+    // (full shape, batch rows taken from 1, permuted to non-contiguous)
+    let cases: [(&[usize], Option<usize>, bool); 7] = [
+        (&[4, 6], None, false),
+        (&[3, 5, 7, 5], None, false),
+        (&[2, 8, 16, 16], None, false),
+        (&[8, 2, 32, 32], None, false),
+        (&[3, 3, 4, 4], Some(2), false),
+        (&[4, 3, 3, 3], Some(3), false),
+        (&[2, 4, 6, 5], None, true),
+    ];
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        for (k, &(shape, rows, permuted)) in cases.iter().enumerate() {
+            let c = shape[1];
+            let n: usize = shape.iter().product();
+            let xv = vals(n, k as u64 + 3, 3.0);
+            let rv = vals(n, k as u64 + 11, 0.0);
+            let wv = vals(c, 5, 1.0);
+            let bv = vals(c, 7, 0.0);
+            let run = |d: &Device, training: bool| -> Vec<Vec<f32>> {
+                let mut x = Tensor::from_slice(&xv, shape, d).unwrap();
+                if permuted {
+                    // The same logical [N, C, H, W] read through transposed storage.
+                    let sw = [shape[0], shape[1], shape[3], shape[2]];
+                    x = Tensor::from_slice(&xv, &sw, d)
+                        .unwrap()
+                        .transpose(2, 3)
+                        .unwrap();
+                }
+                if let Some(r) = rows {
+                    x = x.narrow(0, 1, r).unwrap();
+                }
+                let x = x.requires_grad_(true).unwrap();
+                let w = Tensor::from_slice(&wv, &[c], d)
+                    .unwrap()
+                    .requires_grad_(true)
+                    .unwrap();
+                let b = Tensor::from_slice(&bv, &[c], d)
+                    .unwrap()
+                    .requires_grad_(true)
+                    .unwrap();
+                let rm = Tensor::from_slice(&vals(c, 9, 0.5), &[c], d).unwrap();
+                let rvar = Tensor::from_slice(&vals(c, 13, 3.0), &[c], d).unwrap();
+                let y = batch_norm(
+                    &x,
+                    Some(&rm),
+                    Some(&rvar),
+                    Some(&w),
+                    Some(&b),
+                    training,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap();
+                let r = Tensor::from_slice(&rv[..y.numel()], y.shape(), d).unwrap();
+                y.mul(&r)
+                    .unwrap()
+                    .sum(&[], false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                [
+                    y,
+                    x.grad().unwrap(),
+                    w.grad().unwrap(),
+                    b.grad().unwrap(),
+                    rm,
+                    rvar,
+                ]
+                .iter()
+                .map(|t| t.contiguous().unwrap().to_vec::<f32>().unwrap())
+                .collect()
+            };
+            for training in [true, false] {
+                let got = run(&dev, training);
+                let want = run(&cpu, training);
+                let names = [
+                    "y",
+                    "x.grad",
+                    "weight.grad",
+                    "bias.grad",
+                    "running_mean",
+                    "running_var",
+                ];
+                for ((g, w), name) in got.iter().zip(&want).zip(names) {
+                    let scale = w.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                    assert!(
+                        close(g, w, 2e-4 * scale),
+                        "{dev:?} {shape:?} rows {rows:?} training {training}: {name}: {:?} vs {:?}",
+                        &g[..g.len().min(8)],
+                        &w[..w.len().min(8)]
+                    );
+                }
+            }
+        }
+        // PyTorch's checks.
+        let one = Tensor::ones(&[1, 3], DType::F32, &dev).unwrap();
+        let w = Tensor::ones(&[3], DType::F32, &dev).unwrap();
+        let e = batch_norm(&one, None, None, Some(&w), None, true, 0.1, 1e-5).unwrap_err();
+        assert!(
+            e.to_string().contains("more than 1 value per channel"),
+            "{e}"
+        );
+        let x = Tensor::ones(&[2, 4], DType::F32, &dev).unwrap();
+        let e = batch_norm(&x, None, None, Some(&w), None, true, 0.1, 1e-5).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                kiln::Error::ShapeMismatch {
+                    op: "batch_norm",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = batch_norm(&x, None, None, None, None, false, 0.1, 1e-5).unwrap_err();
+        assert!(e.to_string().contains("evaluation"), "{e}");
+    }
+}
+
 #[test]
 fn layernorm_dropout_and_lstm() {
     for dev in devices() {

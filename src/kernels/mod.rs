@@ -1,6 +1,7 @@
 //! The shader registry: every WGSL kernel, reached by a typed id, with its pipeline and
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
+mod batch_norm;
 mod bind_cache;
 mod elementwise;
 mod matmul128;
@@ -9,6 +10,7 @@ mod predicate;
 mod reduce;
 mod softmax;
 
+pub use batch_norm::BatchNormPass;
 pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use matmul_coop::{CoopLayout, CoopTile};
@@ -71,6 +73,8 @@ pub enum Kernel {
     /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
     /// elements per invocation with `true`. (GradScaler refuses f16 gradients, as PyTorch's.)
     AmpUnscale(bool),
+    /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`), f32.
+    BatchNorm(BatchNormPass),
 }
 
 /// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
@@ -243,6 +247,7 @@ impl Kernel {
             .chain([false, true].map(Kernel::AmpUnscale))
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
             .chain([Kernel::ColumnSum])
+            .chain(BatchNormPass::all().into_iter().map(Kernel::BatchNorm))
             .collect()
     }
 
@@ -305,6 +310,7 @@ impl Kernel {
                 Cow::Owned(tiled_128(body, params, d, padded, io))
             }
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
+            Kernel::BatchNorm(b) => Cow::Owned(b.source()),
         }
     }
 
@@ -343,6 +349,7 @@ impl Kernel {
                 }
             )),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
+            Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",
                 if *vec4 { "_vec4" } else { "" }
@@ -367,6 +374,7 @@ impl Kernel {
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
             Kernel::ColumnSum => 2,
+            Kernel::BatchNorm(b) => b.bindings(),
         }
     }
 
@@ -418,6 +426,7 @@ impl Kernel {
             Kernel::AmpUnscale(_) => 16,
             Kernel::ColumnSum => 32,
             Kernel::ConvGemm(_) => 112,
+            Kernel::BatchNorm(_) => 48,
         }
     }
 
@@ -432,6 +441,7 @@ impl Kernel {
     fn entry_point(&self) -> &'static str {
         match self {
             Kernel::Optim(k, _) => self.entry_point_of(*k),
+            Kernel::BatchNorm(b) => b.entry_point(),
             _ => "main",
         }
     }

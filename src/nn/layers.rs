@@ -188,50 +188,29 @@ impl BatchNorm {
         })
     }
 
+    /// `ops::batch_norm` with this layer's state (which casts to f32 under autocast).
     fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
-        if x.rank() < 2 || x.shape()[1] != self.weight.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "batch_norm",
-                lhs: x.shape().to_vec(),
-                rhs: self.weight.shape().to_vec(),
-            });
+        let y = crate::ops::batch_norm(
+            x,
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            Some(&self.weight),
+            Some(&self.bias),
+            self.training,
+            self.momentum,
+            self.eps,
+        )?;
+        if self.training {
+            crate::no_grad(|| self.num_batches_tracked.add_scalar_(1.0))?;
         }
-        let c = x.shape()[1] as isize;
-        // [1, C, 1, 1] (or [1, C]) for broadcasting.
-        let mut bshape = vec![1isize; x.rank()];
-        bshape[1] = c;
-        let dims: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
-        let (mean, var) = if self.training {
-            let mean = x.mean(&dims, true)?;
-            let var = x.var(&dims, 0, true)?;
-            let n = (x.numel() / x.shape()[1]) as f64;
-            crate::no_grad(|| -> Result<()> {
-                let m = self.momentum;
-                let unbiased = var.reshape(&[c])?.mul_scalar(n / (n - 1.0).max(1.0))?;
-                self.running_mean.mul_scalar_(1.0 - m)?;
-                self.running_mean
-                    .add_(&mean.reshape(&[c])?.mul_scalar(m)?)?;
-                self.running_var.mul_scalar_(1.0 - m)?;
-                self.running_var.add_(&unbiased.mul_scalar(m)?)?;
-                self.num_batches_tracked.add_scalar_(1.0)
-            })?;
-            (mean, var)
-        } else {
-            (
-                self.running_mean.reshape(&bshape)?,
-                self.running_var.reshape(&bshape)?,
-            )
-        };
-        let xhat = x.sub(&mean)?.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        xhat.mul(&self.weight.reshape(&bshape)?)?
-            .add(&self.bias.reshape(&bshape)?)
+        Ok(y)
     }
 }
 
 impl Module for BatchNorm {
     /// In f32 under autocast, as PyTorch's batch_norm.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::ops::autocast::fp32_unary(x, |x| self.forward_f32(x))
+        self.forward_f32(x)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         vec![

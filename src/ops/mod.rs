@@ -2,6 +2,7 @@
 //! keeps its forward in one file; backward formulas arrive with autograd.
 
 pub(crate) mod autocast;
+mod batch_norm;
 mod composite;
 mod conv;
 mod conv_gemm;
@@ -17,6 +18,7 @@ mod reduce;
 mod softmax;
 
 pub use crate::kernels::CmpOp;
+pub use batch_norm::batch_norm;
 pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};

@@ -1,0 +1,126 @@
+//! Specialises the three passes of the fused batch normalisation (`shaders/batch_norm_*.wgsl`):
+//! per-channel partial sums, the per-channel finalize, and the elementwise apply, each for the
+//! forward or the backward, the sweeping passes over f32 scalars or vec4s.
+
+/// One pass of the fused batch normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BatchNormPass {
+    /// Partial sums per (channel, chunk).
+    Reduce { backward: bool, vec4: bool },
+    /// One invocation per channel: statistics (forward) or coefficients (backward).
+    Finalize { backward: bool },
+    /// The elementwise output (forward) or input gradient (backward).
+    Apply { backward: bool, vec4: bool },
+}
+
+impl BatchNormPass {
+    pub fn all() -> Vec<BatchNormPass> {
+        let mut v = Vec::new();
+        for backward in [false, true] {
+            v.push(BatchNormPass::Finalize { backward });
+            for vec4 in [false, true] {
+                v.push(BatchNormPass::Reduce { backward, vec4 });
+                v.push(BatchNormPass::Apply { backward, vec4 });
+            }
+        }
+        v
+    }
+
+    pub fn name(&self) -> String {
+        let (pass, backward, vec4) = match *self {
+            BatchNormPass::Reduce { backward, vec4 } => ("reduce", backward, vec4),
+            BatchNormPass::Finalize { backward } => ("finalize", backward, false),
+            BatchNormPass::Apply { backward, vec4 } => ("apply", backward, vec4),
+        };
+        format!(
+            "batch_norm_{pass}_{}_f32{}",
+            if backward { "bwd" } else { "fwd" },
+            if vec4 { "_vec4" } else { "" }
+        )
+    }
+
+    pub fn bindings(&self) -> u32 {
+        match *self {
+            BatchNormPass::Reduce { backward, .. } => 2 + 2 * backward as u32,
+            BatchNormPass::Finalize { .. } => 6,
+            BatchNormPass::Apply { backward, .. } => 3 + backward as u32,
+        }
+    }
+
+    pub fn entry_point(&self) -> &'static str {
+        match *self {
+            BatchNormPass::Finalize { backward: false } => "forward",
+            BatchNormPass::Finalize { backward: true } => "backward",
+            _ => "main",
+        }
+    }
+
+    pub fn source(&self) -> String {
+        let v = |vec4: bool| if vec4 { "vec4<f32>" } else { "f32" };
+        match *self {
+            BatchNormPass::Finalize { .. } => {
+                include_str!("../../shaders/batch_norm_finalize.wgsl").to_string()
+            }
+            BatchNormPass::Reduce { backward, vec4 } => {
+                let (bindings, shift, acc, extra) = if backward {
+                    (
+                        "@group(0) @binding(1) var<storage, read_write> g: array<{{V}}>;\n\
+                         @group(0) @binding(2) var<storage, read_write> stats: array<f32>;\n\
+                         @group(0) @binding(3) var<storage, read_write> part: array<vec2<f32>>;",
+                        "let k = stats[p.mean_off + c];",
+                        "let gv = g[p.g_off + i];\n        \
+                         acc += vec2<f32>(total(gv), mul_sum(gv, x[p.x_off + i] - k));",
+                        "",
+                    )
+                } else {
+                    (
+                        "@group(0) @binding(1) var<storage, read_write> part: array<vec2<f32>>;",
+                        if vec4 {
+                            "let k = x[p.x_off + c * p.s].x;"
+                        } else {
+                            "let k = x[p.x_off + c * p.s];"
+                        },
+                        "let d = x[p.x_off + i] - k;\n        \
+                         acc += vec2<f32>(total(d), mul_sum(d, d));",
+                        "if wg.y == 0u {\n            \
+                         part[p.k_off + c] = vec2<f32>(k, 0.0);\n        }",
+                    )
+                };
+                include_str!("../../shaders/batch_norm_reduce.wgsl")
+                    .replace("{{BINDINGS}}", bindings)
+                    .replace("{{SHIFT}}", shift)
+                    .replace("{{ACC}}", acc)
+                    .replace("{{EXTRA}}", extra)
+                    .replace(
+                        "{{HELPERS}}",
+                        if vec4 {
+                            "fn total(v: vec4<f32>) -> f32 {\n    return dot(v, vec4<f32>(1.0));\n}\n\n\
+                             fn mul_sum(a: vec4<f32>, b: vec4<f32>) -> f32 {\n    return dot(a, b);\n}"
+                        } else {
+                            "fn total(v: f32) -> f32 {\n    return v;\n}\n\n\
+                             fn mul_sum(a: f32, b: f32) -> f32 {\n    return a * b;\n}"
+                        },
+                    )
+                    .replace("{{V}}", v(vec4))
+            }
+            BatchNormPass::Apply { backward, vec4 } => {
+                let (bindings, body) = if backward {
+                    (
+                        "@group(0) @binding(3) var<storage, read_write> g: array<{{V}}>;",
+                        "let o = p.co_off + c;\n    \
+                         out[i] = g[p.g_off + i] * co[o] + x[p.x_off + i] * co[o + p.c] + co[o + 2u * p.c];",
+                    )
+                } else {
+                    (
+                        "",
+                        "let o = p.co_off + c;\n    out[i] = x[p.x_off + i] * co[o] + co[o + p.c];",
+                    )
+                };
+                include_str!("../../shaders/batch_norm_apply.wgsl")
+                    .replace("{{BINDINGS}}", bindings)
+                    .replace("{{BODY}}", body)
+                    .replace("{{V}}", v(vec4))
+            }
+        }
+    }
+}

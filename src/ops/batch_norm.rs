@@ -1,0 +1,410 @@
+//! Batch normalisation (PyTorch's `F.batch_norm`) over dim 1 of [N, C, ...].
+//!
+//! On a GPU, f32 tensors take the fused path: three launches forward (per-channel partial sums,
+//! a per-channel finalize that also updates the running statistics, one elementwise pass) and
+//! three backward, saving only the input and a [4, C] block of statistics, as PyTorch's native
+//! kernel does. The composite formula built from reductions and broadcasts saved five
+//! activation-sized tensors and took about fifteen launches; it stays as the reference (the CPU
+//! device, other dtypes) and the tests hold the fused path to it.
+
+use super::{same_device, u32_of};
+use crate::kernels::{launch, launch_groups, BatchNormPass, Kernel};
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+
+const OP: &str = "batch_norm";
+
+/// Batch normalisation of `x` [N, C, ...] per channel: with the batch's statistics in training
+/// (updating `running_mean`/`running_var` in place with `momentum` and the unbiased variance,
+/// where given) and with the running statistics in evaluation. f32 under autocast.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    super::autocast::fp32_unary(x, |x| {
+        check(x, running_mean, running_var, weight, bias, training)?;
+        let c = x.shape()[1];
+        let ones;
+        let zeros;
+        let weight = match weight {
+            Some(w) => w,
+            None => {
+                ones = Tensor::ones(&[c], x.dtype(), x.device())?;
+                &ones
+            }
+        };
+        let bias = match bias {
+            Some(b) => b,
+            None => {
+                zeros = Tensor::zeros(&[c], x.dtype(), x.device())?;
+                &zeros
+            }
+        };
+        let running = running_mean.zip(running_var);
+        if fused_suits(x, running, weight, bias) {
+            fused(x, running, weight, bias, training, momentum, eps)
+        } else {
+            composite(x, running, weight, bias, training, momentum, eps)
+        }
+    })
+}
+
+fn check(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+) -> Result<()> {
+    if x.rank() < 2 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!(
+                "expected an input of 2 or more dims [N, C, ...], got {:?}",
+                x.shape()
+            ),
+        });
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: x.dtype(),
+            why: "(a float op)".into(),
+        });
+    }
+    let c = x.shape()[1];
+    for t in [running_mean, running_var, weight, bias]
+        .into_iter()
+        .flatten()
+    {
+        if t.numel() != c || t.rank() != 1 {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: x.shape().to_vec(),
+                rhs: t.shape().to_vec(),
+            });
+        }
+        same_device(OP, x, t)?;
+    }
+    if running_mean.is_some() != running_var.is_some() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: "running_mean and running_var must be given together".into(),
+        });
+    }
+    if !training && running_mean.is_none() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: "running_mean and running_var must be defined in evaluation mode".into(),
+        });
+    }
+    if training && x.numel() / c.max(1) <= 1 {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!(
+                "Expected more than 1 value per channel when training, got input size {:?}",
+                x.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The fused kernels take f32 everywhere on a GPU, 1-D contiguous per-channel tensors, and
+/// sizes that index in 32 bits.
+fn fused_suits(
+    x: &Tensor,
+    running: Option<(&Tensor, &Tensor)>,
+    weight: &Tensor,
+    bias: &Tensor,
+) -> bool {
+    let per_channel = [Some(weight), Some(bias)]
+        .into_iter()
+        .chain(running.map(|r| Some(r.0)))
+        .chain(running.map(|r| Some(r.1)))
+        .flatten();
+    !x.device().is_cpu()
+        && x.numel() > 0
+        && x.numel() < u32::MAX as usize / 2
+        && x.dtype() == DType::F32
+        && per_channel
+            .into_iter()
+            .all(|t| t.dtype() == DType::F32 && t.is_contiguous())
+}
+
+/// The reference formula from reductions and broadcasts (the CPU device, f16, f64).
+fn composite(
+    x: &Tensor,
+    running: Option<(&Tensor, &Tensor)>,
+    weight: &Tensor,
+    bias: &Tensor,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let c = x.shape()[1] as isize;
+    // [1, C, 1, 1] (or [1, C]) for broadcasting.
+    let mut bshape = vec![1isize; x.rank()];
+    bshape[1] = c;
+    let dims: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
+    let (mean, var) = match (training, running) {
+        (false, Some((rm, rv))) => (rm.reshape(&bshape)?, rv.reshape(&bshape)?),
+        _ => {
+            let mean = x.mean(&dims, true)?;
+            let var = x.var(&dims, 0, true)?;
+            if let Some((rm, rv)) = running {
+                let n = (x.numel() / x.shape()[1]) as f64;
+                crate::no_grad(|| -> Result<()> {
+                    let m = momentum;
+                    let unbiased = var.reshape(&[c])?.mul_scalar(n / (n - 1.0).max(1.0))?;
+                    rm.mul_scalar_(1.0 - m)?;
+                    rm.add_(&mean.reshape(&[c])?.mul_scalar(m)?)?;
+                    rv.mul_scalar_(1.0 - m)?;
+                    rv.add_(&unbiased.mul_scalar(m)?)
+                })?;
+            }
+            (mean, var)
+        }
+    };
+    let xhat = x.sub(&mean)?.mul(&var.add_scalar(eps)?.rsqrt()?)?;
+    xhat.mul(&weight.reshape(&bshape)?)?
+        .add(&bias.reshape(&bshape)?)
+}
+
+/// x viewed as [N, C, S] in units of one f32 or one vec4.
+struct Shape {
+    c: usize,
+    /// S and N * S in units.
+    s: usize,
+    m: usize,
+    /// Elements per channel.
+    m_elems: usize,
+    vec4: bool,
+    unit: usize,
+}
+
+impl Shape {
+    /// The shape of contiguous `x` (and of `g`, its gradient, also contiguous): vec4 units
+    /// where rows and both offsets allow.
+    fn of(x: &Tensor, g: Option<&Tensor>) -> Shape {
+        let (n, c) = (x.shape()[0], x.shape()[1]);
+        let s = x.numel() / (n * c).max(1);
+        let vec4 = s.is_multiple_of(4)
+            && x.layout().offset.is_multiple_of(4)
+            && g.is_none_or(|g| g.layout().offset.is_multiple_of(4));
+        let unit = if vec4 { 4 } else { 1 };
+        Shape {
+            c,
+            s: s / unit,
+            m: n * s / unit,
+            m_elems: n * s,
+            vec4,
+            unit,
+        }
+    }
+
+    /// (chunks, units per chunk): enough workgroups to fill a large GPU (about 1024 in all)
+    /// without chunks of fewer than 1024 units.
+    fn chunks(&self) -> (usize, usize) {
+        let want = 1024usize.div_ceil(self.c).min(self.m.div_ceil(1024)).max(1);
+        let len = self.m.div_ceil(want);
+        (self.m.div_ceil(len), len)
+    }
+}
+
+fn f32_bits(v: f64) -> u32 {
+    (v as f32).to_bits()
+}
+
+/// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward).
+fn reduce(x: &Tensor, g: Option<&Tensor>, stats: Option<&Tensor>, sh: &Shape) -> Result<Tensor> {
+    let (chunks, len) = sh.chunks();
+    let backward = g.is_some();
+    // The forward's extra row holds each channel's shift.
+    let rows = chunks * sh.c + if backward { 0 } else { sh.c };
+    let part = Tensor::empty(&[rows, 2], DType::F32, x.device())?;
+    let imm = [
+        u32_of(OP, sh.c)?,
+        u32_of(OP, sh.s)?,
+        u32_of(OP, sh.m)?,
+        u32_of(OP, len)?,
+        u32_of(OP, x.layout().offset / sh.unit)?,
+        u32_of(OP, g.map_or(0, |g| g.layout().offset / sh.unit))?,
+        u32_of(OP, stats.map_or(0, |s| s.layout().offset))?,
+        u32_of(OP, chunks * sh.c)?,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let kernel = Kernel::BatchNorm(BatchNormPass::Reduce {
+        backward,
+        vec4: sh.vec4,
+    });
+    let mut blocks = vec![&x.storage.block];
+    if let (Some(g), Some(stats)) = (g, stats) {
+        blocks.push(&g.storage.block);
+        blocks.push(&stats.storage.block);
+    }
+    blocks.push(&part.storage.block);
+    launch_groups(
+        kernel,
+        &blocks,
+        &imm,
+        (u32_of(OP, sh.c)?, u32_of(OP, chunks)?, 1),
+    )?;
+    Ok(part)
+}
+
+/// out = x * co[0] + co[1] (forward) or g * co[0] + x * co[1] + co[2] (backward), per channel.
+fn apply(x: &Tensor, g: Option<&Tensor>, co: &Tensor, co_off: usize, sh: &Shape) -> Result<Tensor> {
+    let out = Tensor::empty(x.shape(), DType::F32, x.device())?;
+    let units = x.numel() / sh.unit;
+    let imm = [
+        u32_of(OP, units)?,
+        u32_of(OP, sh.c)?,
+        u32_of(OP, sh.s)?,
+        u32_of(OP, x.layout().offset / sh.unit)?,
+        u32_of(OP, g.map_or(0, |g| g.layout().offset / sh.unit))?,
+        u32_of(OP, co.layout().offset + co_off)?,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let kernel = Kernel::BatchNorm(BatchNormPass::Apply {
+        backward: g.is_some(),
+        vec4: sh.vec4,
+    });
+    let mut blocks = vec![&x.storage.block, &co.storage.block, &out.storage.block];
+    if let Some(g) = g {
+        blocks.push(&g.storage.block);
+    }
+    launch(kernel, &blocks, &imm, units as u64)?;
+    Ok(out)
+}
+
+/// The per-channel pass: `blocks` as `shaders/batch_norm_finalize.wgsl` lists them.
+fn finalize(
+    backward: bool,
+    blocks: [&Tensor; 6],
+    chunks: usize,
+    sh: &Shape,
+    training: bool,
+    [momentum, eps]: [f64; 2],
+) -> Result<()> {
+    let mut imm = vec![
+        u32_of(OP, sh.c)?,
+        u32_of(OP, chunks)?,
+        f32_bits(sh.m_elems as f64),
+        f32_bits(eps),
+        f32_bits(momentum),
+        training as u32,
+    ];
+    for t in &blocks[1..] {
+        imm.push(u32_of(OP, t.layout().offset)?);
+    }
+    imm.push(0);
+    let storage: Vec<_> = blocks.iter().map(|t| &t.storage.block).collect();
+    launch(
+        Kernel::BatchNorm(BatchNormPass::Finalize { backward }),
+        &storage,
+        &imm,
+        sh.c as u64,
+    )
+}
+
+fn fused(
+    x: &Tensor,
+    running: Option<(&Tensor, &Tensor)>,
+    weight: &Tensor,
+    bias: &Tensor,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    // The forward's contiguous input and statistics, for the backward builder (which is given
+    // only the output).
+    let forward_state = std::cell::RefCell::new(None);
+    crate::autograd::record(
+        "NativeBatchNormBackward0",
+        &[x, weight, bias],
+        || {
+            let x = x.contiguous()?;
+            let sh = Shape::of(&x, None);
+            let stats = Tensor::empty(&[4, sh.c], DType::F32, x.device())?;
+            // Training without running statistics writes the update into scratch.
+            let scratch;
+            let (rm, rv) = match running {
+                Some(r) => r,
+                None => {
+                    scratch = Tensor::zeros(&[2, sh.c], DType::F32, x.device())?;
+                    (&scratch, &scratch)
+                }
+            };
+            let (part, chunks) = if training {
+                (reduce(&x, None, None, &sh)?, sh.chunks().0)
+            } else {
+                (stats.clone(), 0)
+            };
+            finalize(
+                false,
+                [&part, weight, bias, rm, rv, &stats],
+                chunks,
+                &sh,
+                training,
+                [momentum, eps],
+            )?;
+            if training {
+                if let Some((rm, rv)) = running {
+                    rm.bump_version();
+                    rv.bump_version();
+                }
+            }
+            let y = apply(&x, None, &stats, 2 * sh.c, &sh)?;
+            *forward_state.borrow_mut() = Some((x, stats));
+            Ok(y)
+        },
+        |_| {
+            let (x, stats) = forward_state
+                .borrow_mut()
+                .take()
+                .expect("the forward leaves its statistics");
+            let xs = crate::autograd::save(&x)?;
+            let ss = crate::autograd::save(&stats)?;
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let x = xs.get()?;
+                let stats = ss.get()?;
+                let g = g.contiguous()?;
+                let sh = Shape::of(&x, Some(&g));
+                let part = reduce(&x, Some(&g), Some(&stats), &sh)?;
+                let c = sh.c;
+                let gw = Tensor::empty(&[c], DType::F32, x.device())?;
+                let gb = Tensor::empty(&[c], DType::F32, x.device())?;
+                let coef = Tensor::empty(&[3, c], DType::F32, x.device())?;
+                finalize(
+                    true,
+                    [&part, &stats, &stats, &gw, &gb, &coef],
+                    sh.chunks().0,
+                    &sh,
+                    training,
+                    [0.0, 0.0],
+                )?;
+                let gx = needs[0]
+                    .then(|| apply(&x, Some(&g), &coef, 0, &sh))
+                    .transpose()?;
+                Ok(vec![gx, needs[1].then_some(gw), needs[2].then_some(gb)])
+            }) as crate::autograd::BackwardFn)
+        },
+    )
+}
