@@ -145,9 +145,10 @@ fn main() -> kiln::Result<()> {
     }
     println!(
         "allocated: parameters, momentum and (forgotten) gradients, as in PyTorch (whose ~2 MiB \
-         more are its input and cuDNN's cached workspace); the peak adds what backward keeps \
-         (kiln's composite BatchNorm keeps more than PyTorch's) and kiln's temporaries where \
-         PyTorch's adds cuDNN's workspaces"
+         more are its input and cuDNN's cached workspace); the peak adds the activations \
+         backward keeps (the same tensors as PyTorch's: each BatchNorm saves its input and \
+         [4, C] statistics) and kiln's weight-gradient partials where PyTorch's adds cuDNN's \
+         workspaces"
     );
 
     let which = if forget {
