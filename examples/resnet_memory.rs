@@ -3,7 +3,9 @@
 //! forgotten (`--forget-zero-grad`) and once with `zero_grad(set_to_none=True)`. Prints
 //! `memory_allocated` and `max_memory_allocated` after each iteration (MiB above what was
 //! allocated before the model was built) beside PyTorch 2.11's figures on the H100, dumps the
-//! snapshot (open it in https://pytorch.org/memory_viz) and draws the timeline (SVG and PNG).
+//! snapshot (open it in https://pytorch.org/memory_viz), draws the snapshot's timeline (SVG and
+//! PNG) and, from the profiler, the memory timeline by category (parameter, optimizer state,
+//! input, temporary, activation, gradient, autograd detail; SVG, PNG and PyTorch's JSON).
 //!
 //!     cargo run --release --example resnet_memory -- [--forget-zero-grad] [--out DIR]
 //!         [--device SPEC] [--size 224]
@@ -105,30 +107,38 @@ fn main() -> kiln::Result<()> {
             .expect("a valid template"),
     );
     let mut rows = Vec::new();
-    for _ in 0..5 {
-        device.reset_peak_memory_stats();
-        // pred = model(inputs); loss_fn(pred, labels).backward()  (CrossEntropyLoss with
-        // probabilities as targets: -(labels * log_softmax(pred)).sum(1).mean())
-        let pred = model.forward(&inputs)?;
-        let loss = labels
-            .mul(&pred.log_softmax(1)?)?
-            .sum(&[1], false)?
-            .mean(&[0], false)?
-            .neg()?;
-        loss.backward()?;
-        drop((pred, loss));
-        // optimizer.step(); optimizer.zero_grad(set_to_none=True)
-        optimizer.step()?;
-        if !forget {
-            optimizer.zero_grad(true)?;
+    // with torch.profiler.profile(profile_memory=True, ...) as prof:
+    let profiling = kiln::profiler::ProfileOptions {
+        devices: vec![device.clone()],
+        profile_memory: true,
+    };
+    let ((), prof) = kiln::profiler::profile(&profiling, || {
+        for _ in 0..5 {
+            device.reset_peak_memory_stats();
+            // pred = model(inputs); loss_fn(pred, labels).backward()  (CrossEntropyLoss with
+            // probabilities as targets: -(labels * log_softmax(pred)).sum(1).mean())
+            let pred = model.forward(&inputs)?;
+            let loss = labels
+                .mul(&pred.log_softmax(1)?)?
+                .sum(&[1], false)?
+                .mean(&[0], false)?
+                .neg()?;
+            loss.backward()?;
+            drop((pred, loss));
+            // optimizer.step(); optimizer.zero_grad(set_to_none=True)
+            optimizer.step()?;
+            if !forget {
+                optimizer.zero_grad(true)?;
+            }
+            device.synchronize()?;
+            rows.push((
+                mib(device.memory_allocated() - base),
+                mib(device.max_memory_allocated() - base),
+            ));
+            bar.inc(1);
         }
-        device.synchronize()?;
-        rows.push((
-            mib(device.memory_allocated() - base),
-            mib(device.max_memory_allocated() - base),
-        ));
-        bar.inc(1);
-    }
+        Ok(())
+    })?;
     bar.finish_and_clear();
 
     let torch = if forget {
@@ -166,10 +176,32 @@ fn main() -> kiln::Result<()> {
     let stem = out.join(format!("resnet50_{which}"));
     kiln::viz::write_timeline(&device.memory_snapshot(), &stem, &opts)?;
     device.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+    // prof.export_memory_timeline("categories.html"): by category, as PyTorch's profiler.
+    let categories = out.join(format!("resnet50_{which}_categories"));
+    for ext in ["svg", "png", "json"] {
+        prof.export_memory_timeline(categories.with_extension(ext))?;
+    }
+    let tl = prof.memory_timeline(0);
+    if let Some(peak) = tl.sizes.iter().max_by_key(|s| s.iter().sum::<i64>()) {
+        let parts: Vec<String> = kiln::alloc::MemoryCategory::ALL
+            .iter()
+            .filter(|c| peak[c.index() + 1] != 0)
+            .map(|c| {
+                format!(
+                    "{} {:.1}",
+                    c.name(),
+                    peak[c.index() + 1] as f64 / (1 << 20) as f64
+                )
+            })
+            .collect();
+        println!("at the peak, MiB by category: {}", parts.join(", "));
+    }
     println!(
-        "snapshot: {} (https://pytorch.org/memory_viz); timeline: {}.{{svg,png}}",
+        "snapshot: {} (https://pytorch.org/memory_viz); timeline: {}.{{svg,png}}; by category: \
+         {}.{{svg,png,json}}",
         snapshot.display(),
-        stem.display()
+        stem.display(),
+        categories.display()
     );
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! by one fused kernel (`shaders/optim.wgsl`); the CPU device composes the same formulas from
 //! tensor ops, which makes it the reference the fused kernels are tested against.
 
+use crate::alloc::MemoryCategory;
 use crate::kernels::{launch, Kernel, OptimKernel};
 use crate::tensor::{DType, Tensor};
 use crate::{no_grad, Error, Result};
@@ -133,7 +134,9 @@ fn load_into(
             rhs: t.shape().to_vec(),
         });
     }
-    slots[i] = Some(t.to_device(p.device())?.to_dtype(p.dtype())?);
+    let t = t.to_device(p.device())?.to_dtype(p.dtype())?;
+    t.mark(MemoryCategory::OptimizerState);
+    slots[i] = Some(t);
     Ok(true)
 }
 
@@ -186,7 +189,9 @@ impl Sgd {
         let first = self.buffers[i].is_none();
         if self.momentum != 0.0 && first {
             // PyTorch clones d_p into the buffer; the fused kernel writes it.
-            self.buffers[i] = Some(Tensor::empty(p.shape(), p.dtype(), p.device())?);
+            let buf = Tensor::empty(p.shape(), p.dtype(), p.device())?;
+            buf.mark(MemoryCategory::OptimizerState);
+            self.buffers[i] = Some(buf);
         }
         let buf = self.buffers[i].as_ref();
         let p = p.detach();
@@ -236,6 +241,8 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _scope = crate::alloc::kiln_scope(|| "SGD.step".into(), "kiln optim");
+        // One op: what the step allocates and frees is a temporary.
+        let _op = crate::alloc::op_scope();
         no_grad(|| (0..self.params.len()).try_for_each(|i| self.step_one(i)))
     }
     fn params(&self) -> &[Tensor] {
@@ -311,8 +318,11 @@ impl Adam {
             return Ok(());
         };
         if self.exp_avg[i].is_none() {
-            self.exp_avg[i] = Some(p.zeros_like()?);
-            self.exp_avg_sq[i] = Some(p.zeros_like()?);
+            for slot in [&mut self.exp_avg[i], &mut self.exp_avg_sq[i]] {
+                let t = p.zeros_like()?;
+                t.mark(MemoryCategory::OptimizerState);
+                *slot = Some(t);
+            }
         }
         self.steps[i] += 1;
         let (m, v) = (
@@ -361,6 +371,8 @@ impl Adam {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         let _scope = crate::alloc::kiln_scope(|| "Adam.step".into(), "kiln optim");
+        // One op: what the step allocates and frees is a temporary.
+        let _op = crate::alloc::op_scope();
         no_grad(|| (0..self.params.len()).try_for_each(|i| self.step_one(i)))
     }
     fn params(&self) -> &[Tensor] {

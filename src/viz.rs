@@ -8,7 +8,7 @@
 //! PNG text needs a font: kiln loads a TrueType font from `KILN_FONT` or the usual system places
 //! (DejaVu, Liberation, Arial); without one the PNG has no labels (the SVG always has them).
 
-use crate::alloc::{Snapshot, TraceAction};
+use crate::alloc::{MemoryCategory, Snapshot, TraceAction};
 use crate::{Error, Result};
 use plotters::prelude::*;
 use std::collections::HashMap;
@@ -268,6 +268,32 @@ fn mib(bytes: f64) -> String {
     }
 }
 
+/// The plot's left and bottom axes around (left, top, width, height), and its title if given.
+fn axes<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    (left, top, pw, ph): (i32, i32, i32, i32),
+    title: Option<&str>,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    area.draw(&PathElement::new(
+        vec![(left, top), (left, top + ph), (left + pw, top + ph)],
+        BLACK.stroke_width(1),
+    ))
+    .map_err(draw_err)?;
+    if let Some(title) = title {
+        let font = ("sans-serif", 18).into_font();
+        area.draw(&Text::new(
+            title.to_string(),
+            (left, 10),
+            font.color(&BLACK),
+        ))
+        .map_err(draw_err)?;
+    }
+    Ok(())
+}
+
 /// Draws `tl` on `area`; text only where `text` (a bitmap needs a font for it).
 fn draw<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
@@ -344,20 +370,13 @@ where
         area.draw(&PathElement::new(line, BLACK.stroke_width(2)))
             .map_err(draw_err)?;
     }
-    // Axes.
     let axis = BLACK.stroke_width(1);
-    area.draw(&PathElement::new(
-        vec![(left, top), (left, top + ph), (left + pw, top + ph)],
-        axis,
-    ))
-    .map_err(draw_err)?;
+    axes(
+        area,
+        (left, top, pw, ph),
+        text.then_some(opts.title.as_str()),
+    )?;
     if text {
-        area.draw(&Text::new(
-            opts.title.clone(),
-            (left, 10),
-            font(18).color(&BLACK),
-        ))
-        .map_err(draw_err)?;
         // Ticks at 1, 2 or 5 times a power of two's worth of KiB/MiB, about five of them.
         let raw = peak / 5.0;
         let unit = if raw >= (1u64 << 20) as f64 {
@@ -495,4 +514,150 @@ pub fn write_timeline_png(snapshot: &Snapshot, path: &Path, opts: &TimelineOptio
 pub fn write_timeline(snapshot: &Snapshot, stem: &Path, opts: &TimelineOptions) -> Result<()> {
     write_timeline_svg(snapshot, &stem.with_extension("svg"), opts)?;
     write_timeline_png(snapshot, &stem.with_extension("png"), opts)
+}
+
+/// PyTorch's colours for the memory timeline's categories (`_CATEGORY_TO_COLORS`), in
+/// `MemoryCategory::ALL` order: darkgreen, goldenrod, black, mediumpurple, red, mediumblue,
+/// royalblue, grey.
+const CATEGORY_COLOURS: [RGBColor; 8] = [
+    RGBColor(0, 100, 0),
+    RGBColor(218, 165, 32),
+    RGBColor(0, 0, 0),
+    RGBColor(147, 112, 219),
+    RGBColor(255, 0, 0),
+    RGBColor(0, 0, 205),
+    RGBColor(65, 105, 225),
+    RGBColor(128, 128, 128),
+];
+
+/// A categorised memory timeline to draw: times (microseconds) and, after each, the bytes of
+/// each `MemoryCategory::ALL` after a leading 0 (PyTorch's `[times, sizes]`).
+pub struct CategorySeries<'a> {
+    pub times_us: &'a [i64],
+    pub sizes: &'a [[i64; 9]],
+}
+
+impl CategorySeries<'_> {
+    fn peak(&self) -> i64 {
+        self.sizes
+            .iter()
+            .map(|s| s.iter().sum::<i64>())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The categorised timeline as PyTorch's `export_memory_timeline` draws it: one stacked band
+/// per category (parameters at the bottom), over time in milliseconds.
+fn draw_categories<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    tl: &CategorySeries,
+    title: &str,
+    (w, h): (u32, u32),
+    text: bool,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE).map_err(draw_err)?;
+    let (left, right, top, bottom) = (80, 200, 40, 50);
+    let (pw, ph) = (
+        (w as i32 - left - right).max(10),
+        (h as i32 - top - bottom).max(10),
+    );
+    let t0 = tl.times_us.first().copied().unwrap_or(0);
+    let span = (tl.times_us.last().copied().unwrap_or(0) - t0).max(1) as f64;
+    let peak = tl.peak().max(1) as f64 * 1.05;
+    let x = |t: i64| left + ((t - t0) as f64 / span * pw as f64).round() as i32;
+    let y = |b: f64| top + ph - (b / peak * ph as f64).round() as i32;
+    let n = tl.times_us.len();
+    // Cumulative tops per category at each time; each band holds its value until the next time.
+    let mut below = vec![0f64; n];
+    for (c, colour) in CATEGORY_COLOURS.iter().enumerate() {
+        if tl.sizes.iter().all(|s| s[c + 1] == 0) {
+            continue;
+        }
+        let mut upper = Vec::with_capacity(2 * n);
+        let mut lower = Vec::with_capacity(2 * n);
+        for (i, base) in below.iter_mut().enumerate() {
+            let next = tl.times_us.get(i + 1).copied().unwrap_or(tl.times_us[i]);
+            let lo = *base;
+            let hi = lo + tl.sizes[i][c + 1].max(0) as f64;
+            upper.push((x(tl.times_us[i]), y(hi)));
+            upper.push((x(next), y(hi)));
+            lower.push((x(tl.times_us[i]), y(lo)));
+            lower.push((x(next), y(lo)));
+            *base = hi;
+        }
+        lower.reverse();
+        upper.extend(lower);
+        area.draw(&Polygon::new(upper, colour.filled()))
+            .map_err(draw_err)?;
+    }
+    let axis = BLACK.stroke_width(1);
+    axes(area, (left, top, pw, ph), text.then_some(title))?;
+    if !text {
+        return area.present().map_err(draw_err);
+    }
+    let font = |size: u32| ("sans-serif", size).into_font();
+    for i in 0..=5 {
+        let bytes = peak / 1.05 * i as f64 / 5.0;
+        let py = y(bytes);
+        area.draw(&PathElement::new(vec![(left - 5, py), (left, py)], axis))
+            .map_err(draw_err)?;
+        area.draw(&Text::new(mib(bytes), (4, py - 7), font(12).color(&BLACK)))
+            .map_err(draw_err)?;
+    }
+    for i in 0..=5 {
+        let t = t0 + (span * i as f64 / 5.0) as i64;
+        let px = x(t);
+        area.draw(&PathElement::new(
+            vec![(px, top + ph), (px, top + ph + 5)],
+            axis,
+        ))
+        .map_err(draw_err)?;
+        area.draw(&Text::new(
+            format!("{:.1}", (t - t0) as f64 / 1e3),
+            (px - 10, top + ph + 8),
+            font(12).color(&BLACK),
+        ))
+        .map_err(draw_err)?;
+    }
+    area.draw(&Text::new(
+        "Time (ms)",
+        (left + pw / 2 - 30, top + ph + 28),
+        font(13).color(&BLACK),
+    ))
+    .map_err(draw_err)?;
+    let lx = left + pw + 15;
+    for (i, cat) in MemoryCategory::ALL.iter().enumerate() {
+        let ly = top + 18 * i as i32;
+        area.draw(&Rectangle::new(
+            [(lx, ly), (lx + 12, ly + 12)],
+            CATEGORY_COLOURS[i].filled(),
+        ))
+        .map_err(draw_err)?;
+        let label = if *cat == MemoryCategory::Unknown {
+            "Unknown"
+        } else {
+            cat.name()
+        };
+        area.draw(&Text::new(label, (lx + 18, ly), font(12).color(&BLACK)))
+            .map_err(draw_err)?;
+    }
+    area.present().map_err(draw_err)
+}
+
+/// Writes the categorised memory timeline as an SVG.
+pub fn write_category_timeline_svg(tl: &CategorySeries, path: &Path, title: &str) -> Result<()> {
+    let size = (1400, 700);
+    let area = SVGBackend::new(path, size).into_drawing_area();
+    draw_categories(&area, tl, title, size, true)
+}
+
+/// Writes the categorised memory timeline as a PNG (labels where a font is found).
+pub fn write_category_timeline_png(tl: &CategorySeries, path: &Path, title: &str) -> Result<()> {
+    let size = (1400, 700);
+    let area = BitMapBackend::new(path, size).into_drawing_area();
+    draw_categories(&area, tl, title, size, bitmap_font())
 }

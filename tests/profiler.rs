@@ -170,6 +170,7 @@ fn fixed_profile() -> Profile {
         events: vec![fwd, mm, k1, k2, alloc],
         devices: vec!["vulkan:0".into()],
         gpu_measured: true,
+        memory: Vec::new(),
     }
 }
 
@@ -219,4 +220,126 @@ fn golden_snapshot_dict_of_a_fixed_program() {
         }
     }
     insta::assert_json_snapshot!("snapshot_dict_fixed_program", v);
+}
+
+/// The categorised memory timeline (PyTorch's `export_memory_timeline`) of two training steps
+/// of a small model with SGD momentum on every device: parameters from the start, momentum from
+/// the first step, gradients kept (zero_grad not set_to_none), activations alive only between
+/// forward and backward, the uploaded batch as input; every row adds up to the allocator's
+/// requested bytes at the end; the JSON is PyTorch's `[times, sizes]`.
+#[test]
+fn memory_timeline_splits_bytes_by_category() {
+    use kiln::alloc::MemoryCategory as C;
+    let devices = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    for dev in devices {
+        // Each CPU device has its own allocator; on the CPU the host tensors are `dev`'s.
+        let cpu = if dev.is_cpu() {
+            dev.clone()
+        } else {
+            Device::cpu().unwrap()
+        };
+        dev.manual_seed(0);
+        let model = Sequential::new()
+            .push(Linear::new(64, 128, true, &dev).unwrap())
+            .push(Relu)
+            .push(Linear::new(128, 10, true, &dev).unwrap());
+        let params: u64 = model
+            .parameters()
+            .iter()
+            .map(|p| (p.numel() * 4) as u64)
+            .sum();
+        let mut opt = Sgd::new(model.parameters(), 0.1).unwrap().momentum(0.9);
+        let host_x = Tensor::randn(&[32, 64], DType::F32, &cpu).unwrap();
+        let host_y = Tensor::from_slice(&[1i32; 32], &[32], &cpu).unwrap();
+        let opts = ProfileOptions {
+            devices: vec![dev.clone()],
+            profile_memory: true,
+        };
+        let ((), prof) = profile(&opts, || {
+            for _ in 0..2 {
+                let x = host_x.to_device(&dev)?;
+                let y = host_y.to_device(&dev)?;
+                let loss = cross_entropy(&model.forward(&x)?, &y)?;
+                loss.backward()?;
+                opt.step()?;
+                opt.zero_grad(false)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let tl = prof.memory_timeline(0);
+        assert!(
+            tl.times_us.len() > 10,
+            "{}: {} times",
+            dev.name(),
+            tl.times_us.len()
+        );
+        assert!(tl.times_us.windows(2).all(|w| w[0] < w[1]));
+        let col = |c: C| -> Vec<i64> { tl.sizes.iter().map(|s| s[c.index() + 1]).collect() };
+        let last = |c: C| *col(c).last().unwrap();
+        let max = |c: C| col(c).into_iter().max().unwrap();
+        let name = dev.name();
+        assert!(
+            tl.sizes
+                .iter()
+                .all(|s| s[0] == 0 && s.iter().all(|&b| b >= 0)),
+            "{name}"
+        );
+        // Parameters were there before profiling started; momentum and gradients stay.
+        assert_eq!(col(C::Parameter)[0], params as i64, "{name}");
+        assert_eq!(last(C::Parameter), params as i64, "{name}");
+        assert_eq!(last(C::OptimizerState), params as i64, "{name}");
+        assert_eq!(
+            last(C::Gradient),
+            params as i64,
+            "{name}: {:?}",
+            tl.sizes.last()
+        );
+        // The uploaded batch is an input (on a GPU; on the CPU device nothing is uploaded);
+        // what autograd saved lives from forward to backward only.
+        if !dev.is_cpu() {
+            assert_eq!(max(C::Input), 32 * 64 * 4 + 32 * 4, "{name}");
+        }
+        assert!(max(C::Activation) >= 32 * 128 * 4, "{name}");
+        // On the CPU device the batch is the host tensors themselves, still alive, which
+        // autograd saved.
+        let batch = if dev.is_cpu() {
+            32 * 64 * 4 + 32 * 4
+        } else {
+            0
+        };
+        assert_eq!(last(C::Activation), batch, "{name}");
+        // Backward's own buffers (the gradient between the layers), and the step's scratch.
+        assert!(max(C::AutogradDetail) >= 32 * 128 * 4, "{name}");
+        assert!(max(C::Temporary) > 0, "{name}");
+        // Every row adds up; the last to what the allocator holds for live tensors.
+        let total: i64 = tl.sizes.last().unwrap().iter().sum();
+        assert_eq!(
+            total,
+            dev.memory_stats()["requested_bytes.all.current"],
+            "{name}: {:?}",
+            tl.sizes.last()
+        );
+        // PyTorch's JSON, and the pictures.
+        let dir = std::env::temp_dir().join(format!("kiln-memtl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json = dir.join("timeline.json");
+        prof.export_memory_timeline(&json).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v[0].as_array().unwrap().len(), tl.times_us.len());
+        assert_eq!(v[1][0].as_array().unwrap().len(), 9);
+        prof.export_memory_timeline(dir.join("timeline.svg"))
+            .unwrap();
+        let svg = std::fs::read_to_string(dir.join("timeline.svg")).unwrap();
+        assert!(
+            svg.contains("OPTIMIZER_STATE") && svg.contains("<polygon"),
+            "{name}"
+        );
+        let e = prof
+            .export_memory_timeline(dir.join("timeline.html"))
+            .unwrap_err();
+        assert!(e.to_string().contains(".json, .svg or .png"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -150,6 +150,10 @@ pub struct TraceEntry {
     pub user_metadata: String,
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_frames")]
     pub frames: Option<Frames>,
+    /// kiln's: what the block held, on `alloc` (as allocated) and on the frees (as it ended).
+    /// Not in PyTorch's snapshot files.
+    #[serde(skip)]
+    pub category: super::category::MemoryCategory,
 }
 
 fn ser_frames<S: serde::Serializer>(f: &Option<Frames>, s: S) -> Result<S::Ok, S::Error> {

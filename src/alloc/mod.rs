@@ -2,6 +2,7 @@
 //! snapshots and history, over a pluggable `SegmentSource`. Nothing here knows wgpu.
 
 mod caching;
+mod category;
 mod config;
 mod format;
 mod history;
@@ -15,6 +16,9 @@ mod summary;
 mod vaspace;
 
 pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
+pub use category::{
+    backward_scope, op_is_open, op_scope, outer_op, BackwardScope, MemoryCategory, OpScope,
+};
 pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
 pub use format::format_size;
 pub use history::{

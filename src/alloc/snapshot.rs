@@ -24,6 +24,9 @@ pub struct BlockInfo {
     pub requested_size: u64,
     pub state: BlockState,
     pub frames: Vec<Frame>,
+    /// kiln's: what an allocated block holds (not in PyTorch's snapshot files).
+    #[serde(skip)]
+    pub category: super::category::MemoryCategory,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -103,6 +106,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                             address: b.addr,
                             size: b.size,
                             requested_size: b.requested_size,
+                            category: b.category,
                             state,
                             frames: if state == BlockState::Inactive {
                                 Vec::new()

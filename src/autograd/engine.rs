@@ -4,6 +4,7 @@
 //! does in PyTorch.
 
 use super::{lock, AutogradMeta, Edge, GradModeGuard, Node};
+use crate::alloc::MemoryCategory;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap};
@@ -41,7 +42,9 @@ fn accumulate(meta: &AutogradMeta, g: Tensor) -> Result<()> {
         Some(existing) => existing.add_(&g)?,
         None => {
             let unique = Arc::strong_count(&g.storage) == 1 && g.is_contiguous();
-            *slot = Some(if unique { g } else { crate::ops::copy(&g)? });
+            let g = if unique { g } else { crate::ops::copy(&g)? };
+            g.storage.block.set_category(MemoryCategory::Gradient);
+            *slot = Some(g);
         }
     }
     Ok(())
@@ -60,6 +63,7 @@ fn add_pending(pending: &mut HashMap<usize, Tensor>, node: &Arc<Node>, g: Tensor
 
 pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
     let _guard = GradModeGuard::new(false);
+    let _backward = crate::alloc::backward_scope();
     let Some(meta) = &root.autograd else {
         return Err(Error::Autograd {
             op: "backward",
@@ -122,6 +126,7 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                     || crate::alloc::op_frame_name(node.name, true),
                     "kiln autograd",
                 );
+                let _op = crate::alloc::op_scope();
                 crate::ops::autocast::suspended(|| f(&g, &needs))?
             };
             if !retain_graph {

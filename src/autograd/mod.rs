@@ -120,6 +120,9 @@ impl Saved {
             });
         }
         SAVED_FOR_NODE.with(|v| v.borrow_mut().push(Arc::downgrade(&t.storage)));
+        t.storage
+            .block
+            .set_category(crate::alloc::MemoryCategory::Activation);
         Ok(Saved {
             tensor: t.detach(),
             version: t.version(),
@@ -175,6 +178,7 @@ pub(crate) fn record(
             format!("[{}]", shapes.join(", "))
         });
         let _guard = GradModeGuard::new(false);
+        let _op = crate::alloc::op_scope();
         forward()?
     };
     out.autograd = None;
@@ -247,11 +251,16 @@ impl Tensor {
         }
         self.autograd = match (requires, self.autograd.take()) {
             (true, Some(meta)) => Some(meta),
-            (true, None) => Some(Arc::new(AutogradMeta {
-                grad_fn: None,
-                grad: Mutex::new(None),
-                retains_grad: AtomicBool::new(false),
-            })),
+            (true, None) => {
+                self.storage
+                    .block
+                    .set_category(crate::alloc::MemoryCategory::Parameter);
+                Some(Arc::new(AutogradMeta {
+                    grad_fn: None,
+                    grad: Mutex::new(None),
+                    retains_grad: AtomicBool::new(false),
+                }))
+            }
             (false, _) => None,
         };
         Ok(self)
@@ -284,6 +293,11 @@ impl Tensor {
                     rhs: g.shape().to_vec(),
                 });
             }
+        }
+        if let Some(g) = &grad {
+            g.storage
+                .block
+                .set_category(crate::alloc::MemoryCategory::Gradient);
         }
         *lock(&meta.grad) = grad.map(|g| g.detach());
         Ok(())

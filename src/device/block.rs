@@ -5,7 +5,7 @@
 
 use super::pinned::PinnedBuffer;
 use super::{lock, transfer, with_alloc, Backend, Device};
-use crate::alloc::HostSegment;
+use crate::alloc::{HostSegment, MemoryCategory};
 use crate::host::PinnedKind;
 use crate::kernels::{grid, Kernel, WORKGROUP};
 use crate::{Error, Result};
@@ -31,6 +31,9 @@ pub struct DeviceBlock {
     size: u64,
     requested: u64,
     mem: Option<Mem>,
+    /// The top-level op running when the block was allocated (0: none): freed while that op
+    /// still runs, the block was a temporary.
+    op: u64,
 }
 
 impl std::fmt::Debug for DeviceBlock {
@@ -67,6 +70,7 @@ impl DeviceBlock {
             size,
             requested: size_bytes,
             mem,
+            op: crate::alloc::outer_op(),
         })
     }
 
@@ -96,6 +100,7 @@ impl DeviceBlock {
                     id: b.id,
                     buffer: b.segment,
                 }),
+                op: 0,
             },
             None => DeviceBlock {
                 device: g.host_device.clone(),
@@ -104,12 +109,21 @@ impl DeviceBlock {
                 size: 0,
                 requested: 0,
                 mem: None,
+                op: 0,
             },
         })
     }
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Marks what the block holds, for the categorised memory timeline (where its current
+    /// category yields: `MemoryCategory::yields_to`).
+    pub(crate) fn set_category(&self, category: MemoryCategory) {
+        if matches!(self.mem, Some(Mem::Gpu(_) | Mem::Host(_))) {
+            with_alloc!(self.device, a => a.set_category(self.addr, category));
+        }
     }
 
     /// The GPU whose pinned pool holds this block, its staging buffer and pool id.
@@ -356,8 +370,14 @@ impl Drop for DeviceBlock {
             self.mem = None;
         }
         if self.mem.take().is_some() {
+            let temporary = crate::alloc::op_is_open(self.op);
             // Freeing a block this allocator handed out cannot fail; nothing to report in drop.
-            let _ = with_alloc!(self.device, a => a.free(self.addr));
+            let _ = with_alloc!(self.device, a => {
+                if temporary {
+                    a.set_category(self.addr, MemoryCategory::Temporary);
+                }
+                a.free(self.addr)
+            });
         }
     }
 }

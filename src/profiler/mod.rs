@@ -9,8 +9,10 @@
 //! Memory events come from the devices' allocator history: an ongoing `record_memory_history`
 //! is read and left running; otherwise profiling turns it on and, at the end, off.
 
+mod memory;
 mod report;
 
+pub use memory::{MemoryRecord, MemoryTimeline};
 pub use report::{Averages, KeyAverages};
 
 use crate::alloc::{push_scope, HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard};
@@ -120,6 +122,8 @@ pub struct Profile {
     pub devices: Vec<String>,
     /// Whether kernel GPU times were measured (timestamp queries inside passes).
     pub gpu_measured: bool,
+    /// Memory by category (`profile_memory`), in time order per device: `memory_timeline`.
+    pub memory: Vec<MemoryRecord>,
 }
 
 /// Runs `f` under the profiler.
@@ -146,8 +150,17 @@ pub fn profile<R>(
             );
         }
     }
-    let t0 = Instant::now();
     let t0_unix = crate::alloc::now_us() as f64;
+    // What each device holds as profiling starts (PyTorch's pre-existing allocations).
+    let start_blocks: Vec<_> = options
+        .devices
+        .iter()
+        .map(|d| match options.profile_memory {
+            true => memory::live_blocks(&d.memory_snapshot()),
+            false => Default::default(),
+        })
+        .collect();
+    let t0 = Instant::now();
     let thread = crate::alloc::thread_number();
     crate::alloc::start_scope_log();
     let result = f();
@@ -155,6 +168,7 @@ pub fn profile<R>(
     let end = Instant::now();
     let mut kernels: Vec<(usize, KernelEntry)> = Vec::new();
     let mut memory: Vec<(usize, f64, i64)> = Vec::new();
+    let mut categorised: Vec<MemoryRecord> = Vec::new();
     let mut gpu_measured = false;
     for (i, d) in options.devices.iter().enumerate() {
         if let Some(g) = d.gpu() {
@@ -164,6 +178,7 @@ pub fn profile<R>(
         }
         if options.profile_memory {
             let snap = d.memory_snapshot();
+            categorised.extend(memory::records(i, &start_blocks[i], t0_unix as i64, &snap));
             for e in snap.device_traces.iter().flatten() {
                 let bytes = match e.action {
                     TraceAction::Alloc => e.size as i64,
@@ -182,7 +197,7 @@ pub fn profile<R>(
     }
     let r = result?;
     let us = |t: Instant| t.saturating_duration_since(t0).as_secs_f64() * 1e6;
-    let profile = build(
+    let mut profile = build(
         options,
         &scopes,
         &kernels,
@@ -190,6 +205,7 @@ pub fn profile<R>(
         (us, us(end), thread),
         gpu_measured,
     );
+    profile.memory = categorised;
     Ok((r, profile))
 }
 
@@ -334,5 +350,6 @@ fn build(
             .map(|d| d.spec().to_string())
             .collect(),
         gpu_measured,
+        memory: Vec::new(),
     }
 }

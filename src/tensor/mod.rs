@@ -312,7 +312,23 @@ impl Tensor {
         }
         let out = Tensor::empty(self.shape(), self.dtype, device)?;
         crate::no_grad(|| out.copy_across_devices(self))?;
+        out.mark_upload();
         Ok(out)
+    }
+
+    /// A tensor brought from the host to a GPU is an input (the memory timeline's category)
+    /// until it becomes something more definite (a parameter).
+    pub(crate) fn mark_upload(&self) {
+        if !self.device().is_cpu() {
+            self.storage
+                .block
+                .set_category(crate::alloc::MemoryCategory::Input);
+        }
+    }
+
+    /// Marks what this tensor's memory holds, for the categorised memory timeline.
+    pub(crate) fn mark(&self, category: crate::alloc::MemoryCategory) {
+        self.storage.block.set_category(category);
     }
 }
 

@@ -149,6 +149,7 @@ impl Tensor {
         if pinned_here {
             let out = Tensor::empty(self.shape(), self.dtype, device)?;
             out.copy_non_blocking_(self)?;
+            out.mark_upload();
             return Ok(out);
         }
         if !self.device().is_cpu() && device.is_cpu() {

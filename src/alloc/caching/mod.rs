@@ -7,6 +7,7 @@ mod invariants;
 mod release;
 mod slab;
 
+use super::category::MemoryCategory;
 use super::config::{AllocatorConfig, MIB};
 use super::history::{
     now_us, Frames, History, HistoryContext, HistoryEnabled, HistoryStacks, TraceAction, TraceEntry,
@@ -56,6 +57,8 @@ pub(crate) struct Block {
     pub uses: Vec<u64>,
     pub gc_count_base: u64,
     pub frames: Option<Frames>,
+    /// What the allocated block holds (for the categorised memory timeline).
+    pub category: MemoryCategory,
 }
 
 impl Block {
@@ -345,6 +348,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             uses: Vec::new(),
             gc_count_base: 0,
             frames: None,
+            category: MemoryCategory::Unknown,
         });
         self.segments[segment].head = id;
         self.stats.segment.increase(pool, 1);
@@ -401,6 +405,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 uses: Vec::new(),
                 gc_count_base: 0,
                 frames: None,
+                category: MemoryCategory::Unknown,
             });
             match self.blocks[front].prev {
                 Some(p) => self.blocks[p].next = Some(front),
@@ -436,6 +441,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         b.allocated = true;
         b.requested_size = requested;
         b.frames = frames.clone();
+        b.category = super::category::initial_category();
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
         self.allocated.insert(addr, id);
         let s = &mut self.stats;
@@ -448,6 +454,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             s.oversize_allocations.increase(1);
         }
         self.trace(TraceAction::Alloc, Some(addr), requested, stream, frames);
+        self.mark_last_trace(TraceAction::Alloc, self.blocks[id].category);
         id
     }
 
@@ -488,6 +495,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         let frames = self.blocks[id].frames.clone();
+        let category = self.blocks[id].category;
         self.trace(
             TraceAction::FreeRequested,
             Some(addr),
@@ -495,6 +503,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stream,
             frames,
         );
+        self.mark_last_trace(TraceAction::FreeRequested, category);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -516,6 +525,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let (pool, size, requested, addr, stream) =
             (b.pool, b.size, b.requested_size, b.addr, b.stream);
         let frames = b.frames.clone();
+        let category = b.category;
         self.trace(
             TraceAction::FreeCompleted,
             Some(addr),
@@ -523,6 +533,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stream,
             frames,
         );
+        self.mark_last_trace(TraceAction::FreeCompleted, category);
         self.blocks[id].frames = None;
         let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
         for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
@@ -622,6 +633,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             compile_context: "N/A",
             user_metadata: String::new(),
             frames: None,
+            category: MemoryCategory::Unknown,
         });
         self.stats.num_ooms += 1;
         let allocated = self.stats.allocated_bytes.all().current as u64;
@@ -728,6 +740,33 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Gives the trace entry just recorded (of `action`) the freed block's category.
+    fn mark_last_trace(&mut self, action: TraceAction, category: MemoryCategory) {
+        if let Some(e) = self.history.ring.back_mut() {
+            if e.action == action {
+                e.category = category;
+            }
+        }
+    }
+
+    /// Marks the allocated block at `addr` as holding `category`, where its current one yields
+    /// (`MemoryCategory::yields_to`); other addresses are ignored.
+    pub fn set_category(&mut self, addr: u64, category: MemoryCategory) {
+        if let Some(&id) = self.allocated.get(&addr) {
+            let b = &mut self.blocks[id];
+            if b.category.yields_to(category) {
+                b.category = category;
+            }
+        }
+    }
+
+    /// The category of the allocated block at `addr`.
+    pub fn category(&self, addr: u64) -> Option<MemoryCategory> {
+        self.allocated
+            .get(&addr)
+            .map(|&id| self.blocks[id].category)
+    }
+
     pub(crate) fn trace(
         &mut self,
         action: TraceAction,
@@ -749,6 +788,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             compile_context: "N/A",
             user_metadata: String::new(),
             frames,
+            category: MemoryCategory::Unknown,
         });
     }
 }
