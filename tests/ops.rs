@@ -918,3 +918,71 @@ fn extreme_and_product_reductions_match_the_cpu() {
         assert_eq!(big.argmax(0, false).unwrap().item::<i32>().unwrap(), at);
     }
 }
+
+/// The contiguous f32 <-> f16 casts (four elements per invocation where the sizes and offsets
+/// allow, the strided kernel elsewhere) round as the CPU device does: ties to even, overflow to
+/// infinity, subnormals, NaN; at offsets that are and are not whole vec4s.
+#[test]
+fn float_casts_round_as_the_cpu_does() {
+    let cpu = Device::cpu().unwrap();
+    let specials = [
+        0.0f32,
+        -0.0,
+        1.0,
+        1.0 + 1.0 / 4096.0,
+        65504.0,
+        65520.0,
+        1e6,
+        -1e6,
+        6e-8,
+        1e-5,
+        f32::NAN,
+        f32::INFINITY,
+    ];
+    let mut vals: Vec<f32> = specials.to_vec();
+    vals.extend(
+        random(1024 - specials.len(), 7, -70000.0, 70000.0)
+            .iter()
+            .map(|&v| v as f32),
+    );
+    for dev in gpus() {
+        if !dev.adapter_info().is_some_and(|i| i.features.shader_f16) {
+            continue;
+        }
+        for (start, len) in [(0, 1024), (4, 512), (1, 515), (8, 7)] {
+            let src = &vals[start..start + len];
+            let g = Tensor::from_slice(&vals, &[1024], &dev)
+                .unwrap()
+                .narrow(0, start, len)
+                .unwrap();
+            let c = Tensor::from_slice(src, &[len], &cpu).unwrap();
+            let (g16, c16) = (
+                g.to_dtype(DType::F16).unwrap(),
+                c.to_dtype(DType::F16).unwrap(),
+            );
+            let bits = |t: &Tensor| -> Vec<u16> {
+                t.to_vec::<half::f16>()
+                    .unwrap()
+                    .iter()
+                    .map(|h| if h.is_nan() { 0x7e00 } else { h.to_bits() })
+                    .collect()
+            };
+            assert_eq!(
+                bits(&g16),
+                bits(&c16),
+                "{dev:?} f32 -> f16 at {start}+{len}"
+            );
+            // And back, from an f16 tensor at the same offset.
+            let g16v =
+                Tensor::from_slice(&c16.to_vec::<half::f16>().unwrap(), &[len], &dev).unwrap();
+            let back = g16v.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want = c16.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            assert!(
+                back.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+                "{dev:?} f16 -> f32 at {start}+{len}"
+            );
+        }
+    }
+}

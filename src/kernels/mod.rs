@@ -75,6 +75,9 @@ pub enum Kernel {
     AmpUnscale(bool),
     /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`), f32.
     BatchNorm(BatchNormPass),
+    /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
+    /// invocation.
+    CastVec4(DType, DType),
 }
 
 /// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
@@ -248,6 +251,10 @@ impl Kernel {
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
             .chain([Kernel::ColumnSum])
             .chain(BatchNormPass::all().into_iter().map(Kernel::BatchNorm))
+            .chain([
+                Kernel::CastVec4(DType::F32, DType::F16),
+                Kernel::CastVec4(DType::F16, DType::F32),
+            ])
             .collect()
     }
 
@@ -311,6 +318,15 @@ impl Kernel {
             }
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
+            Kernel::CastVec4(from, to) => {
+                let f16 = *from == DType::F16 || *to == DType::F16;
+                Cow::Owned(
+                    include_str!("../../shaders/cast_vec4.wgsl")
+                        .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
+                        .replace("{{I}}", from.name())
+                        .replace("{{O}}", to.name()),
+                )
+            }
         }
     }
 
@@ -350,6 +366,7 @@ impl Kernel {
             )),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
+            Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",
                 if *vec4 { "_vec4" } else { "" }
@@ -375,6 +392,7 @@ impl Kernel {
             Kernel::AmpUnscale(_) => 2,
             Kernel::ColumnSum => 2,
             Kernel::BatchNorm(b) => b.bindings(),
+            Kernel::CastVec4(..) => 2,
         }
     }
 
@@ -427,6 +445,7 @@ impl Kernel {
             Kernel::ColumnSum => 32,
             Kernel::ConvGemm(_) => 112,
             Kernel::BatchNorm(_) => 48,
+            Kernel::CastVec4(..) => 16,
         }
     }
 

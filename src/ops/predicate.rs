@@ -160,8 +160,34 @@ fn to_dtype_forward(x: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Converts (or copies) `x` into the fresh contiguous `out` on a GPU.
+/// Converts (or copies) `x` into the fresh contiguous `out` on a GPU: f32 <-> f16 of whole
+/// aligned vec4s four elements per invocation, anything else through the strided kernel.
 pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
+    let floats = [DType::F32, DType::F16];
+    let n = x.numel();
+    if floats.contains(&x.dtype)
+        && floats.contains(&out.dtype)
+        && x.dtype != out.dtype
+        && x.is_contiguous()
+        && out.is_contiguous()
+        && n.is_multiple_of(4)
+        && x.layout.offset.is_multiple_of(4)
+        && out.layout.offset.is_multiple_of(4)
+    {
+        const OP: &str = "to_dtype";
+        let imm = [
+            u32_of(OP, n / 4)?,
+            u32_of(OP, x.layout.offset / 4)?,
+            u32_of(OP, out.layout.offset / 4)?,
+            0,
+        ];
+        return launch(
+            Kernel::CastVec4(x.dtype, out.dtype),
+            &[&x.storage.block, &out.storage.block],
+            &imm,
+            (n / 4) as u64,
+        );
+    }
     let k = PredicateKernel {
         form: PredicateForm::Cast,
         input: x.dtype,
