@@ -1,9 +1,12 @@
-// Sums over the leading dims of a contiguous f32 tensor viewed as [rows, cols]: the reduction
+// Sums over the leading dims of a contiguous f32 or f16 tensor viewed as [rows, cols] (f32
+// accumulation; `{{I}}` in, `{{O}}` out): the reduction
 // PyTorch users meet as a bias gradient (`grad.sum(0)`). The row-reduce kernel would walk each
 // column with stride `cols` (one cache line per element); here an invocation owns four adjacent
 // columns (vec4 loads) and a quarter of a chunk of rows, so a warp reads 512 contiguous bytes.
 // Output [chunks, cols]: per-chunk partial sums (chunks > 1), then a second launch over those
 // (chunks = 1) that also multiplies by `scale` (1/n for mean). Counts are in vec4s.
+
+{{ENABLES}}
 
 struct Params {
     rows: u32,
@@ -18,8 +21,8 @@ struct Params {
 
 var<immediate> p: Params;
 
-@group(0) @binding(0) var<storage, read_write> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(0) var<storage, read_write> x: array<vec4<{{I}}>>;
+@group(0) @binding(1) var<storage, read_write> out: array<vec4<{{O}}>>;
 
 var<workgroup> part: array<vec4<f32>, 256>;
 
@@ -34,17 +37,17 @@ fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) wg: v
     if col < p.cols4 {
         var r = start + l.y;
         for (; r + 4u < end; r += 8u) {
-            s0 += x[p.off4 + r * p.cols4 + col];
-            s1 += x[p.off4 + (r + 4u) * p.cols4 + col];
+            s0 += vec4<f32>(x[p.off4 + r * p.cols4 + col]);
+            s1 += vec4<f32>(x[p.off4 + (r + 4u) * p.cols4 + col]);
         }
         if r < end {
-            s0 += x[p.off4 + r * p.cols4 + col];
+            s0 += vec4<f32>(x[p.off4 + r * p.cols4 + col]);
         }
     }
     part[l.y * 64u + l.x] = s0 + s1;
     workgroupBarrier();
     if l.y == 0u && col < p.cols4 {
         let total = part[l.x] + part[64u + l.x] + part[128u + l.x] + part[192u + l.x];
-        out[wg.y * p.cols4 + col] = total * p.scale;
+        out[wg.y * p.cols4 + col] = vec4<{{O}}>(total * p.scale);
     }
 }

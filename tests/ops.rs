@@ -318,31 +318,40 @@ fn reductions_match_the_cpu() {
         // The column kernel's chunks: 1003 rows (a ragged last chunk), 4100 columns (a ragged
         // last column block), a view starting at row 5 (an offset), and a width that is not
         // a multiple of 4 (the row kernel).
+        // f16 too (autocast's bias gradients): f32 partials, the result rounded once.
         let values = random(1010 * 4100, 17, -1.0, 1.0);
-        for (cols, start) in [(4100usize, 5usize), (4100, 0), (4099, 2)] {
-            let rows = 1003;
-            let on = |d: &Device| {
-                Tensor::from_f64_slice(&values[..1010 * cols], &[1010, cols], DType::F32, d)
-                    .unwrap()
-                    .narrow(0, start, rows)
-                    .unwrap()
-            };
-            let (g, c) = (on(&dev), on(&cpu));
-            for mean in [false, true] {
-                let f = |t: &Tensor| {
-                    if mean {
-                        t.mean(&[0], false)
-                    } else {
-                        t.sum(&[0], false)
-                    }
+        let f16 = dev.adapter_info().is_some_and(|i| i.features.shader_f16);
+        let kinds = [(DType::F32, 1e-5, 1e-3), (DType::F16, 2e-3, 0.06)];
+        for (dtype, rtol, atol) in kinds.into_iter().filter(|k| k.0 == DType::F32 || f16) {
+            for (cols, start) in [(4100usize, 5usize), (4100, 0), (4099, 2)] {
+                let rows = 1003;
+                let on = |d: &Device| {
+                    Tensor::from_f64_slice(&values[..1010 * cols], &[1010, cols], dtype, d)
+                        .unwrap()
+                        .narrow(0, start, rows)
+                        .unwrap()
                 };
-                close(
-                    &f(&g).unwrap().to_f64_vec().unwrap(),
-                    &f(&c).unwrap().to_f64_vec().unwrap(),
-                    1e-5,
-                    1e-3,
-                    &format!("{dev:?} column sums {rows}x{cols} from row {start} mean {mean}"),
-                );
+                let (g, c) = (on(&dev), on(&cpu));
+                for mean in [false, true] {
+                    let f = |t: &Tensor| {
+                        if mean {
+                            t.mean(&[0], false)
+                        } else {
+                            t.sum(&[0], false)
+                        }
+                    };
+                    let (got, want) = (f(&g).unwrap(), f(&c).unwrap());
+                    assert_eq!(got.dtype(), dtype);
+                    close(
+                        &got.to_f64_vec().unwrap(),
+                        &want.to_f64_vec().unwrap(),
+                        rtol,
+                        atol,
+                        &format!(
+                        "{dev:?} {dtype} column sums {rows}x{cols} from row {start} mean {mean}"
+                    ),
+                    );
+                }
             }
         }
     }

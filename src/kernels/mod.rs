@@ -64,8 +64,9 @@ pub enum Kernel {
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
     /// `matmul_coop.rs`.
     MatmulCoop(CoopTile, CoopLayout),
-    /// `shaders/colsum.wgsl`: f32 sums over the leading dims of a contiguous tensor.
-    ColumnSum,
+    /// `shaders/colsum.wgsl`: sums over the leading dims of a contiguous tensor (input, output
+    /// dtypes: f32 or f16, f32 accumulation).
+    ColumnSum(DType, DType),
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 or f16 parameters (f32 math).
     Optim(OptimKernel, DType),
     /// Convolution as implicit GEMM on the 128-tile kernel (`shaders/conv_gemm*.wgsl`).
@@ -249,7 +250,11 @@ impl Kernel {
             )
             .chain([false, true].map(Kernel::AmpUnscale))
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
-            .chain([Kernel::ColumnSum])
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|i| [DType::F32, DType::F16].map(move |o| Kernel::ColumnSum(i, o))),
+            )
             .chain(BatchNormPass::all().into_iter().map(Kernel::BatchNorm))
             .chain([
                 Kernel::CastVec4(DType::F32, DType::F16),
@@ -277,7 +282,15 @@ impl Kernel {
                 let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
                 Cow::Owned(src.replace("{{U}}", u))
             }
-            Kernel::ColumnSum => Cow::Borrowed(include_str!("../../shaders/colsum.wgsl")),
+            Kernel::ColumnSum(i, o) => {
+                let f16 = *i == DType::F16 || *o == DType::F16;
+                Cow::Owned(
+                    include_str!("../../shaders/colsum.wgsl")
+                        .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
+                        .replace("{{I}}", i.name())
+                        .replace("{{O}}", o.name()),
+                )
+            }
             Kernel::ScatterAdd(d) => {
                 let (atomic, add) = if *d == DType::I32 {
                     ("i32", "atomicAdd(&out[at], src[e]);")
@@ -354,7 +367,7 @@ impl Kernel {
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
-            Kernel::ColumnSum => Cow::Borrowed("colsum_f32"),
+            Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
             Kernel::Optim(k, d) => Cow::Owned(format!(
                 "optim_{}_{d}{}",
                 self.entry_point_of(*k),
@@ -390,7 +403,7 @@ impl Kernel {
             Kernel::Pool2d(_) => 2,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
-            Kernel::ColumnSum => 2,
+            Kernel::ColumnSum(..) => 2,
             Kernel::BatchNorm(b) => b.bindings(),
             Kernel::CastVec4(..) => 2,
         }
@@ -442,7 +455,7 @@ impl Kernel {
             Kernel::MatmulCoop(..) => 48,
             Kernel::Optim(..) => 64,
             Kernel::AmpUnscale(_) => 16,
-            Kernel::ColumnSum => 32,
+            Kernel::ColumnSum(..) => 32,
             Kernel::ConvGemm(_) => 112,
             Kernel::BatchNorm(_) => 48,
             Kernel::CastVec4(..) => 16,

@@ -234,14 +234,15 @@ fn reduce_forward(
     Ok(out)
 }
 
-/// The kept size where `x`'s reduction is an f32 sum over its leading dims with `x` contiguous
-/// and the kept size in vec4s (a bias gradient, `grad.sum(0)`): the column kernel's case.
+/// The kept size where `x`'s reduction is an f32 or f16 sum over its leading dims with `x`
+/// contiguous and the kept size in vec4s (a bias gradient, `grad.sum(0)`): the column kernel's
+/// case.
 fn leading_dims_sum(x: &Tensor, dims: &[isize], rop: ReduceOp) -> Result<Option<usize>> {
     let reduced = reduced_dims(dims, x.rank(), rop.name())?;
     let prefix = reduced.iter().enumerate().all(|(i, &d)| i == d);
     let cols: usize = x.shape()[reduced.len()..].iter().product();
     let fits = rop == ReduceOp::Sum
-        && x.dtype == DType::F32
+        && matches!(x.dtype, DType::F32 | DType::F16)
         && prefix
         && !reduced.is_empty()
         && reduced.len() < x.rank()
@@ -267,6 +268,7 @@ fn gpu_sum_columns(
     let chunks = 256usize.div_ceil(blocks).min(rows.div_ceil(16)).max(1);
     let chunk_len = rows.div_ceil(chunks);
     let chunks = rows.div_ceil(chunk_len);
+    // Partials are f32 whatever the dtype; the input's and the result's are the tensors'.
     let pass = |input: &Tensor, target: &Tensor, rows: usize, len: usize, n: usize, s: f32| {
         let imm = [
             u32_of(op, rows)?,
@@ -279,7 +281,7 @@ fn gpu_sum_columns(
             0,
         ];
         crate::kernels::launch_groups(
-            Kernel::ColumnSum,
+            Kernel::ColumnSum(input.dtype, target.dtype),
             &[&input.storage.block, &target.storage.block],
             &imm,
             (u32_of(op, blocks)?, u32_of(op, n)?, 1),
