@@ -109,12 +109,14 @@ pub fn op_scope() -> OpScope {
 /// The outermost op running on this thread (0: none): PyTorch's temporaries are allocated and
 /// freed inside one top-level op.
 pub fn outer_op() -> u64 {
-    OPS.with(|o| o.borrow().first().copied().unwrap_or(0))
+    OPS.try_with(|o| o.borrow().first().copied().unwrap_or(0))
+        .unwrap_or(0)
 }
 
-/// Whether op `id` is still running on this thread.
+/// Whether op `id` is still running on this thread (blocks dropped while the thread's locals
+/// are torn down ask too: `try_with`).
 pub fn op_is_open(id: u64) -> bool {
-    id != 0 && OPS.with(|o| o.borrow().contains(&id))
+    id != 0 && OPS.try_with(|o| o.borrow().contains(&id)).unwrap_or(false)
 }
 
 /// A backward pass running on this thread until dropped.
@@ -139,7 +141,7 @@ pub fn backward_scope() -> BackwardScope {
 
 /// The category a new block starts with on this thread.
 pub fn initial_category() -> MemoryCategory {
-    if BACKWARD.with(|b| b.get()) > 0 {
+    if BACKWARD.try_with(|b| b.get()).unwrap_or(0) > 0 {
         MemoryCategory::AutogradDetail
     } else {
         MemoryCategory::Unknown
