@@ -574,16 +574,40 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// The suites `--suite` takes.
+const SUITES: [&str; 9] = [
+    "all", "ops", "matmul", "alloc", "conv", "resnet", "train", "transfer", "loader",
+];
+
 fn main() -> kiln::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let adapter = opt("--adapter").unwrap_or_else(|| "all".into());
-    let suite = opt("--suite").unwrap_or_else(|| "all".into());
+    // An unknown option, a missing value or an unknown suite is an error that lists the valid
+    // ones (clap), not an empty table.
+    let cli = clap::Command::new("bench")
+        .about("kiln's benchmarks: one table (and optionally JSON) per adapter")
+        .arg(
+            clap::Arg::new("adapter")
+                .long("adapter")
+                .value_name("all|INDEX")
+                .default_value("all")
+                .help("every GPU adapter, or the one at this index"),
+        )
+        .arg(
+            clap::Arg::new("suite")
+                .long("suite")
+                .default_value("all")
+                .value_parser(clap::builder::PossibleValuesParser::new(SUITES)),
+        )
+        .arg(
+            clap::Arg::new("json")
+                .long("json")
+                .value_name("FILE")
+                .help("also write the rows as JSON"),
+        )
+        .get_matches();
+    let text = |name: &str| cli.get_one::<String>(name).cloned();
+    let adapter = text("adapter").unwrap_or_else(|| "all".into());
+    let suite = text("suite").unwrap_or_else(|| "all".into());
+    let opt = |name: &str| text(name.trim_start_matches("--"));
     let mut devices = Device::all_gpus();
     if devices.is_empty() {
         devices.push(Device::cpu()?);
