@@ -538,7 +538,8 @@ pub struct CategorySeries<'a> {
 }
 
 impl CategorySeries<'_> {
-    fn peak(&self) -> i64 {
+    /// The largest total over time.
+    pub fn peak(&self) -> i64 {
         self.sizes
             .iter()
             .map(|s| s.iter().sum::<i64>())

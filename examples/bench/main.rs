@@ -607,7 +607,6 @@ fn main() -> kiln::Result<()> {
     let text = |name: &str| cli.get_one::<String>(name).cloned();
     let adapter = text("adapter").unwrap_or_else(|| "all".into());
     let suite = text("suite").unwrap_or_else(|| "all".into());
-    let opt = |name: &str| text(name.trim_start_matches("--"));
     let mut devices = Device::all_gpus();
     if devices.is_empty() {
         devices.push(Device::cpu()?);
@@ -656,7 +655,7 @@ fn main() -> kiln::Result<()> {
             r.adapter, r.suite, r.case, r.value, r.unit
         );
     }
-    if let Some(path) = opt("--json") {
+    if let Some(path) = text("json") {
         let json: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| serde_json::json!({"adapter": r.adapter, "suite": r.suite, "case": r.case, "value": r.value, "unit": r.unit}))

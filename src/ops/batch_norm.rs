@@ -126,17 +126,16 @@ fn fused_suits(
     weight: &Tensor,
     bias: &Tensor,
 ) -> bool {
-    let per_channel = [Some(weight), Some(bias)]
-        .into_iter()
-        .chain(running.map(|r| Some(r.0)))
-        .chain(running.map(|r| Some(r.1)))
-        .flatten();
+    let mut per_channel = vec![weight, bias];
+    if let Some((mean, var)) = running {
+        per_channel.extend([mean, var]);
+    }
     !x.device().is_cpu()
         && x.numel() > 0
         && x.numel() < u32::MAX as usize / 2
         && x.dtype() == DType::F32
         && per_channel
-            .into_iter()
+            .iter()
             .all(|t| t.dtype() == DType::F32 && t.is_contiguous())
 }
 

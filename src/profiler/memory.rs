@@ -130,11 +130,7 @@ pub struct MemoryTimeline {
 impl MemoryTimeline {
     /// The largest total over time.
     pub fn peak(&self) -> i64 {
-        self.sizes
-            .iter()
-            .map(|s| s.iter().sum::<i64>())
-            .max()
-            .unwrap_or(0)
+        self.series().peak()
     }
 
     /// The series to draw (`viz`).

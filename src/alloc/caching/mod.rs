@@ -453,8 +453,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if bsize >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        self.trace(TraceAction::Alloc, Some(addr), requested, stream, frames);
-        self.mark_last_trace(TraceAction::Alloc, self.blocks[id].category);
+        let category = self.blocks[id].category;
+        self.trace_block(
+            TraceAction::Alloc,
+            Some(addr),
+            requested,
+            stream,
+            frames,
+            category,
+        );
         id
     }
 
@@ -496,14 +503,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.allocated_bytes.decrease(pool, size);
         let frames = self.blocks[id].frames.clone();
         let category = self.blocks[id].category;
-        self.trace(
+        self.trace_block(
             TraceAction::FreeRequested,
             Some(addr),
             requested,
             stream,
             frames,
+            category,
         );
-        self.mark_last_trace(TraceAction::FreeRequested, category);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -526,14 +533,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             (b.pool, b.size, b.requested_size, b.addr, b.stream);
         let frames = b.frames.clone();
         let category = b.category;
-        self.trace(
+        self.trace_block(
             TraceAction::FreeCompleted,
             Some(addr),
             requested,
             stream,
             frames,
+            category,
         );
-        self.mark_last_trace(TraceAction::FreeCompleted, category);
         self.blocks[id].frames = None;
         let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
         for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
@@ -740,15 +747,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    /// Gives the trace entry just recorded (of `action`) the freed block's category.
-    fn mark_last_trace(&mut self, action: TraceAction, category: MemoryCategory) {
-        if let Some(e) = self.history.ring.back_mut() {
-            if e.action == action {
-                e.category = category;
-            }
-        }
-    }
-
     /// Marks the allocated block at `addr` as holding `category`, where its current one yields
     /// (`MemoryCategory::yields_to`); other addresses are ignored.
     pub fn set_category(&mut self, addr: u64, category: MemoryCategory) {
@@ -775,6 +773,20 @@ impl<S: SegmentSource> CachingAllocator<S> {
         stream: u64,
         frames: Option<Frames>,
     ) {
+        self.trace_block(action, addr, size, stream, frames, MemoryCategory::Unknown);
+    }
+
+    /// `trace` for a block's alloc or free, with what the block holds (as allocated, or as it
+    /// ended).
+    fn trace_block(
+        &mut self,
+        action: TraceAction,
+        addr: Option<u64>,
+        size: u64,
+        stream: u64,
+        frames: Option<Frames>,
+        category: MemoryCategory,
+    ) {
         if self.history.enabled.is_none() {
             return;
         }
@@ -788,7 +800,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             compile_context: "N/A",
             user_metadata: String::new(),
             frames,
-            category: MemoryCategory::Unknown,
+            category,
         });
     }
 }
