@@ -12,6 +12,12 @@ use super::serial::GlSerial;
 /// about 8 us of CPU on the H100, so batches of this size keep it under 0.1 us per dispatch).
 pub(crate) const DISPATCHES_PER_SUBMIT: usize = 128;
 
+/// The first batch after the GPU was found drained (a wait on the latest submission): small,
+/// so that the idle GPU gets work after a few dispatches instead of after the host has
+/// recorded a whole batch of 128; each automatic submit then doubles the batch up to
+/// `DISPATCHES_PER_SUBMIT` (TCP's slow start). See Note [One stream, batched submits].
+const FIRST_BATCH: usize = 4;
+
 /// How long a wait spins on non-blocking polls before it blocks.
 const SPIN_BEFORE_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
 
@@ -19,6 +25,8 @@ pub(crate) struct Stream {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     recorded: usize,
+    /// Dispatches the current batch may hold before it is submitted (slow start).
+    batch: usize,
     /// Sequence number the next submission will carry (1-based; 0 = "nothing").
     next_event: u64,
     /// Submitted and maybe not yet complete, oldest first.
@@ -35,6 +43,7 @@ impl Stream {
             encoder: None,
             pass: None,
             recorded: 0,
+            batch: FIRST_BATCH,
             next_event: 1,
             in_flight: VecDeque::new(),
             completed: Arc::new(AtomicU64::new(0)),
@@ -75,11 +84,13 @@ impl Stream {
         self.encoder(device)
     }
 
-    /// Counts one recorded command; submits when the batch is full.
+    /// Counts one recorded command; submits when the batch is full, and lets the next batch
+    /// grow.
     pub fn recorded(&mut self, queue: &wgpu::Queue) {
         self.recorded += 1;
-        if self.recorded >= DISPATCHES_PER_SUBMIT {
+        if self.recorded >= self.batch {
             self.submit(queue);
+            self.batch = (self.batch * 2).min(DISPATCHES_PER_SUBMIT);
         }
     }
 
@@ -140,6 +151,10 @@ impl Stream {
     pub fn prepare_wait(&mut self, queue: &wgpu::Queue, event: u64) -> Option<Wait> {
         if event >= self.next_event {
             self.submit(queue);
+        }
+        if event + 1 >= self.next_event {
+            // The wait drains the GPU: start the next batches small again.
+            self.batch = FIRST_BATCH;
         }
         if self.completed.load(Ordering::Acquire) >= event {
             return None;
