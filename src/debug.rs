@@ -3,69 +3,25 @@
 //! before the code under suspicion; tensors made while it is on are listed by `live_tensors()`
 //! and grouped by `report()` so that the usual culprits (a stored loss, an undetached hidden
 //! state, evaluation with grad mode on) stand out.
+//!
+//! The records themselves are kept where tensors and graphs are made (`tensor::live`,
+//! `graph::live_graphs`); this module only reads them.
 
-use crate::alloc::Frames;
-use crate::autograd::AutogradMeta;
-use crate::device::lock;
-use crate::tensor::{DType, Storage, Tensor};
+use crate::alloc::set_tensor_tracking;
+use crate::graph::{forget_graphs, live_graphs, AutogradMeta};
+use crate::tensor::live::tracked;
+use crate::tensor::DType;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-
-static TRACKING: AtomicBool = AtomicBool::new(false);
-
-struct Tracked {
-    storage: Weak<Storage>,
-    shape: Vec<usize>,
-    dtype: DType,
-    frames: Frames,
-}
-
-static TENSORS: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
-/// Non-leaf tensors' autograd metas (each holds a graph) and their outputs' storages.
-static GRAPHS: Mutex<Vec<(Weak<AutogradMeta>, Weak<Storage>)>> = Mutex::new(Vec::new());
+use std::sync::Arc;
 
 /// Starts (or stops) recording where tensors are made. While on, kiln's op, module and
 /// optimizer scopes are pushed as in memory history, so each tensor knows its op and scope.
 pub fn track_tensors(on: bool) {
-    TRACKING.store(on, Ordering::Relaxed);
+    set_tensor_tracking(on);
     if !on {
-        lock(&TENSORS).clear();
-        lock(&GRAPHS).clear();
+        tracked().clear();
+        forget_graphs();
     }
-}
-
-pub(crate) fn tracking() -> bool {
-    TRACKING.load(Ordering::Relaxed)
-}
-
-/// Notes a new tensor's storage (called where storages are made).
-pub(crate) fn register(t: &Tensor) {
-    if !tracking() {
-        return;
-    }
-    let mut v = lock(&TENSORS);
-    if v.len() >= 4096 && v.len().is_power_of_two() {
-        v.retain(|e| e.storage.strong_count() > 0);
-    }
-    v.push(Tracked {
-        storage: Arc::downgrade(&t.storage),
-        shape: t.shape().to_vec(),
-        dtype: t.dtype(),
-        frames: crate::alloc::current_kiln_frames(),
-    });
-}
-
-/// Notes a non-leaf tensor's graph.
-pub(crate) fn register_graph(meta: &Arc<AutogradMeta>, out: &Tensor) {
-    if !tracking() {
-        return;
-    }
-    let mut v = lock(&GRAPHS);
-    if v.len() >= 4096 && v.len().is_power_of_two() {
-        v.retain(|(m, _)| m.strong_count() > 0);
-    }
-    v.push((Arc::downgrade(meta), Arc::downgrade(&out.storage)));
 }
 
 /// One live tensor storage.
@@ -90,11 +46,8 @@ pub struct LiveTensor {
 
 /// Tensors made while tracking was on that are still alive, oldest first.
 pub fn live_tensors() -> Vec<LiveTensor> {
-    let graphs: Vec<(Arc<AutogradMeta>, Weak<Storage>)> = lock(&GRAPHS)
-        .iter()
-        .filter_map(|(m, s)| m.upgrade().map(|m| (m, s.clone())))
-        .collect();
-    let tensors = lock(&TENSORS);
+    let graphs = live_graphs();
+    let tensors = tracked();
     tensors
         .iter()
         .filter_map(|e| {

@@ -4,11 +4,12 @@
 pub mod alloc;
 pub mod amp;
 pub mod autograd;
+mod base;
 mod cpu;
 pub mod data;
 pub mod debug;
 pub mod device;
-mod error;
+mod graph;
 pub mod host;
 pub mod kernels;
 pub mod nn;
@@ -18,8 +19,9 @@ pub mod profiler;
 pub mod tensor;
 pub mod viz;
 
-pub use autograd::{checkpoint, enable_grad, inference_mode, no_grad};
+pub use autograd::checkpoint;
+pub use base::{Error, Result};
 pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, Transfer};
-pub use error::{Error, Result};
 pub use host::{HostStats, PinnedKind};
+pub use tensor::{enable_grad, inference_mode, no_grad};
 pub use tensor::{DType, Element, Tensor};

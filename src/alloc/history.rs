@@ -11,10 +11,22 @@ use std::sync::Arc;
 /// scopes cost one atomic load.
 static RECORDING: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether `kiln::debug::track_tensors` is on: every tensor made then notes its frames. The flag
+/// lives here, below the tensor layer that reads it and the debug tools that set it.
+static TENSOR_TRACKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn set_tensor_tracking(on: bool) {
+    TENSOR_TRACKING.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn tensor_tracking() -> bool {
+    TENSOR_TRACKING.load(Ordering::Relaxed)
+}
+
 /// Whether any device records allocation frames.
 pub fn frames_wanted() -> bool {
     RECORDING.load(Ordering::Relaxed) > 0
-        || crate::debug::tracking()
+        || TENSOR_TRACKING.load(Ordering::Relaxed)
         || SCOPE_LOG_ON.load(Ordering::Relaxed)
 }
 

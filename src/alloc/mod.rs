@@ -4,9 +4,7 @@
 mod caching;
 mod category;
 mod config;
-mod format;
 mod history;
-mod oom;
 pub mod pickle;
 pub mod replay;
 mod snapshot;
@@ -15,18 +13,19 @@ mod stats;
 mod summary;
 mod vaspace;
 
+pub use crate::base::format_size;
+pub use crate::base::OutOfMemory;
 pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 pub use category::{
     backward_scope, op_is_open, op_scope, outer_op, BackwardScope, MemoryCategory, OpScope,
 };
 pub use config::{AllocatorConfig, ROUNDUP_INTERVALS};
-pub use format::format_size;
 pub use history::{
     annotate_scope, current_kiln_frames, frames_wanted, kiln_scope, now_us, op_frame_name,
     push_scope, start_scope_log, take_scope_log, thread_number, Frame, Frames, HistoryContext,
     HistoryEnabled, HistoryStacks, ScopeGuard, ScopeRecord, TraceAction, TraceEntry,
 };
-pub use oom::OutOfMemory;
+pub(crate) use history::{set_tensor_tracking, tensor_tracking};
 pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};
 pub use source::{
     HostMemory, HostSegment, HostSource, MemInfo, SegmentSource, SimulatedSource, SourceError,

@@ -6,8 +6,9 @@
 //! Decision: the device's random generator is not rewound for the recomputation (PyTorch
 //! restores it); a `f` that draws random numbers (dropout) sees different draws in backward.
 
-use super::{attach, is_grad_enabled, BackwardFn, GradModeGuard};
+use crate::graph::{attach, BackwardFn};
 use crate::tensor::Tensor;
+use crate::tensor::{is_grad_enabled, GradModeGuard};
 use crate::Result;
 use std::sync::Arc;
 

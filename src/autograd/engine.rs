@@ -3,8 +3,9 @@
 //! gradient buffer is dropped as soon as the node has run, so memory during backward falls as it
 //! does in PyTorch.
 
-use super::{lock, AutogradMeta, Edge, GradModeGuard, Node};
 use crate::alloc::MemoryCategory;
+use crate::graph::{lock, AutogradMeta, Edge, Node};
+use crate::tensor::GradModeGuard;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap};
@@ -64,7 +65,7 @@ fn add_pending(pending: &mut HashMap<usize, Tensor>, node: &Arc<Node>, g: Tensor
 pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
     let _guard = GradModeGuard::new(false);
     let _backward = crate::alloc::backward_scope();
-    let Some(meta) = &root.autograd else {
+    let Some(meta) = root.meta() else {
         return Err(Error::Autograd {
             op: "backward",
             msg: "element 0 of tensors does not require grad and does not have a grad_fn".into(),

@@ -4,7 +4,7 @@
 
 pub(crate) mod random;
 
-use crate::ops::{BinaryOp, UnaryOp};
+use crate::base::{BinaryOp, CmpOp, Conv2dParams, UnaryOp};
 use crate::tensor::{DType, Element, Layout, Tensor};
 
 /// Storage offsets (in elements) of every element of `layout`, in row-major order.
@@ -200,13 +200,7 @@ pub(crate) fn matmul(
 }
 
 /// `a OP b` (or `a OP s` when `b` is `None`) into the bool tensor `out`.
-pub(crate) fn compare(
-    a: &Tensor,
-    b: Option<&Tensor>,
-    s: f64,
-    out: &Tensor,
-    op: crate::kernels::CmpOp,
-) {
+pub(crate) fn compare(a: &Tensor, b: Option<&Tensor>, s: f64, out: &Tensor, op: CmpOp) {
     let oa = offsets(&a.layout);
     let ob = b.map(|b| offsets(&b.layout));
     for (i, (ia, io)) in oa.into_iter().zip(offsets(&out.layout)).enumerate() {
@@ -265,13 +259,7 @@ pub(crate) fn gather(x: &Tensor, d: usize, index: &Tensor, out: &Tensor) -> Resu
 }
 
 /// Direct convolution over contiguous NCHW `x` and [C_out, C_in/g, KH, KW] `w`, in f64.
-pub(crate) fn conv2d(
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    out: &Tensor,
-    p: crate::ops::Conv2dParams,
-) {
+pub(crate) fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor, p: Conv2dParams) {
     let [n, cin, h, wd] = [
         x.layout.shape[0],
         x.layout.shape[1],

@@ -1,5 +1,5 @@
 //! `DeviceBlock`: memory from a device's caching allocator, returned to it on drop, and the raw
-//! operations tensors are built on (fill, write, read). GPU writes are staged and copied inside
+//! operations tensors are built on (write, read; the GPU fill is a kernel, `kernels/fill.rs`). GPU writes are staged and copied inside
 //! the stream's encoder, so they stay ordered after work recorded earlier.
 //! See Note [Ordered uploads] in ARCHITECTURE.md.
 
@@ -7,7 +7,6 @@ use super::pinned::PinnedBuffer;
 use super::{lock, transfer, with_alloc, Backend, Device};
 use crate::alloc::{HostSegment, MemoryCategory};
 use crate::host::PinnedKind;
-use crate::kernels::{grid, Kernel, WORKGROUP};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -223,69 +222,34 @@ impl DeviceBlock {
         self.host_address().ok().flatten()
     }
 
-    /// Sets every 32-bit word of the block to `value` (the kernel behind `fill_`/`zero_`).
-    /// Queued on the GPU; returns at once.
-    pub fn fill_u32(&self, value: u32) -> Result<()> {
-        // Whole words: a block is at least 512 bytes, so the last partial word is its own.
-        let words = self.requested.div_ceil(4);
-        match (&self.mem, self.device.gpu()) {
-            (None, _) => Ok(()),
-            (Some(Mem::Host(_) | Mem::Pinned { .. }), _) => {
-                let Some(ptr) = self.host_address()? else {
-                    return Ok(());
-                };
-                // SAFETY: this block owns [offset, offset + requested) of its memory.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, self.requested as usize) };
-                let pattern = value.to_le_bytes();
-                let mut words = bytes.chunks_exact_mut(4);
-                for w in &mut words {
-                    w.copy_from_slice(&pattern);
-                }
-                let tail = words.into_remainder();
-                let n = tail.len();
-                tail.copy_from_slice(&pattern[..n]);
-                Ok(())
-            }
-            (Some(Mem::Gpu(buffer)), Some(g)) => {
-                g.check("fill_u32")?;
-                let kernel = lock(&g.kernels).get(&g.device, g.gl, Kernel::Fill);
-                let limits = &g.info.limits;
-                // Bind at most the largest aligned range a binding may cover; loop over chunks.
-                let align = limits.min_storage_buffer_offset_alignment as u64;
-                let max_bind = (limits.max_storage_buffer_binding_size / align) * align;
-                let max_words = (max_bind / 4).min(
-                    WORKGROUP as u64 * limits.max_compute_workgroups_per_dimension as u64 * 65535,
-                );
-                let mut done = 0u64;
-                let mut stream = lock(&g.stream);
-                while done < words {
-                    let n = (words - done).min(max_words);
-                    let bind_bytes = (n * 4).next_multiple_of(4);
-                    let bind_group = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: Some("fill"),
-                        layout: &kernel.layout,
-                        entries: &[wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer,
-                                offset: self.offset + done * 4,
-                                size: wgpu::BufferSize::new(bind_bytes),
-                            }),
-                        }],
-                    });
-                    let (x, y) = grid(n, limits.max_compute_workgroups_per_dimension);
-                    let pass = stream.pass(&g.device);
-                    pass.set_pipeline(&kernel.pipeline);
-                    pass.set_bind_group(0, &bind_group, &[]);
-                    let params = [n as u32, value];
-                    pass.set_immediates(0, bytemuck::cast_slice(&params));
-                    pass.dispatch_workgroups(x, y, 1);
-                    stream.recorded(&g.queue);
-                    done += n;
-                }
-                Ok(())
-            }
-            (Some(Mem::Gpu(_)), None) => unreachable!("GPU memory belongs to a GPU device"),
+    /// Sets every 32-bit word of a host (or pinned) block to `value`. Returns `Ok(false)` for
+    /// GPU memory, which the fill kernel sets instead (`DeviceBlock::fill_u32` in
+    /// `kernels/fill.rs`: the device layer provides memory, the kernels layer launches).
+    pub(crate) fn fill_host_u32(&self, value: u32) -> Result<bool> {
+        let Some(Mem::Host(_) | Mem::Pinned { .. }) = &self.mem else {
+            return Ok(self.mem.is_none());
+        };
+        let Some(ptr) = self.host_address()? else {
+            return Ok(true);
+        };
+        // SAFETY: this block owns [offset, offset + requested) of its memory.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, self.requested as usize) };
+        let pattern = value.to_le_bytes();
+        let mut words = bytes.chunks_exact_mut(4);
+        for w in &mut words {
+            w.copy_from_slice(&pattern);
+        }
+        let tail = words.into_remainder();
+        let n = tail.len();
+        tail.copy_from_slice(&pattern[..n]);
+        Ok(true)
+    }
+
+    /// The GPU buffer and the block's byte offset in it, for GPU memory.
+    pub(crate) fn gpu_range(&self) -> Option<(&wgpu::Buffer, u64)> {
+        match &self.mem {
+            Some(Mem::Gpu(buffer)) => Some((buffer, self.offset)),
+            _ => None,
         }
     }
 

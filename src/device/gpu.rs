@@ -2,6 +2,7 @@
 //! handlers that turn wgpu's panicking defaults into `kiln::Error`s, the stream and the caches.
 
 use super::adapters::{AdapterInfo, KilnFeatures};
+use super::bind_cache::BindGroupCache;
 use super::lock;
 use super::pinned::WgpuPinnedSource;
 use super::serial::GlSerial;
@@ -9,7 +10,6 @@ use super::stream::Stream;
 use super::wgpu_source::WgpuSource;
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::host::CachingHostAllocator;
-use crate::kernels::{BindGroupCache, KernelCache};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,7 +31,9 @@ pub(crate) struct GpuDevice {
     pub timer: Mutex<Option<super::kernel_timer::KernelTimer>>,
     /// Whether `timer` is set: lets every dispatch skip its lock when no profile runs.
     pub timing: AtomicBool,
-    pub kernels: Mutex<KernelCache>,
+    /// The launch path's per-device state (its compiled pipelines), which only `kernels` reads:
+    /// the device sits below the kernels and keeps this slot for them as it keeps memory.
+    pub launch_state: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     /// Tensor-core f16 matmul (cooperative matrices 16x16x16, f16 inputs, f32 accumulator).
     pub coop_f16: bool,
     /// Shared with the segment source, which evicts a segment's groups when releasing it.
@@ -84,8 +86,9 @@ impl GpuDevice {
         let adapter_info = adapter.get_info();
         let coop_f16 = coop_f16
             && adapter_info.subgroup_min_size == 32
-            && adapter_info.subgroup_max_size == 32
-            && crate::kernels::CoopTile::DEFAULT.valid(limits.max_compute_workgroup_storage_size);
+            && adapter_info.subgroup_max_size == 32;
+        // (Whether the kernel's tile fits the workgroup memory is the kernels' question:
+        // `kernels::coop_f16`.)
         if coop_f16 {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -176,7 +179,7 @@ impl GpuDevice {
             staging_chunk: AtomicU64::new(DEFAULT_STAGING_CHUNK.min(limits.max_buffer_size)),
             timer: Mutex::new(None),
             timing: AtomicBool::new(false),
-            kernels: Mutex::default(),
+            launch_state: std::sync::OnceLock::new(),
             coop_f16,
             bind_groups,
             errors,

@@ -2,6 +2,7 @@
 //! PyTorch's memory API (`memory_allocated`, `memory_summary`, `empty_cache`, ...) on top.
 
 mod adapters;
+mod bind_cache;
 mod block;
 pub(crate) mod gpu;
 pub(crate) mod kernel_timer;
@@ -23,6 +24,7 @@ use crate::alloc::{
     memory_summary, AllocatorConfig, CachingAllocator, HistoryContext, HistoryEnabled,
     HistoryStacks, HostSource, Snapshot,
 };
+use crate::base::DType;
 use crate::{Error, Result};
 use gpu::GpuDevice;
 use std::collections::BTreeMap;
@@ -109,6 +111,29 @@ impl PartialEq for Device {
 }
 
 impl Device {
+    /// Whether this device can hold `dtype`: f64 lives on the CPU device only (WGSL has no
+    /// f64), and f16 needs the adapter's shader-f16 on a GPU.
+    pub(crate) fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if dtype == DType::F64 && !self.is_cpu() {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                why: format!(
+                    "on {}: WGSL has no f64 (f64 lives on the CPU device)",
+                    self.name()
+                ),
+            });
+        }
+        if dtype == DType::F16 && self.adapter_info().is_some_and(|i| !i.features.shader_f16) {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                why: format!("on {}: the adapter has no shader-f16", self.name()),
+            });
+        }
+        Ok(())
+    }
+
     /// The CPU device: the reference for tests and the fallback where there is no GPU.
     /// Its memory goes through the same caching allocator, so its statistics read the same.
     pub fn cpu() -> Result<Device> {

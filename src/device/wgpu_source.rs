@@ -2,10 +2,10 @@
 //! an error scope, so the allocator can release its cache and retry as PyTorch does after a
 //! failed `cudaMalloc`.
 
+use super::bind_cache::BindGroupCache;
 use super::serial::GlSerial;
 use super::stream::Stream;
 use crate::alloc::{MemInfo, SegmentSource, SourceError};
-use crate::kernels::BindGroupCache;
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct WgpuSource {

@@ -1,8 +1,7 @@
 //! Specialises `shaders/elementwise.wgsl` per (form, op, dtypes, contiguity): the template step
 //! that keeps one WGSL file for every elementwise kernel.
 
-use crate::ops::{BinaryOp, UnaryOp};
-use crate::tensor::DType;
+use crate::base::{BinaryOp, DType, UnaryOp};
 
 /// How many elements one invocation handles (grid-stride, so loads stay coalesced).
 pub const PER_THREAD: u32 = 4;
@@ -37,7 +36,7 @@ fn wgsl_type(d: DType) -> &'static str {
         DType::I32 => "i32",
         DType::U32 => "u32",
         DType::Bool => unreachable!("bool has no elementwise GPU kernels yet"),
-        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (Device::check_dtype)"),
     }
 }
 

@@ -2,29 +2,30 @@
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
 mod batch_norm;
-mod bind_cache;
 mod elementwise;
+mod fill;
 mod matmul128;
 mod matmul_coop;
 mod predicate;
 mod reduce;
 mod softmax;
 
+pub use crate::base::CmpOp;
 pub use batch_norm::BatchNormPass;
-pub(crate) use bind_cache::BindGroupCache;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use matmul_coop::{CoopLayout, CoopTile};
-pub use predicate::{CmpOp, PredicateForm, PredicateKernel};
+pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp};
 pub use softmax::SoftmaxKernel;
 
+use crate::base::DType;
+use crate::device::gpu::GpuDevice;
 use crate::device::serial::GlSerial;
 use crate::device::DeviceBlock;
-use crate::tensor::DType;
 use crate::{Error, Result};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Every kernel kiln has. The `every_kernel_validates` test compiles each variant with naga.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -515,6 +516,21 @@ pub(crate) struct Compiled {
     pub layout: wgpu::BindGroupLayout,
 }
 
+/// The device's pipeline cache, in the slot the device keeps for the launch path (made on
+/// first use; nothing else fills that slot).
+pub(crate) fn pipelines(g: &GpuDevice) -> &Mutex<KernelCache> {
+    g.launch_state
+        .get_or_init(|| Box::new(Mutex::new(KernelCache::default())))
+        .downcast_ref()
+        .expect("the launch-state slot holds the kernel cache")
+}
+
+/// Whether f16 products may run on tensor cores: the device opened cooperative matrices and
+/// the default tile's staging fits the adapter's workgroup memory.
+pub(crate) fn coop_f16(g: &GpuDevice) -> bool {
+    g.coop_f16 && CoopTile::DEFAULT.valid(g.info.limits.max_compute_workgroup_storage_size)
+}
+
 /// Pipelines and layouts of one device, created on first use.
 #[derive(Default)]
 pub(crate) struct KernelCache {
@@ -651,13 +667,9 @@ pub(crate) fn launch_groups(
             pending.push(kernel.op_name());
         }
     }
-    let compiled = crate::device::lock(&g.kernels).get(&g.device, g.gl, kernel);
-    let bind_group = crate::device::lock(&g.bind_groups).get_or_create(
-        &g.device,
-        kernel,
-        &compiled.layout,
-        &bindings,
-    );
+    let compiled = crate::device::lock(pipelines(g)).get(&g.device, g.gl, kernel);
+    let bind_group =
+        crate::device::lock(&g.bind_groups).get_or_create(&g.device, &compiled.layout, &bindings);
     let mut timer = g.kernel_timer();
     let mut stream = crate::device::lock(&g.stream);
     let pass = stream.pass(&g.device);

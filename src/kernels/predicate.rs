@@ -1,63 +1,7 @@
 //! Specialises `shaders/predicate.wgsl`: comparisons (to bool), casts between any dtypes, and
 //! the masked select behind `where` and `masked_fill`.
 
-use crate::tensor::DType;
-
-/// Comparison ops; results are bool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CmpOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
-
-impl CmpOp {
-    pub const ALL: [CmpOp; 6] = [
-        CmpOp::Eq,
-        CmpOp::Ne,
-        CmpOp::Lt,
-        CmpOp::Le,
-        CmpOp::Gt,
-        CmpOp::Ge,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CmpOp::Eq => "eq",
-            CmpOp::Ne => "ne",
-            CmpOp::Lt => "lt",
-            CmpOp::Le => "le",
-            CmpOp::Gt => "gt",
-            CmpOp::Ge => "ge",
-        }
-    }
-
-    fn wgsl(self) -> &'static str {
-        match self {
-            CmpOp::Eq => "==",
-            CmpOp::Ne => "!=",
-            CmpOp::Lt => "<",
-            CmpOp::Le => "<=",
-            CmpOp::Gt => ">",
-            CmpOp::Ge => ">=",
-        }
-    }
-
-    /// The CPU reference (IEEE: every comparison with NaN is false except `ne`).
-    pub fn cpu(self, x: f64, y: f64) -> bool {
-        match self {
-            CmpOp::Eq => x == y,
-            CmpOp::Ne => x != y,
-            CmpOp::Lt => x < y,
-            CmpOp::Le => x <= y,
-            CmpOp::Gt => x > y,
-            CmpOp::Ge => x >= y,
-        }
-    }
-}
+use crate::base::{CmpOp, DType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PredicateForm {
@@ -87,14 +31,14 @@ fn storage_type(d: DType) -> &'static str {
         DType::F16 => "f16",
         DType::I32 => "i32",
         DType::U32 | DType::Bool => "u32",
-        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (Device::check_dtype)"),
     }
 }
 
 fn compute_type(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 => "f32",
-        DType::F64 => unreachable!("f64 never reaches a GPU kernel (check_dtype_on)"),
+        DType::F64 => unreachable!("f64 never reaches a GPU kernel (Device::check_dtype)"),
         DType::I32 => "i32",
         DType::U32 => "u32",
         DType::Bool => "bool",

@@ -1,6 +1,6 @@
 //! Specialises `shaders/reduce.wgsl` per (op, input dtype, output dtype, layout).
 
-use crate::tensor::DType;
+use crate::base::DType;
 
 /// Associative reductions (so that rows can be split across workgroups and merged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! Specialises `shaders/softmax.wgsl` per (dtype, vec4 or strided rows).
 
-use crate::tensor::DType;
+use crate::base::DType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SoftmaxKernel {

@@ -207,13 +207,13 @@ fn active(t: &Tensor) -> Option<DType> {
 /// (`ToCopyBackward0`), so gradients reach the f32 weight.
 fn cached_cast(op: &'static str, t: &Tensor, dtype: DType) -> Result<Tensor> {
     // Named after the op that autocast serves, not the cast inside it.
-    super::check_dtype_on(t.device(), op, dtype)?;
+    t.device().check_dtype(op, dtype)?;
     let key = t
         .autograd
         .as_ref()
         .filter(|_| dtype == DType::F16 && t.dtype == DType::F32 && t.is_leaf())
         .filter(|_| t.requires_grad() && STATE.with(|s| s.borrow().cache_enabled))
-        .map(|meta| (Arc::as_ptr(meta) as usize, dtype));
+        .map(|meta| (Arc::as_ptr(meta).cast::<()>() as usize, dtype));
     let Some(key) = key else {
         return to_dtype(t, dtype);
     };

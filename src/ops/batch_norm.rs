@@ -335,7 +335,7 @@ fn fused(
     // The forward's contiguous input and statistics, for the backward builder (which is given
     // only the output).
     let forward_state = std::cell::RefCell::new(None);
-    crate::autograd::record(
+    crate::graph::record(
         "NativeBatchNormBackward0",
         &[x, weight, bias],
         || {
@@ -379,8 +379,8 @@ fn fused(
                 .borrow_mut()
                 .take()
                 .expect("the forward leaves its statistics");
-            let xs = crate::autograd::save(&x)?;
-            let ss = crate::autograd::save(&stats)?;
+            let xs = crate::graph::save(&x)?;
+            let ss = crate::graph::save(&stats)?;
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let x = xs.get()?;
                 let stats = ss.get()?;
@@ -403,7 +403,7 @@ fn fused(
                     .then(|| apply(&x, Some(&g), &coef, 0, &sh))
                     .transpose()?;
                 Ok(vec![gx, needs[1].then_some(gw), needs[2].then_some(gb)])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }

@@ -49,7 +49,7 @@ impl Tensor {
             }
             None => vec![],
         };
-        crate::autograd::record(
+        crate::graph::record(
             "CatBackward0",
             &refs,
             || Self::cat_forward(tensors, d),
@@ -62,7 +62,7 @@ impl Tensor {
                         at += n;
                     }
                     Ok(grads)
-                }) as crate::autograd::BackwardFn)
+                }) as crate::graph::BackwardFn)
             },
         )
     }

@@ -1,29 +1,10 @@
 //! 2-D convolution and pooling over NCHW tensors, with PyTorch's parameters and output sizes.
 
 use super::{same_device, u32_of};
+use crate::base::Conv2dParams;
 use crate::kernels::{launch, Kernel};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
-
-/// Stride, padding and dilation per spatial dim (height, width).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conv2dParams {
-    pub stride: (usize, usize),
-    pub padding: (usize, usize),
-    pub dilation: (usize, usize),
-    pub groups: usize,
-}
-
-impl Default for Conv2dParams {
-    fn default() -> Self {
-        Conv2dParams {
-            stride: (1, 1),
-            padding: (0, 0),
-            dilation: (1, 1),
-            groups: 1,
-        }
-    }
-}
 
 /// PyTorch's output size: floor((in + 2p - d(k - 1) - 1) / s) + 1, or `None` if not positive.
 fn out_size(input: usize, k: usize, s: usize, p: usize, d: usize) -> Option<usize> {
@@ -63,16 +44,16 @@ pub fn conv2d(
     if let Some(v) = super::autocast::lower("conv2d", &inputs)? {
         return super::autocast::suspended(|| conv2d(&v[0], &v[1], v.get(2), p));
     }
-    crate::autograd::record(
+    crate::graph::record(
         "ConvolutionBackward0",
         &inputs,
         || conv2d_forward(x, weight, bias, p),
         |_| {
             let xs = weight
                 .requires_grad()
-                .then(|| crate::autograd::save(x))
+                .then(|| crate::graph::save(x))
                 .transpose()?;
-            let ws = crate::autograd::save(weight)?;
+            let ws = crate::graph::save(weight)?;
             let shape = x.shape().to_vec();
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let w = ws.get()?;
@@ -85,7 +66,7 @@ pub fn conv2d(
                     v.push(gb);
                 }
                 Ok(v)
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }
@@ -212,14 +193,14 @@ fn pool2d(
     } else {
         "AvgPool2DBackward0"
     };
-    crate::autograd::record(
+    crate::graph::record(
         name,
         &[x],
         || pool2d_forward(x, kernel, stride, padding, is_max),
         |out| {
-            let xs = crate::autograd::save(x)?;
+            let xs = crate::graph::save(x)?;
             let os = is_max
-                .then(|| crate::autograd::save_output(out, name))
+                .then(|| crate::graph::save_output(out, name))
                 .transpose()?;
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 let out = os.as_ref().map(|o| o.get()).transpose()?;
@@ -232,7 +213,7 @@ fn pool2d(
                     padding,
                 )?;
                 Ok(vec![Some(gx)])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }

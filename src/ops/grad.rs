@@ -3,7 +3,8 @@
 //! formula reads, as PyTorch's derivatives.yaml does.
 
 use super::{binary, compare, BinaryOp, CmpOp, UnaryOp};
-use crate::autograd::{save, save_output, sum_to, BackwardFn, Saved};
+use crate::graph::{save, save_output, BackwardFn, Saved};
+use crate::ops::sum_to;
 use crate::tensor::Tensor;
 use crate::Result;
 

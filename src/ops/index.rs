@@ -21,17 +21,17 @@ fn check_index_dtype(op: &'static str, index: &Tensor) -> Result<()> {
 
 /// `out[c] = x[c with coordinate d replaced by index[c]]`; `out` has the index's shape.
 pub fn gather(x: &Tensor, d: isize, index: &Tensor) -> Result<Tensor> {
-    crate::autograd::record(
+    crate::graph::record(
         "GatherBackward0",
         &[x],
         || gather_forward(x, d, index),
         |_| {
             let input = x.shape().to_vec();
-            let idx = crate::autograd::save(index)?;
+            let idx = crate::graph::save(index)?;
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 let zeros = Tensor::zeros(&input, g.dtype(), g.device())?;
                 Ok(vec![Some(scatter_add(&zeros, d, &idx.get()?, g)?)])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }
@@ -180,16 +180,16 @@ impl Tensor {
 /// f32 and i32; colliding indices accumulate (atomically on a GPU, so f32 sums may differ from
 /// a sequential order in the last bits).
 pub fn scatter_add(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-    crate::autograd::record(
+    crate::graph::record(
         "ScatterAddBackward0",
         &[x, src],
         || scatter_add_forward(x, d, index, src),
         |_| {
-            let idx = crate::autograd::save(index)?;
+            let idx = crate::graph::save(index)?;
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let gs = needs[1].then(|| gather(g, d, &idx.get()?)).transpose()?;
                 Ok(vec![Some(g.clone()), gs])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }

@@ -62,7 +62,7 @@ fn coop_tile(
     s: [usize; 6],
 ) -> Option<(CoopTile, CoopLayout, usize, usize)> {
     let [sam, sak, sbk, sbn, sab, sbb] = s;
-    let g = a.device().gpu().filter(|g| g.coop_f16)?;
+    let g = a.device().gpu().filter(|g| crate::kernels::coop_f16(g))?;
     // Row-major where the inner stride is 1, else transposed where the outer one is.
     let (a_t, lda) = match (sak, sam) {
         (1, ld) => (false, ld),
@@ -123,7 +123,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if let Some(v) = super::autocast::lower("matmul", &[a, b])? {
         return super::autocast::suspended(|| matmul(&v[0], &v[1]));
     }
-    crate::autograd::record(
+    crate::graph::record(
         "MmBackward0",
         &[a, b],
         || matmul_forward(a, b, None),
@@ -151,7 +151,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         return x.matmul(&wt);
     };
     same_device("linear", x, b)?;
-    crate::autograd::record(
+    crate::graph::record(
         "AddmmBackward0",
         &[b, x, &wt],
         || matmul_forward(x, &wt, Some(b)),
@@ -160,7 +160,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             let bias_shape = b.shape().to_vec();
             Ok(Box::new(move |g, needs| {
                 let gb = match needs[0] {
-                    true => Some(crate::autograd::sum_to(g, &bias_shape)?),
+                    true => Some(crate::ops::sum_to(g, &bias_shape)?),
                     false => None,
                 };
                 let mut grads = vec![gb];
@@ -175,8 +175,9 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// batch dims. Where `b` is a transposed view (a Linear's `w.t()`), `gb` is computed as
 /// `(g^T @ a)^T` so that it comes back contiguous after the transpose's backward, as PyTorch's
 /// `mm_mat2_backward` arranges.
-fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::autograd::BackwardFn> {
-    use crate::autograd::{save, sum_to};
+fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
+    use crate::graph::save;
+    use crate::ops::sum_to;
     let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
     let b_transposed = b.rank() == 2 && b.strides()[0] == 1 && b.strides()[1] != 1;
     let a_s = b.requires_grad().then(|| save(a)).transpose()?;
@@ -261,7 +262,7 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
 /// partial sums to f16 and lose up to 6e-3 to cancellation (measured on the H100). On the H100
 /// (784-4096-4096-10, batch 512) the two products took 250 and 346 us on the SIMT kernel.
 fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Tensor>> {
-    let Some(g) = a.device().gpu().filter(|g| g.coop_f16) else {
+    let Some(g) = a.device().gpu().filter(|g| crate::kernels::coop_f16(g)) else {
         return Ok(None);
     };
     if a.dtype() != DType::F16 || a.rank() != 2 || b.rank() != 2 {

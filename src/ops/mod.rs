@@ -7,7 +7,6 @@ mod composite;
 mod conv;
 mod conv_gemm;
 mod conv_grad;
-mod elementwise;
 mod grad;
 mod index;
 mod inplace;
@@ -15,48 +14,25 @@ mod matmul;
 mod predicate;
 mod random;
 mod reduce;
+pub(crate) use reduce::sum_to;
 mod softmax;
+mod transfer;
+mod view;
 
-pub use crate::kernels::CmpOp;
+pub use crate::base::CmpOp;
+pub use crate::base::Conv2dParams;
+pub use crate::base::{BinaryOp, UnaryOp};
 pub use batch_norm::batch_norm;
-pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dParams};
-pub use elementwise::{BinaryOp, UnaryOp};
+pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
 pub use matmul::{force_matmul_tile, linear, matmul};
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
 use crate::cpu;
-use crate::device::Device;
 use crate::kernels::{launch, launch_groups, ElementwiseKernel, Form, Kernel, PER_THREAD};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
 use crate::{Error, Result};
-
-/// f16 needs the adapter's shader-f16 on a GPU.
-pub(crate) fn check_dtype_on(device: &Device, op: &'static str, dtype: DType) -> Result<()> {
-    if dtype == DType::F64 && !device.is_cpu() {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            why: format!(
-                "on {}: WGSL has no f64 (f64 lives on the CPU device)",
-                device.name()
-            ),
-        });
-    }
-    if dtype == DType::F16
-        && device
-            .adapter_info()
-            .is_some_and(|i| !i.features.shader_f16)
-    {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            why: format!("on {}: the adapter has no shader-f16", device.name()),
-        });
-    }
-    Ok(())
-}
 
 /// Waits until the host may read pinned operands whose copies are still in flight (see Note
 /// [Pinned host memory]); a no-op for other tensors. Every CPU op calls it before its loop.
@@ -249,7 +225,7 @@ pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
             return unary(&v[0], op);
         }
     }
-    crate::autograd::record(
+    crate::graph::record(
         op.backward_name(),
         &[x],
         || unary_forward(x, op),
@@ -293,7 +269,7 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
             return binary(&v[0], &v[1], op);
         }
     }
-    crate::autograd::record(
+    crate::graph::record(
         grad::binary_name(op),
         &[a, b],
         || binary_forward(a, b, op),
@@ -347,7 +323,7 @@ pub fn binary_scalar(a: &Tensor, s: f64, op: BinaryOp) -> Result<Tensor> {
             return binary_scalar(&v[0], s, op);
         }
     }
-    crate::autograd::record(
+    crate::graph::record(
         grad::scalar_name(op),
         &[a],
         || binary_scalar_forward(a, s, op),

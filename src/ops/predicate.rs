@@ -129,17 +129,17 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
     }
     if x.requires_grad() && !dtype.is_float() {
         // Not differentiable: the result is a plain tensor, as in PyTorch.
-        return crate::autograd::no_grad(|| to_dtype_forward(x, dtype));
+        return crate::no_grad(|| to_dtype_forward(x, dtype));
     }
     let from = x.dtype;
-    crate::autograd::record(
+    crate::graph::record(
         "ToCopyBackward0",
         &[x],
         || to_dtype_forward(x, dtype),
         |_| {
             Ok(
                 Box::new(move |g: &Tensor, _: &[bool]| Ok(vec![Some(g.to_dtype(from)?)]))
-                    as crate::autograd::BackwardFn,
+                    as crate::graph::BackwardFn,
             )
         },
     )
@@ -147,7 +147,7 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
 
 fn to_dtype_forward(x: &Tensor, dtype: DType) -> Result<Tensor> {
     const OP: &str = "to_dtype";
-    super::check_dtype_on(x.device(), OP, dtype)?;
+    x.device().check_dtype(OP, dtype)?;
     let out = Tensor::empty(x.shape(), dtype, x.device())?;
     if out.numel() > 0 {
         if x.device().is_cpu() {
@@ -198,26 +198,26 @@ pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
 
 /// Elements of `a` where `cond` holds, else of `b`; all three broadcast together.
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    crate::autograd::record(
+    crate::graph::record(
         "WhereBackward0",
         &[a, b],
         || where_forward(cond, a, b),
         |_| {
             let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
-            let c = crate::autograd::save(cond)?;
+            let c = crate::graph::save(cond)?;
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let cond = c.get()?;
                 let zeros = Tensor::zeros(&[], g.dtype(), g.device())?;
                 let ga = match needs[0] {
-                    true => Some(crate::autograd::sum_to(&where_(&cond, g, &zeros)?, &sa)?),
+                    true => Some(crate::ops::sum_to(&where_(&cond, g, &zeros)?, &sa)?),
                     false => None,
                 };
                 let gb = match needs[1] {
-                    true => Some(crate::autograd::sum_to(&where_(&cond, &zeros, g)?, &sb)?),
+                    true => Some(crate::ops::sum_to(&where_(&cond, &zeros, g)?, &sb)?),
                     false => None,
                 };
                 Ok(vec![ga, gb])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }
@@ -292,15 +292,15 @@ fn select_into(
 
 /// A copy of `x` with `value` where `mask` (broadcast to `x`'s shape) holds.
 pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
-    crate::autograd::record(
+    crate::graph::record(
         "MaskedFillBackward0",
         &[x],
         || masked_fill_forward(x, mask, value),
         |_| {
-            let m = crate::autograd::save(mask)?;
+            let m = crate::graph::save(mask)?;
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 Ok(vec![Some(masked_fill(g, &m.get()?, 0.0)?)])
-            }) as crate::autograd::BackwardFn)
+            }) as crate::graph::BackwardFn)
         },
     )
 }

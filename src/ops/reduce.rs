@@ -3,8 +3,8 @@
 //! and max/min with their indices (argmax/argmin).
 
 use super::{coalesce_for_kernel, pack_dims, u32_of};
-use crate::autograd::{save, save_output, BackwardFn};
 use crate::cpu;
+use crate::graph::{save, save_output, BackwardFn};
 use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
 use crate::tensor::{dim, DType, Layout, Tensor};
 use crate::{Error, Result};
@@ -136,7 +136,7 @@ fn reduce(x: &Tensor, dims: &[isize], keepdim: bool, rop: ReduceOp, mean: bool) 
         (_, ReduceOp::Max) => "AmaxBackward0",
         (_, ReduceOp::Min) => "AminBackward0",
     };
-    crate::autograd::record(
+    crate::graph::record(
         name,
         &[x],
         || reduce_forward(x, dims, keepdim, rop, mean),
@@ -297,9 +297,8 @@ fn gpu_sum_columns(
 
 /// max or min along `d` with the index of the first extreme (NaN counts as the extreme).
 fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tensor, Tensor)> {
-    let needed = crate::autograd::needs_grad(&[x]);
-    let (mut values, indices) =
-        crate::autograd::no_grad(|| arg_reduce_forward(x, d, keepdim, is_min))?;
+    let needed = crate::graph::needs_grad(&[x]);
+    let (mut values, indices) = crate::no_grad(|| arg_reduce_forward(x, d, keepdim, is_min))?;
     if needed {
         let name = if is_min {
             "MinBackward0"
@@ -318,7 +317,7 @@ fn arg_reduce(x: &Tensor, d: isize, keepdim: bool, is_min: bool) -> Result<(Tens
             let zeros = Tensor::zeros(&input, g.dtype(), g.device())?;
             Ok(vec![Some(zeros.scatter_add(dd, &idx, &g)?)])
         });
-        crate::autograd::attach(&mut values, name, &[x], f);
+        crate::graph::attach(&mut values, name, &[x], f);
     }
     Ok((values, indices))
 }
@@ -431,4 +430,20 @@ impl Tensor {
     pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         Ok(arg_reduce(self, dim, keepdim, true)?.1)
     }
+}
+
+/// Sums `g` down to `shape` (the reverse of broadcasting).
+pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    let lead = g.rank() - shape.len();
+    let mut dims: Vec<isize> = (0..lead as isize).collect();
+    for (i, &n) in shape.iter().enumerate() {
+        if n == 1 && g.shape()[lead + i] != 1 {
+            dims.push((lead + i) as isize);
+        }
+    }
+    let s = g.sum(&dims, true)?;
+    s.reshape(&shape.iter().map(|&d| d as isize).collect::<Vec<_>>())
 }

@@ -81,13 +81,13 @@ fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
     } else {
         "SoftmaxBackward0"
     };
-    crate::autograd::record(
+    crate::graph::record(
         name,
         &[x],
         || softmax_impl(x, d, log),
         |out| {
-            let saved = crate::autograd::save_output(out, name)?;
-            let f: crate::autograd::BackwardFn = Box::new(move |g, _| {
+            let saved = crate::graph::save_output(out, name)?;
+            let f: crate::graph::BackwardFn = Box::new(move |g, _| {
                 let y = saved.get()?;
                 let dd = if y.rank() == 0 { -1 } else { d };
                 let y = if y.rank() == 0 { y.reshape(&[1])? } else { y };

@@ -1,14 +1,17 @@
 //! `Tensor`: a cheap handle (shared storage + layout + dtype). Storage comes from the device's
 //! caching allocator, so every tensor shows up in the memory statistics as it would in PyTorch.
 
-mod dtype;
 mod layout;
-mod pinned;
-mod view;
+pub(crate) mod live;
+pub(crate) mod mode;
 
-pub use dtype::{DType, Element};
+pub use crate::base::{DType, Element};
 pub(crate) use layout::{broadcast_shapes, contiguous_strides, dim, numel};
 pub use layout::{Layout, MAX_KERNEL_RANK};
+pub use mode::{
+    enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
+    set_grad_enabled, GradModeGuard, InferenceModeGuard,
+};
 
 use crate::device::{Device, DeviceBlock};
 use crate::{Error, Result};
@@ -24,14 +27,19 @@ pub(crate) struct Storage {
     pub inference: bool,
 }
 
+/// What a tensor carries for autograd, opaque to this layer (see `crate::graph`).
+pub(crate) type AutogradSlot = Arc<dyn std::any::Any + Send + Sync>;
+
 /// An n-dimensional array on a device.
 #[derive(Clone)]
 pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
-    /// Present when autograd tracks the tensor (see Note [Autograd graph]).
-    pub(crate) autograd: Option<Arc<crate::autograd::AutogradMeta>>,
+    /// Present when autograd tracks the tensor (see Note [Autograd graph]): the graph layer's
+    /// `AutogradMeta`, which only that layer (above this one) reads back. PyTorch's
+    /// `TensorImpl` holds its `AutogradMetaInterface` the same way.
+    pub(crate) autograd: Option<AutogradSlot>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -66,10 +74,10 @@ fn encode<T: Element>(data: &[T]) -> Vec<u8> {
 impl Tensor {
     /// A fresh contiguous tensor with uninitialised contents (PyTorch's `empty`).
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        crate::ops::check_dtype_on(device, "empty", dtype)?;
+        device.check_dtype("empty", dtype)?;
         let bytes = (numel(shape) * dtype.size_bytes()) as u64;
         let t = Tensor::on_block(device.allocate(bytes)?, shape, dtype);
-        crate::debug::register(&t);
+        live::register(&t);
         Ok(t)
     }
 
@@ -79,7 +87,7 @@ impl Tensor {
             storage: Arc::new(Storage {
                 block,
                 version: AtomicU64::new(0),
-                inference: crate::autograd::is_inference_mode_enabled(),
+                inference: mode::is_inference_mode_enabled(),
             }),
             layout: Layout::contiguous(shape),
             dtype,
@@ -252,68 +260,6 @@ impl Tensor {
     /// Whether two tensors share storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
-    }
-
-    /// The raw bytes of the elements in row-major order: a sync point on a GPU.
-    pub(crate) fn contiguous_bytes(&self) -> Result<Vec<u8>> {
-        let t = self.contiguous()?;
-        let mut bytes = t.storage.block.read()?;
-        let start = t.layout.offset * t.dtype.size_bytes();
-        bytes.drain(..start.min(bytes.len()));
-        bytes.truncate(t.numel() * t.dtype.size_bytes());
-        Ok(bytes)
-    }
-
-    /// The elements in row-major order (a sync point). `T` must be the tensor's dtype.
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        dtype::expect_dtype("to_vec", T::DTYPE, self.dtype)?;
-        let w = self.dtype.size_bytes();
-        Ok(self
-            .contiguous_bytes()?
-            .chunks_exact(w)
-            .map(T::read_le)
-            .collect())
-    }
-
-    /// Any dtype as f64 (for tests and printing).
-    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        let bytes = self.contiguous_bytes()?;
-        let w = self.dtype.size_bytes();
-        let decode = |c: &[u8]| match self.dtype {
-            DType::F32 => f32::read_le(c).to_f64(),
-            DType::F64 => f64::read_le(c),
-            DType::F16 => half::f16::read_le(c).to_f64(),
-            DType::I32 => i32::read_le(c).to_f64(),
-            DType::U32 => u32::read_le(c).to_f64(),
-            DType::Bool => bool::read_le(c).to_f64(),
-        };
-        Ok(bytes.chunks_exact(w).map(decode).collect())
-    }
-
-    /// The single element of a one-element tensor (a sync point).
-    pub fn item<T: Element>(&self) -> Result<T> {
-        if self.numel() != 1 {
-            return Err(Error::InvalidArgument {
-                op: "item",
-                msg: format!(
-                    "a tensor of shape {:?} has {} elements, not 1",
-                    self.shape(),
-                    self.numel()
-                ),
-            });
-        }
-        Ok(self.to_vec::<T>()?[0])
-    }
-
-    /// A copy on `device` (CPU and any GPU).
-    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
-        if device == self.device() {
-            return Ok(self.clone());
-        }
-        let out = Tensor::empty(self.shape(), self.dtype, device)?;
-        crate::no_grad(|| out.copy_across_devices(self))?;
-        out.mark_upload();
-        Ok(out)
     }
 
     /// A tensor brought from the host to a GPU is an input (the memory timeline's category)

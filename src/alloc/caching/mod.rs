@@ -12,10 +12,10 @@ use super::config::{AllocatorConfig, MIB};
 use super::history::{
     now_us, Frames, History, HistoryContext, HistoryEnabled, HistoryStacks, TraceAction, TraceEntry,
 };
-use super::oom::OutOfMemory;
 use super::source::{SegmentSource, SourceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::vaspace::VaSpace;
+use crate::base::OutOfMemory;
 use crate::{Error, Result};
 use rustc_hash::FxHashMap;
 use slab::Slab;

@@ -1,7 +1,7 @@
 //! Views: new layouts over the same storage, never a copy (except `reshape` and `contiguous`
 //! when a view is impossible, as in PyTorch).
 
-use super::{contiguous_strides, dim, numel, Layout, Tensor};
+use crate::tensor::{contiguous_strides, dim, numel, Layout, Tensor};
 use crate::{Error, Result};
 
 impl Tensor {
@@ -26,7 +26,7 @@ impl Tensor {
     where
         B: Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
     {
-        crate::autograd::record(name, &[self], f, |_| {
+        crate::graph::record(name, &[self], f, |_| {
             let back = back();
             Ok(Box::new(move |g: &Tensor, _: &[bool]| {
                 Ok(vec![Some(back(g)?)])
@@ -236,7 +236,7 @@ impl Tensor {
             || Ok(self.with_layout(self.layout.broadcast_to("expand", shape)?)),
             || {
                 let input = self.shape().to_vec();
-                move |g: &Tensor| crate::autograd::sum_to(g, &input)
+                move |g: &Tensor| crate::ops::sum_to(g, &input)
             },
         )
     }

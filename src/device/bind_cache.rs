@@ -1,14 +1,14 @@
-//! Bind groups cached by (kernel, bound ranges). A cached group keeps its buffers alive, so the
+//! Bind groups cached by (bind-group layout, bound ranges): each compiled kernel has its own
+//! layout, so the layout stands for the kernel without this layer knowing kernels. A cached group keeps its buffers alive, so the
 //! wgpu segment source evicts a segment's groups when it releases the segment; otherwise
 //! `empty_cache` would return nothing. See Note [Bind-group cache] in ARCHITECTURE.md.
 
-use super::Kernel;
 use std::collections::HashMap;
 
 /// Entries kept before the cache starts over (a training step binds a few hundred ranges).
 const CAPACITY: usize = 8192;
 
-type Key = (Kernel, Vec<(wgpu::Buffer, u64, u64)>);
+type Key = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, u64)>);
 
 #[derive(Default)]
 pub(crate) struct BindGroupCache {
@@ -19,12 +19,11 @@ impl BindGroupCache {
     pub fn get_or_create(
         &mut self,
         device: &wgpu::Device,
-        kernel: Kernel,
         layout: &wgpu::BindGroupLayout,
         bindings: &[wgpu::BufferBinding<'_>],
     ) -> wgpu::BindGroup {
         let key: Key = (
-            kernel,
+            layout.clone(),
             bindings
                 .iter()
                 .map(|b| (b.buffer.clone(), b.offset, b.size.map_or(0, |s| s.get())))

@@ -1,10 +1,12 @@
-//! Pinned CPU tensors and copies between devices: PyTorch's `pin_memory()`,
-//! `torch.empty(..., pin_memory=True)`, `copy_` across devices and `non_blocking=True`.
+//! Reading tensors back, pinned CPU tensors and copies between devices: `to_vec`/`item`,
+//! PyTorch's `pin_memory()`, `torch.empty(..., pin_memory=True)`, `to(device)`, `copy_` across
+//! devices and `non_blocking=True`. Ops, not tensor primitives: a non-contiguous source is
+//! first made contiguous by a copy kernel.
 //! See Note [Pinned host memory] in ARCHITECTURE.md.
 
-use super::{numel, Tensor};
 use crate::device::{Device, DeviceBlock, Event, Transfer};
 use crate::host::PinnedKind;
+use crate::tensor::{numel, Element, Tensor};
 use crate::{DType, Error, Result};
 use std::sync::Arc;
 
@@ -14,6 +16,68 @@ fn word_aligned(t: &Tensor) -> bool {
 }
 
 impl Tensor {
+    /// The raw bytes of the elements in row-major order: a sync point on a GPU.
+    pub(crate) fn contiguous_bytes(&self) -> Result<Vec<u8>> {
+        let t = self.contiguous()?;
+        let mut bytes = t.storage.block.read()?;
+        let start = t.layout.offset * t.dtype.size_bytes();
+        bytes.drain(..start.min(bytes.len()));
+        bytes.truncate(t.numel() * t.dtype.size_bytes());
+        Ok(bytes)
+    }
+
+    /// The elements in row-major order (a sync point). `T` must be the tensor's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        crate::base::expect_dtype("to_vec", T::DTYPE, self.dtype)?;
+        let w = self.dtype.size_bytes();
+        Ok(self
+            .contiguous_bytes()?
+            .chunks_exact(w)
+            .map(T::read_le)
+            .collect())
+    }
+
+    /// Any dtype as f64 (for tests and printing).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let bytes = self.contiguous_bytes()?;
+        let w = self.dtype.size_bytes();
+        let decode = |c: &[u8]| match self.dtype {
+            DType::F32 => f32::read_le(c).to_f64(),
+            DType::F64 => f64::read_le(c),
+            DType::F16 => half::f16::read_le(c).to_f64(),
+            DType::I32 => i32::read_le(c).to_f64(),
+            DType::U32 => u32::read_le(c).to_f64(),
+            DType::Bool => bool::read_le(c).to_f64(),
+        };
+        Ok(bytes.chunks_exact(w).map(decode).collect())
+    }
+
+    /// The single element of a one-element tensor (a sync point).
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::InvalidArgument {
+                op: "item",
+                msg: format!(
+                    "a tensor of shape {:?} has {} elements, not 1",
+                    self.shape(),
+                    self.numel()
+                ),
+            });
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// A copy on `device` (CPU and any GPU).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let out = Tensor::empty(self.shape(), self.dtype, device)?;
+        crate::no_grad(|| out.copy_across_devices(self))?;
+        out.mark_upload();
+        Ok(out)
+    }
+
     /// An uninitialised pinned CPU tensor: its storage is a block of `gpu`'s pinned pool (a
     /// mapped staging buffer), which the host reads and writes in place and `gpu` copies
     /// without an extra host copy. On Vulkan, pinned memory is host-cached system memory the
@@ -27,7 +91,7 @@ impl Tensor {
         gpu: &Device,
         kind: PinnedKind,
     ) -> Result<Tensor> {
-        crate::ops::check_dtype_on(gpu, "empty_pinned", dtype)?;
+        gpu.check_dtype("empty_pinned", dtype)?;
         let bytes = (numel(shape) * dtype.size_bytes()) as u64;
         let block = DeviceBlock::allocate_pinned(gpu, bytes, kind)?;
         Ok(Tensor::on_block(block, shape, dtype))
@@ -79,11 +143,11 @@ impl Tensor {
     /// Runs `f` on the elements of a contiguous CPU tensor (pinned or not) in place, for the
     /// host to fill (a data loader writing a batch into pinned memory). Waits for a copy in
     /// flight first; bumps the version.
-    pub fn with_host_data_mut<T: super::Element + bytemuck::Pod, R>(
+    pub fn with_host_data_mut<T: Element + bytemuck::Pod, R>(
         &self,
         f: impl FnOnce(&mut [T]) -> R,
     ) -> Result<R> {
-        super::dtype::expect_dtype("with_host_data_mut", T::DTYPE, self.dtype)?;
+        crate::base::expect_dtype("with_host_data_mut", T::DTYPE, self.dtype)?;
         if !self.device().is_cpu() || !self.is_contiguous() {
             return Err(Error::InvalidArgument {
                 op: "with_host_data_mut",

@@ -1,7 +1,7 @@
 //! Element types. Sizes are PyTorch's, so a tensor's storage shows up in the memory statistics
 //! with the bytes PyTorch would allocate.
 
-use crate::{Error, Result};
+use super::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {

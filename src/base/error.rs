@@ -1,6 +1,6 @@
 //! kiln's one error type: every public operation returns `kiln::Result`.
 
-use crate::alloc::OutOfMemory;
+use super::{DType, OutOfMemory};
 
 /// The result of every public kiln operation.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -49,15 +49,15 @@ pub enum Error {
     #[error("{op}: expected dtype {expected}, got {got}")]
     DTypeMismatch {
         op: &'static str,
-        expected: crate::tensor::DType,
-        got: crate::tensor::DType,
+        expected: DType,
+        got: DType,
     },
 
     /// A dtype the device or op does not support (e.g. f16 without shader-f16).
     #[error("{op}: dtype {dtype} is not supported {why}")]
     UnsupportedDType {
         op: &'static str,
-        dtype: crate::tensor::DType,
+        dtype: DType,
         why: String,
     },
 
@@ -106,7 +106,7 @@ pub enum Error {
     #[error("one of the variables needed for gradient computation has been modified by an inplace operation: [{dtype} {shape:?}]{}, is at version {version}; expected version {expected} instead. Hint: the backtrace further above can point to the operation that failed to compute its gradient; find where this tensor was modified in place (an `_` op) and use the out-of-place op, or clone it first.", creator.map(|c| format!(", which is output 0 of {c}")).unwrap_or_default())]
     ModifiedInplace {
         shape: Vec<usize>,
-        dtype: crate::tensor::DType,
+        dtype: DType,
         creator: Option<&'static str>,
         version: u64,
         expected: u64,

@@ -1,0 +1,22 @@
+//! Convolution and pooling parameters (PyTorch's `stride`, `padding`, `dilation`, `groups`), shared
+//! by the CPU device, the kernels and the ops.
+
+/// Stride, padding and dilation per spatial dim (height, width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Default for Conv2dParams {
+    fn default() -> Self {
+        Conv2dParams {
+            stride: (1, 1),
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The vocabulary every layer shares, at the bottom of the stack: the error type, dtypes, the op
+//! descriptors (elementwise, comparison and convolution ops with their WGSL and CPU formulas side
+//! by side, which the CPU device, the kernels and the ops all read), and the allocator's OOM
+//! report with its size formatting. It uses nothing else in kiln; see ARCHITECTURE.md.
+
+mod compare;
+mod conv;
+mod dtype;
+mod elementwise;
+mod error;
+mod format;
+mod oom;
+
+pub use compare::CmpOp;
+pub use conv::Conv2dParams;
+pub(crate) use dtype::expect_dtype;
+pub use dtype::{DType, Element};
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use error::{Error, Result};
+pub use format::format_size;
+pub use oom::OutOfMemory;

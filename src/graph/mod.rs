@@ -1,0 +1,410 @@
+//! The autograd graph, below the ops that record it: what a tensor that requires grad carries
+//! (`AutogradMeta`), the nodes ops record (`record`, `attach`), the tensors they save with their
+//! versions (`Saved`), and the per-tensor autograd API (`requires_grad_`, `.grad`, `detach`,
+//! `retain_grad`). The engine that runs a graph backward, and `checkpoint`, sit above the ops in
+//! `crate::autograd`, since backward needs tensor arithmetic.
+//!
+//! Note [Autograd graph]: a tensor that requires grad carries an `AutogradMeta` (shared by its
+//! clones, which are the same tensor, as Python references are). A leaf's meta holds its `.grad`;
+//! a non-leaf's holds its `grad_fn`, a `Node` that owns the op's backward closure (with the
+//! tensors it saved) and one edge per input: to the input's own node, or to the input leaf's
+//! meta (PyTorch's AccumulateGrad). Nodes are reference-counted, so the graph lives exactly as
+//! long as some tensor (or a retained node) reaches it. Backward formulas are written with tensor
+//! ops and run with grad mode off, so they run on the same device as the forward. The tensor
+//! holds its meta as an opaque slot (`tensor::AutogradSlot`) that only this module reads back.
+
+use crate::tensor::mode::{is_grad_enabled, is_inference_mode_enabled, GradModeGuard};
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// A backward closure: given the gradient of the node's output and which inputs need a
+/// gradient, one gradient (or none) per input, in the order of the inputs given to `record`.
+pub(crate) type BackwardFn =
+    Box<dyn FnMut(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// The autograd state of a tensor that requires grad.
+pub(crate) struct AutogradMeta {
+    /// `None` for a leaf.
+    pub(crate) grad_fn: Option<Arc<Node>>,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+    retains_grad: AtomicBool,
+}
+
+/// Where a gradient flows: into another node, or into a leaf's `.grad`.
+#[derive(Clone)]
+pub(crate) enum Edge {
+    Node(Arc<Node>),
+    Leaf(Arc<AutogradMeta>),
+}
+
+/// One recorded op (PyTorch's `grad_fn`).
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    /// Creation order: the engine runs later nodes first, as PyTorch does.
+    pub(crate) seq: u64,
+    /// One per input; `None` where the input needs no gradient.
+    pub(crate) edges: Vec<Option<Edge>>,
+    /// Taken (and the saved tensors dropped) after backward unless the graph is retained.
+    pub(crate) backward: Mutex<Option<BackwardFn>>,
+    /// The output's meta when `retain_grad()` was called on it.
+    pub(crate) retained: Mutex<Option<Weak<AutogradMeta>>>,
+    /// The output's shape and dtype, to check and to create implicit gradients.
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    /// The storages the backward closure saved (for `kiln::debug`'s graph sizes).
+    pub(crate) saved: Vec<Weak<crate::tensor::Storage>>,
+}
+
+thread_local! {
+    /// Storages saved since the last node was attached on this thread.
+    static SAVED_FOR_NODE: std::cell::RefCell<Vec<Weak<crate::tensor::Storage>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Node {
+    /// Nodes reachable from this one (itself included) and the bytes of the distinct storages
+    /// their pending backward closures hold.
+    pub(crate) fn graph_size(self: &Arc<Node>) -> (usize, u64) {
+        let mut seen_nodes = std::collections::HashSet::new();
+        let mut seen_storage = std::collections::HashSet::new();
+        let mut stack = vec![self.clone()];
+        let mut bytes = 0u64;
+        while let Some(n) = stack.pop() {
+            if !seen_nodes.insert(Arc::as_ptr(&n) as usize) {
+                continue;
+            }
+            if lock(&n.backward).is_some() {
+                for s in n.saved.iter().filter_map(Weak::upgrade) {
+                    if seen_storage.insert(Arc::as_ptr(&s) as usize) {
+                        bytes += s.block.block_size();
+                    }
+                }
+            }
+            for e in n.edges.iter().flatten() {
+                if let Edge::Node(next) = e {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        (seen_nodes.len(), bytes)
+    }
+}
+
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A tensor saved for backward, with the version it had then (PyTorch's SavedVariable).
+pub(crate) struct Saved {
+    tensor: Tensor,
+    version: u64,
+    /// The grad_fn of the saved tensor (for the error message), if it had one.
+    creator: Option<&'static str>,
+}
+
+impl Saved {
+    /// Saves `t` (an input or an output of the op named in errors as `op`).
+    pub(crate) fn new(t: &Tensor, creator: Option<&'static str>) -> Result<Saved> {
+        if t.storage.inference {
+            return Err(Error::Autograd {
+                op: "save_for_backward",
+                msg: "Inference tensors cannot be saved for backward. To work around you can make a clone to get a normal tensor and use it in autograd.".into(),
+            });
+        }
+        SAVED_FOR_NODE.with(|v| v.borrow_mut().push(Arc::downgrade(&t.storage)));
+        t.storage
+            .block
+            .set_category(crate::alloc::MemoryCategory::Activation);
+        Ok(Saved {
+            tensor: t.detach(),
+            version: t.version(),
+            creator: creator.or_else(|| t.grad_fn_name()),
+        })
+    }
+
+    /// The saved tensor, checked against in-place modification since it was saved.
+    pub(crate) fn get(&self) -> Result<Tensor> {
+        let now = self.tensor.version();
+        if now != self.version {
+            return Err(Error::ModifiedInplace {
+                shape: self.tensor.shape().to_vec(),
+                dtype: self.tensor.dtype(),
+                creator: self.creator,
+                version: now,
+                expected: self.version,
+            });
+        }
+        Ok(self.tensor.clone())
+    }
+}
+
+/// Saves an input of an op (its creator is the input's own grad_fn).
+pub(crate) fn save(t: &Tensor) -> Result<Saved> {
+    Saved::new(t, None)
+}
+
+/// Saves the output `out` of the op whose node will be named `name`.
+pub(crate) fn save_output(out: &Tensor, name: &'static str) -> Result<Saved> {
+    Saved::new(out, Some(name))
+}
+
+/// Whether an op over `inputs` records a node now.
+pub(crate) fn needs_grad(inputs: &[&Tensor]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
+}
+
+/// Runs `forward` with grad mode off (its internals record nothing), then, when an input requires
+/// grad and grad mode is on, gives the output a node named `name`. `backward` builds the closure
+/// from the output (for ops that save it); it only runs when a node is recorded.
+pub(crate) fn record(
+    name: &'static str,
+    inputs: &[&Tensor],
+    forward: impl FnOnce() -> Result<Tensor>,
+    backward: impl FnOnce(&Tensor) -> Result<BackwardFn>,
+) -> Result<Tensor> {
+    let needed = needs_grad(inputs);
+    let mut out = {
+        let _scope = crate::alloc::kiln_scope(|| crate::alloc::op_frame_name(name, false), "kiln");
+        crate::alloc::annotate_scope(|| {
+            let shapes: Vec<String> = inputs.iter().map(|t| format!("{:?}", t.shape())).collect();
+            format!("[{}]", shapes.join(", "))
+        });
+        let _guard = GradModeGuard::new(false);
+        let _op = crate::alloc::op_scope();
+        forward()?
+    };
+    out.autograd = None;
+    if needed {
+        SAVED_FOR_NODE.with(|v| v.borrow_mut().clear());
+        let f = backward(&out)?;
+        attach(&mut out, name, inputs, f);
+    }
+    Ok(out)
+}
+
+/// Makes `out` the output of a new node over `inputs`.
+pub(crate) fn attach(out: &mut Tensor, name: &'static str, inputs: &[&Tensor], f: BackwardFn) {
+    let edges = inputs.iter().map(|t| t.edge()).collect();
+    let node = Arc::new(Node {
+        name,
+        seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
+        edges,
+        backward: Mutex::new(Some(f)),
+        retained: Mutex::new(None),
+        shape: out.shape().to_vec(),
+        dtype: out.dtype(),
+        saved: SAVED_FOR_NODE.with(|v| std::mem::take(&mut *v.borrow_mut())),
+    });
+    let meta = Arc::new(AutogradMeta {
+        grad_fn: Some(node),
+        grad: Mutex::new(None),
+        retains_grad: AtomicBool::new(false),
+    });
+    register_graph(&meta, out);
+    out.autograd = Some(meta);
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Non-leaf tensors' metas (each holds a graph) and their outputs' storages, noted while tensor
+/// tracking is on, for `kiln::debug`'s leak report.
+type GraphEntry = (Weak<AutogradMeta>, Weak<crate::tensor::Storage>);
+static GRAPHS: Mutex<Vec<GraphEntry>> = Mutex::new(Vec::new());
+
+fn register_graph(meta: &Arc<AutogradMeta>, out: &Tensor) {
+    if !crate::alloc::tensor_tracking() {
+        return;
+    }
+    let mut v = lock(&GRAPHS);
+    if v.len() >= 4096 && v.len().is_power_of_two() {
+        v.retain(|(m, _)| m.strong_count() > 0);
+    }
+    v.push((Arc::downgrade(meta), Arc::downgrade(&out.storage)));
+}
+
+/// The graphs noted while tracking was on that are still alive.
+pub(crate) fn live_graphs() -> Vec<(Arc<AutogradMeta>, Weak<crate::tensor::Storage>)> {
+    lock(&GRAPHS)
+        .iter()
+        .filter_map(|(m, s)| m.upgrade().map(|m| (m, s.clone())))
+        .collect()
+}
+
+/// Forgets the noted graphs (tracking turned off).
+pub(crate) fn forget_graphs() {
+    lock(&GRAPHS).clear();
+}
+
+impl Tensor {
+    /// This tensor's autograd state, read back from its opaque slot.
+    pub(crate) fn meta(&self) -> Option<&AutogradMeta> {
+        self.autograd.as_deref()?.downcast_ref()
+    }
+
+    /// The same, as a shared handle (for edges and weak references).
+    pub(crate) fn meta_arc(&self) -> Option<Arc<AutogradMeta>> {
+        self.autograd.clone()?.downcast().ok()
+    }
+
+    /// Whether autograd tracks this tensor (a leaf that asked for it, or the result of an op on
+    /// one, recorded with grad mode on).
+    pub fn requires_grad(&self) -> bool {
+        self.meta().is_some()
+    }
+
+    /// Sets `requires_grad` on a leaf (PyTorch's `requires_grad_`); floats only.
+    pub fn requires_grad_(mut self, requires: bool) -> Result<Tensor> {
+        if !self.is_leaf() {
+            if requires {
+                return Ok(self);
+            }
+            return Err(Error::Autograd {
+                op: "requires_grad_",
+                msg: "you can only change requires_grad flags of leaf variables. If you want to use a computed variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach().".into(),
+            });
+        }
+        if requires && !self.dtype.is_float() {
+            return Err(Error::Autograd {
+                op: "requires_grad_",
+                msg: format!(
+                    "only Tensors of floating point dtype can require gradients, not {}",
+                    self.dtype
+                ),
+            });
+        }
+        if requires && self.storage.inference && !is_inference_mode_enabled() {
+            return Err(Error::Autograd {
+                op: "requires_grad_",
+                msg: "Setting requires_grad=True on inference tensor outside InferenceMode is not allowed.".into(),
+            });
+        }
+        self.autograd = match (requires, self.autograd.take()) {
+            (true, Some(slot)) => Some(slot),
+            (true, None) => {
+                self.storage
+                    .block
+                    .set_category(crate::alloc::MemoryCategory::Parameter);
+                Some(Arc::new(AutogradMeta {
+                    grad_fn: None,
+                    grad: Mutex::new(None),
+                    retains_grad: AtomicBool::new(false),
+                }))
+            }
+            (false, _) => None,
+        };
+        Ok(self)
+    }
+
+    /// A leaf: made by the user, not by a recorded op (every tensor that does not require grad is
+    /// one, as in PyTorch).
+    pub fn is_leaf(&self) -> bool {
+        self.meta().is_none_or(|m| m.grad_fn.is_none())
+    }
+
+    /// The accumulated gradient of a leaf (or of a non-leaf after `retain_grad()`).
+    pub fn grad(&self) -> Option<Tensor> {
+        self.meta().and_then(|m| lock(&m.grad).clone())
+    }
+
+    /// Replaces (or with `None` drops, freeing its memory) the gradient.
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        let Some(meta) = self.meta() else {
+            return Err(Error::Autograd {
+                op: "set_grad",
+                msg: "the tensor does not require grad".into(),
+            });
+        };
+        if let Some(g) = &grad {
+            if g.shape() != self.shape() || g.dtype() != self.dtype() {
+                return Err(Error::ShapeMismatch {
+                    op: "set_grad",
+                    lhs: self.shape().to_vec(),
+                    rhs: g.shape().to_vec(),
+                });
+            }
+        }
+        if let Some(g) = &grad {
+            g.storage
+                .block
+                .set_category(crate::alloc::MemoryCategory::Gradient);
+        }
+        *lock(&meta.grad) = grad.map(|g| g.detach());
+        Ok(())
+    }
+
+    /// The same storage, cut from the graph (PyTorch's `detach`): shares memory and version.
+    pub fn detach(&self) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout: self.layout.clone(),
+            dtype: self.dtype,
+            autograd: None,
+        }
+    }
+
+    /// Keep the gradient of this non-leaf in `.grad` at the next `backward()`.
+    pub fn retain_grad(&self) -> Result<()> {
+        let Some(meta) = self.meta_arc() else {
+            return Err(Error::Autograd {
+                op: "retain_grad",
+                msg: "can't retain_grad on Tensor that has requires_grad=False".into(),
+            });
+        };
+        if let Some(node) = &meta.grad_fn {
+            meta.retains_grad.store(true, Ordering::Relaxed);
+            *lock(&node.retained) = Some(Arc::downgrade(&meta));
+        }
+        Ok(())
+    }
+
+    /// The name of the op that made this tensor (`MulBackward0`), if autograd recorded one.
+    pub fn grad_fn_name(&self) -> Option<&'static str> {
+        self.grad_fn().map(|n| n.name)
+    }
+
+    pub(crate) fn grad_fn(&self) -> Option<&Arc<Node>> {
+        self.meta().and_then(|m| m.grad_fn.as_ref())
+    }
+
+    /// The edge a gradient for this tensor flows along, if it needs one.
+    fn edge(&self) -> Option<Edge> {
+        let meta = self.meta_arc()?;
+        Some(match &meta.grad_fn {
+            Some(node) => Edge::Node(node.clone()),
+            None => Edge::Leaf(meta.clone()),
+        })
+    }
+
+    /// Checks that an in-place write to this tensor is allowed with grad mode as it is now.
+    pub(crate) fn check_inplace(&self, op: &'static str) -> Result<()> {
+        if self.storage.inference && !is_inference_mode_enabled() {
+            return Err(Error::Autograd {
+                op,
+                msg: "Inplace update to inference tensor outside InferenceMode is not allowed."
+                    .into(),
+            });
+        }
+        if !is_grad_enabled() || !self.requires_grad() {
+            return Ok(());
+        }
+        if self.is_leaf() {
+            return Err(Error::Autograd {
+                op,
+                msg: "a leaf Variable that requires grad is being used in an in-place operation."
+                    .into(),
+            });
+        }
+        // Decision: kiln does not rebase the history of a non-leaf written in place (PyTorch's
+        // CopySlices); refusing is explicit, where recording it half-way would give wrong
+        // gradients. Use the out-of-place op, or write under `no_grad`.
+        Err(Error::Autograd {
+            op,
+            msg: format!(
+                "in-place write to a tensor that requires grad (output of {}): kiln records no in-place ops in the graph; use the out-of-place op",
+                self.grad_fn_name().unwrap_or("?")
+            ),
+        })
+    }
+}
