@@ -12,8 +12,12 @@ fn mib(bytes: u64) -> f64 {
 }
 
 fn main() -> kiln::Result<()> {
-    let dev = match std::env::args().nth(1) {
-        Some(spec) => Device::from_spec(&spec)?,
+    let args = clap::Command::new("empty_cache")
+        .about("What empty_cache returns to the driver, step by step")
+        .arg(clap::Arg::new("device").help("vulkan:0, gl:0, cpu, ... (default: the best adapter)"))
+        .get_matches();
+    let dev = match args.get_one::<String>("device") {
+        Some(spec) => Device::from_spec(spec)?,
         None => Device::best()?,
     };
     let show = |when: &str| {

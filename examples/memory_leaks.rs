@@ -76,19 +76,38 @@ fn measure(
 }
 
 fn main() -> kiln::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let dev = match opt("--device") {
-        Some(s) => Device::from_spec(&s)?,
+    use clap::{value_parser, Arg, Command};
+    let args = Command::new("memory_leaks")
+        .about("PyTorch's memory pitfalls in kiln: each leak beside its fix")
+        .arg(
+            Arg::new("device")
+                .long("device")
+                .help("vulkan:0, gl:0, cpu, ... (default: the best adapter)"),
+        )
+        .arg(
+            Arg::new("iters")
+                .long("iters")
+                .default_value("20")
+                .value_parser(value_parser!(u64).range(1..))
+                .help("iterations per scenario"),
+        )
+        .arg(
+            Arg::new("out")
+                .long("out")
+                .default_value("target/memory_leaks")
+                .value_parser(value_parser!(PathBuf))
+                .help("folder for the snapshots and timelines"),
+        )
+        .get_matches();
+    let dev = match args.get_one::<String>("device") {
+        Some(s) => Device::from_spec(s)?,
         None => Device::best()?,
     };
-    let iters: usize = opt("--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
-    let out = PathBuf::from(opt("--out").unwrap_or_else(|| "target/memory_leaks".into()));
+    let iters = *args.get_one::<u64>("iters").expect("has a default") as usize;
+    let out = args
+        .get_one::<PathBuf>("out")
+        .expect("has a default")
+        .clone();
     std::fs::create_dir_all(&out).map_err(|e| kiln::Error::InvalidArgument {
         op: "memory_leaks",
         msg: format!("{}: {e}", out.display()),

@@ -19,11 +19,20 @@ fn read_trace(file: &str) -> std::io::Result<String> {
 }
 
 fn main() -> ExitCode {
-    let files: Vec<String> = std::env::args().skip(1).collect();
-    if files.is_empty() {
-        eprintln!("usage: replay_trace FILE...");
-        return ExitCode::from(2);
-    }
+    let args = clap::Command::new("replay_trace")
+        .about("Replays allocator traces recorded from PyTorch and compares the statistics")
+        .arg(
+            clap::Arg::new("files")
+                .required(true)
+                .num_args(1..)
+                .help("trace files (.json or .json.gz)"),
+        )
+        .get_matches();
+    let files: Vec<String> = args
+        .get_many::<String>("files")
+        .expect("required")
+        .cloned()
+        .collect();
     let mut failed = false;
     for file in &files {
         let base = std::path::Path::new(file)

@@ -40,36 +40,45 @@ fn mib(bytes: u64) -> f64 {
 }
 
 fn main() -> kiln::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let forget = args.iter().any(|a| a == "--forget-zero-grad");
-    let known = ["--forget-zero-grad", "--out", "--device", "--size"];
-    if let Some(bad) = args.iter().enumerate().find(|(i, a)| {
-        a.starts_with("--") && !known.contains(&a.as_str()) || (*i == 0 && !a.starts_with("--"))
-    }) {
-        return Err(kiln::Error::InvalidArgument {
-            op: "resnet_memory",
-            msg: format!("unknown argument {}; options: {known:?}", bad.1),
-        });
-    }
-    let device = match opt("--device") {
-        Some(spec) => Device::from_spec(&spec)?,
+    use clap::{value_parser, Arg, ArgAction, Command};
+    let args = Command::new("resnet_memory")
+        .about("ResNet-50 memory scenarios: zero_grad forgotten or set_to_none, snapshot and timelines")
+        .arg(
+            Arg::new("forget-zero-grad")
+                .long("forget-zero-grad")
+                .action(ArgAction::SetTrue)
+                .help("never call zero_grad (gradients accumulate)"),
+        )
+        .arg(
+            Arg::new("device")
+                .long("device")
+                .help("vulkan:0, gl:0, cpu, ... (default: the best adapter)"),
+        )
+        .arg(
+            Arg::new("size")
+                .long("size")
+                .default_value("224")
+                .value_parser(value_parser!(u64).range(64..))
+                .help("image height and width in pixels"),
+        )
+        .arg(
+            Arg::new("out")
+                .long("out")
+                .default_value("target/resnet_memory")
+                .value_parser(value_parser!(PathBuf))
+                .help("folder for the snapshot and the timelines"),
+        )
+        .get_matches();
+    let forget = args.get_flag("forget-zero-grad");
+    let device = match args.get_one::<String>("device") {
+        Some(spec) => Device::from_spec(spec)?,
         None => Device::best()?,
     };
-    let size: usize = opt("--size")
-        .map(|s| s.parse())
-        .transpose()
-        .map_err(|_| kiln::Error::InvalidArgument {
-            op: "resnet_memory",
-            msg: "--size takes a whole number of pixels".into(),
-        })?
-        .unwrap_or(224);
-    let out = PathBuf::from(opt("--out").unwrap_or_else(|| "target/resnet_memory".into()));
+    let size = *args.get_one::<u64>("size").expect("has a default") as usize;
+    let out = args
+        .get_one::<PathBuf>("out")
+        .expect("has a default")
+        .clone();
     std::fs::create_dir_all(&out).map_err(|e| kiln::Error::InvalidArgument {
         op: "resnet_memory",
         msg: format!("creating {}: {e}", out.display()),

@@ -26,6 +26,39 @@ fn a_gpu_is_present_when_required() {
     }
 }
 
+/// One device per GPU: a GL adapter of a GPU that a native (Vulkan, Metal, DX12) adapter also
+/// drives is not opened, while `all_adapters` (what the tests use) keeps it.
+#[test]
+fn all_gpus_opens_one_device_per_gpu() {
+    let gpu = |name: &str| name.split('/').next().unwrap_or(name).trim().to_string();
+    let listed = kiln::adapters();
+    let native: Vec<String> = listed
+        .iter()
+        .filter(|a| a.backend != wgpu::Backend::Gl)
+        .map(|a| gpu(&a.name))
+        .collect();
+    let specs = |ds: Vec<Device>| ds.iter().map(|d| d.spec().to_string()).collect::<Vec<_>>();
+    let one_per_gpu = specs(Device::all_gpus());
+    let every = specs(Device::all_adapters());
+    for a in &listed {
+        let duplicate = a.backend == wgpu::Backend::Gl && native.contains(&gpu(&a.name));
+        if duplicate {
+            assert!(
+                !one_per_gpu.contains(&a.spec),
+                "{} drives a GPU twice",
+                a.spec
+            );
+        } else if every.contains(&a.spec) {
+            // Anything else that opens is kept.
+            assert!(one_per_gpu.contains(&a.spec), "{} was dropped", a.spec);
+        }
+        // Every adapter all_gpus opens, all_adapters opens too.
+        if one_per_gpu.contains(&a.spec) {
+            assert!(every.contains(&a.spec), "{}", a.spec);
+        }
+    }
+}
+
 #[test]
 fn spec_selection_and_errors() {
     assert!(Device::from_spec("cpu").unwrap().is_cpu());

@@ -163,6 +163,12 @@ pub(crate) fn enumerate() -> Vec<(AdapterInfo, wgpu::Adapter)> {
         .clone()
 }
 
+/// The GPU an adapter drives, from its name: GL appends the renderer's extras
+/// (`NVIDIA H100 80GB HBM3/PCIe/SSE2`), which Vulkan does not.
+pub(crate) fn gpu_name(name: &str) -> &str {
+    name.split('/').next().unwrap_or(name).trim()
+}
+
 /// Lists every adapter wgpu finds (software ones such as lavapipe included).
 pub fn adapters() -> Vec<AdapterInfo> {
     enumerate().into_iter().map(|(info, _)| info).collect()

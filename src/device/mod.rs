@@ -186,16 +186,48 @@ impl Device {
         Self::open(info, adapter)
     }
 
-    /// Every GPU adapter that opens: what tests and benchmarks iterate over. An adapter that
-    /// wgpu lists but cannot open (seen: NVIDIA's GL adapter through EGL on a headless H100,
-    /// "Parent device is lost") is skipped with a one-line warning.
+    /// One device per GPU: every adapter that opens, except a GL adapter of a GPU that a
+    /// Vulkan, Metal or DX12 adapter already drives (GL is the slower path to the same chip,
+    /// and on a headless H100 NVIDIA's GL adapter fails to open at all: "Parent device is
+    /// lost"). `KILN_ADAPTERS=all` keeps those too; `all_adapters` always does. An adapter that
+    /// fails to open is skipped with one warning per process.
     pub fn all_gpus() -> Vec<Device> {
-        adapters::enumerate()
+        let every = std::env::var("KILN_ADAPTERS").is_ok_and(|v| v.eq_ignore_ascii_case("all"));
+        let all = adapters::enumerate();
+        let native: Vec<String> = all
+            .iter()
+            .filter(|(i, _)| i.backend != wgpu::Backend::Gl)
+            .map(|(i, _)| adapters::gpu_name(&i.name).to_string())
+            .collect();
+        let wanted = all.into_iter().filter(|(i, _)| {
+            every
+                || i.backend != wgpu::Backend::Gl
+                || !native.iter().any(|n| n == adapters::gpu_name(&i.name))
+        });
+        Self::open_all(wanted.collect())
+    }
+
+    /// Every GPU adapter that opens, GL duplicates of a GPU included: what the tests iterate
+    /// over, so that the GL path stays covered where a software Vulkan adapter also exists.
+    pub fn all_adapters() -> Vec<Device> {
+        Self::open_all(adapters::enumerate())
+    }
+
+    fn open_all(adapters: Vec<(AdapterInfo, wgpu::Adapter)>) -> Vec<Device> {
+        adapters
             .into_iter()
             .filter_map(|(info, adapter)| match Self::open(info.clone(), adapter) {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    eprintln!("kiln: skipping adapter {} ({}): {e}", info.spec, info.name);
+                    static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+                    let mut warned = lock(&WARNED);
+                    if !warned.contains(&info.spec) {
+                        warned.push(info.spec.clone());
+                        eprintln!(
+                            "kiln: skipping adapter {} ({}): it fails to open: {e}",
+                            info.spec, info.name
+                        );
+                    }
                     None
                 }
             })
@@ -441,10 +473,10 @@ pub fn gpu_required() -> bool {
     std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
-/// The devices tests run on: every GPU adapter, then the CPU. Fails with `GpuRequired` when
+/// The devices tests run on: every GPU adapter (GL duplicates included), then the CPU. Fails with `GpuRequired` when
 /// `KILN_REQUIRE_GPU=1` and wgpu found no adapter.
 pub fn test_devices() -> Result<Vec<Device>> {
-    let mut devices = Device::all_gpus();
+    let mut devices = Device::all_adapters();
     if devices.is_empty() && gpu_required() {
         return Err(Error::GpuRequired);
     }
