@@ -1,6 +1,10 @@
 //! kiln: tensors and autograd as WGSL compute shaders through wgpu, with a caching allocator
 //! that behaves like PyTorch's CUDA caching allocator. See ARCHITECTURE.md for the layers.
 
+// wgpu-core's types are deep: proving the bind-group cache (keyed by `wgpu::BindGroupLayout`) and
+// the statics that reach it `Send`/`Sync` needs more than the default 128 levels in release builds.
+#![recursion_limit = "256"]
+
 pub mod alloc;
 pub mod amp;
 pub mod autograd;

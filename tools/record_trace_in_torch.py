@@ -2,8 +2,12 @@
 # random alloc/free/empty_cache/reset_peak sequences under several configurations, each run in
 # a fresh process under its alloc_conf and memory limit, with memory_stats() after every event,
 # the final memory_summary() and the final segments. Run on a CUDA machine:
-#   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS] [FIRST_SEED]
+#   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS] [FIRST_SEED] [--small]
 # (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/)
+# --small (issue 17): many small blocks (under 1 MiB, most under 64 KiB) freed and reallocated
+# across several 2 MiB segments under roundup_power2_divisions, where best-fit ties between
+# segments are decided by address; each recording also keeps the driver's segment addresses
+# (segment_alloc / segment_free with addr and size) for finding the placement rule.
 import json, math, os, random, subprocess, sys
 
 MB = 1 << 20
@@ -16,6 +20,31 @@ CONFIGS = [
     ("max_split_size_mb:20,roundup_power2_divisions:[1:2,64:8,>:1]", None),
     ("max_split_size_mb:64,garbage_collection_threshold:0.8", 500 * MB),
 ]
+
+
+SMALL_CONFIGS = [
+    ("roundup_power2_divisions:4", None),
+    ("roundup_power2_divisions:8", None),
+    ("roundup_power2_divisions:[256:4,>:2]", None),
+    ("roundup_power2_divisions:2,max_split_size_mb:20", None),
+]
+
+
+def small_events(seed, count):
+    rng, live, evs, next_id = random.Random(seed), [], [], 1
+    for _ in range(count):
+        r = rng.random()
+        if r < 0.01:
+            evs.append({"op": "empty_cache"})
+        elif live and (r < 0.48 or len(live) > 120):
+            evs.append({"op": "free", "id": live.pop(rng.randrange(len(live)))})
+        else:
+            hi = 64 << 10 if rng.random() < 0.7 else MB
+            size = int(math.exp(rng.uniform(math.log(1), math.log(hi))))
+            evs.append({"op": "alloc", "id": next_id, "size": size})
+            live.append(next_id)
+            next_id += 1
+    return evs
 
 
 def events(seed, count):
@@ -38,12 +67,16 @@ def events(seed, count):
     return evs
 
 
-def record(seed, count):
+def record(seed, count, small=False):
     from replay_trace_in_torch import configure, run_event
-    conf, limit = CONFIGS[seed % len(CONFIGS)]
-    d = {"name": f"recorded_{seed}", "alloc_conf": conf, "memory_limit_bytes": limit,
-         "events": events(seed, count)}
+    configs = SMALL_CONFIGS if small else CONFIGS
+    conf, limit = configs[seed % len(configs)]
+    name = f"recorded_small_{seed}" if small else f"recorded_{seed}"
+    d = {"name": name, "alloc_conf": conf, "memory_limit_bytes": limit,
+         "events": (small_events if small else events)(seed, count)}
     torch = configure(d)
+    if small:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     live, steps = {}, []
     for ev in d["events"]:
         err = run_event(torch, ev, live)
@@ -57,12 +90,18 @@ def record(seed, count):
     segs.sort(key=lambda s: s["total_size"])
     d["expected"] = {"steps": steps, "summary": torch.cuda.memory_summary(),
                      "segments_sorted_by_size": segs}
+    if small:
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        d["segment_addresses"] = [(t["action"], t["addr"], t["size"]) for t in trace
+                                  if t["action"] in ("segment_alloc", "segment_free")]
     return d
 
 
 if __name__ == "__main__":
+    small = "--small" in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--small"]
     if sys.argv[1] == "--one":
-        print(json.dumps(record(int(sys.argv[2]), int(sys.argv[3]))))
+        print(json.dumps(record(int(sys.argv[2]), int(sys.argv[3]), small)))
         sys.exit(0)
     out = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 14
@@ -70,7 +109,8 @@ if __name__ == "__main__":
     first = int(sys.argv[4]) if len(sys.argv) > 4 else 100
     os.makedirs(out, exist_ok=True)
     for seed in range(first, first + count):
-        o = subprocess.run([sys.executable, __file__, "--one", str(seed), str(n_events)],
+        o = subprocess.run([sys.executable, __file__, "--one", str(seed), str(n_events)]
+                           + (["--small"] if small else []),
                            capture_output=True, text=True, check=True)
         d = json.loads(o.stdout)
         with open(os.path.join(out, d["name"] + ".json"), "w") as f:
