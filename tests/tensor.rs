@@ -89,6 +89,36 @@ fn constructors_and_reads() {
     }
 }
 
+/// A shape whose element or byte count overflows is refused with PyTorch's message (a wrapped
+/// product made `[2^32, 2^32]` an empty tensor whose reads returned nothing), and nothing is
+/// allocated; `from_slice` with such a shape fails the same way.
+#[test]
+fn shapes_whose_size_overflows_are_refused() {
+    for dev in devices() {
+        let before = dev.memory_allocated();
+        for shape in [
+            vec![1usize << 32, 1 << 32],
+            vec![usize::MAX / 2, 3],
+            vec![1 << 62, 4],
+        ] {
+            for dtype in [DType::F32, DType::I32] {
+                match Tensor::zeros(&shape, dtype, &dev) {
+                    Err(Error::InvalidArgument {
+                        op: "empty" | "full",
+                        msg,
+                    }) => {
+                        assert!(msg.contains("overflowed"), "{msg}")
+                    }
+                    other => panic!("{shape:?} {dtype:?} on {}: {other:?}", dev.name()),
+                }
+            }
+        }
+        let empty: [f32; 0] = [];
+        assert!(Tensor::from_slice(&empty, &[1 << 32, 1 << 32], &dev).is_err());
+        assert_eq!(dev.memory_allocated(), before);
+    }
+}
+
 #[test]
 fn views_share_storage_and_follow_pytorch() {
     for dev in devices() {

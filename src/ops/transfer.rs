@@ -6,7 +6,7 @@
 
 use crate::device::{Device, DeviceBlock, Event, Transfer};
 use crate::host::PinnedKind;
-use crate::tensor::{numel, Element, Tensor};
+use crate::tensor::{Element, Tensor};
 use crate::{DType, Error, Result};
 use std::sync::Arc;
 
@@ -92,7 +92,7 @@ impl Tensor {
         kind: PinnedKind,
     ) -> Result<Tensor> {
         gpu.check_dtype("empty_pinned", dtype)?;
-        let bytes = (numel(shape) * dtype.size_bytes()) as u64;
+        let bytes = crate::tensor::storage_bytes("empty_pinned", shape, dtype)?;
         let block = DeviceBlock::allocate_pinned(gpu, bytes, kind)?;
         Ok(Tensor::on_block(block, shape, dtype))
     }

@@ -1,6 +1,7 @@
 //! Layout: shape, strides in elements, and the offset of element 0 in elements. Views change
 //! only the layout; they never copy.
 
+use crate::base::DType;
 use crate::{Error, Result};
 
 /// Dimensions the GPU kernels index directly; more are coalesced or refused.
@@ -25,6 +26,21 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 
 pub(crate) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// The bytes a contiguous tensor of `shape` and `dtype` needs, or PyTorch's error when the
+/// element count or the byte count overflows (a wrapped product would make a huge shape look
+/// empty, and reads of it return nothing instead of failing).
+pub(crate) fn storage_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<u64> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .and_then(|n| n.checked_mul(dtype.size_bytes()))
+        .and_then(|b| u64::try_from(b).ok())
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("Storage size calculation overflowed with sizes={shape:?}"),
+        })
 }
 
 /// Resolves a possibly negative dim against `rank`.

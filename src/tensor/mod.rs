@@ -6,7 +6,7 @@ pub(crate) mod live;
 pub(crate) mod mode;
 
 pub use crate::base::{DType, Element};
-pub(crate) use layout::{broadcast_shapes, contiguous_strides, dim, numel};
+pub(crate) use layout::{broadcast_shapes, contiguous_strides, dim, numel, storage_bytes};
 pub use layout::{Layout, MAX_KERNEL_RANK};
 pub use mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
@@ -75,7 +75,7 @@ impl Tensor {
     /// A fresh contiguous tensor with uninitialised contents (PyTorch's `empty`).
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         device.check_dtype("empty", dtype)?;
-        let bytes = (numel(shape) * dtype.size_bytes()) as u64;
+        let bytes = storage_bytes("empty", shape, dtype)?;
         let t = Tensor::on_block(device.allocate(bytes)?, shape, dtype);
         live::register(&t);
         Ok(t)
@@ -97,6 +97,7 @@ impl Tensor {
 
     /// A tensor holding `data` (row-major) with `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+        storage_bytes("from_slice", shape, T::DTYPE)?;
         if data.len() != numel(shape) {
             return Err(Error::ShapeMismatch {
                 op: "from_slice",
@@ -116,6 +117,7 @@ impl Tensor {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        storage_bytes("from_le_bytes", shape, dtype)?;
         if bytes.len() != numel(shape) * dtype.size_bytes() {
             return Err(Error::InvalidArgument {
                 op: "from_le_bytes",
@@ -140,6 +142,7 @@ impl Tensor {
     /// A tensor of `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if dtype == DType::F64 {
+            storage_bytes("full", shape, dtype)?;
             return Self::from_f64_slice(&vec![value; numel(shape)], shape, dtype, device);
         }
         let t = Tensor::empty(shape, dtype, device)?;
