@@ -50,7 +50,7 @@ pub struct ScopeRecord {
 }
 
 fn scope_log() -> std::sync::MutexGuard<'static, Vec<ScopeRecord>> {
-    SCOPE_LOG.lock().unwrap_or_else(|e| e.into_inner())
+    crate::base::lock(&SCOPE_LOG)
 }
 
 /// Starts logging scopes (clearing the log).

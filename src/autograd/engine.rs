@@ -4,7 +4,8 @@
 //! does in PyTorch.
 
 use crate::alloc::MemoryCategory;
-use crate::graph::{lock, AutogradMeta, Edge, Node};
+use crate::base::lock;
+use crate::graph::{AutogradMeta, Edge, Node};
 use crate::tensor::GradModeGuard;
 use crate::tensor::Tensor;
 use crate::{Error, Result};

@@ -18,7 +18,7 @@ pub use crate::tensor::mode::{
     set_grad_enabled, GradModeGuard, InferenceModeGuard,
 };
 
-use crate::graph::lock;
+use crate::base::lock;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 

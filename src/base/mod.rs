@@ -19,3 +19,10 @@ pub use elementwise::{BinaryOp, UnaryOp};
 pub use error::{Error, Result};
 pub use format::format_size;
 pub use oom::OutOfMemory;
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: kiln's shared state
+/// (allocators, caches, registries) is updated under one lock by code that does not panic, so
+/// it stays consistent.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

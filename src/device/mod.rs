@@ -28,7 +28,7 @@ use crate::base::DType;
 use crate::{Error, Result};
 use gpu::GpuDevice;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// A wgpu error, or a failed wait or map, as `Error::Wgpu` naming `op`.
 pub(crate) fn wgpu_err<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> Error {
@@ -38,11 +38,7 @@ pub(crate) fn wgpu_err<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> 
     }
 }
 
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: the allocator's state
-/// is updated under one lock by code that does not panic, so it stays consistent.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::base::lock;
 
 /// A device: cheap to clone, shared by the tensors on it.
 #[derive(Clone)]

@@ -13,6 +13,7 @@
 //! ops and run with grad mode off, so they run on the same device as the forward. The tensor
 //! holds its meta as an opaque slot (`tensor::AutogradSlot`) that only this module reads back.
 
+use crate::base::lock;
 use crate::tensor::mode::{is_grad_enabled, is_inference_mode_enabled, GradModeGuard};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
@@ -202,10 +203,6 @@ pub(crate) fn attach(out: &mut Tensor, name: &'static str, inputs: &[&Tensor], f
     });
     register_graph(&meta, out);
     out.autograd = Some(meta);
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Non-leaf tensors' metas (each holds a graph) and their outputs' storages, noted while tensor

@@ -19,7 +19,7 @@ static TENSORS: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
 
 /// The tensors noted so far (some may have died).
 pub(crate) fn tracked() -> MutexGuard<'static, Vec<Tracked>> {
-    TENSORS.lock().unwrap_or_else(|e| e.into_inner())
+    crate::base::lock(&TENSORS)
 }
 
 /// Notes a new tensor's storage (called where storages are made).
