@@ -107,7 +107,7 @@ fn main() -> kiln::Result<()> {
     let inputs = Tensor::randn(&[1, 3, size, size], DType::F32, &device)?;
     let labels = kiln::no_grad(|| model.forward(&inputs))?.rand_like()?;
     // optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
     let params: usize = model.parameters().iter().map(|p| p.numel() * 4).sum();
     println!("parameters: {:.1} MiB", mib(params as u64));
 

@@ -7,15 +7,18 @@
 //!     cargo run --release --example train -- --model cnn --epochs 3
 //!     cargo run --release --example train -- --amp --optimizer adam   # autocast + GradScaler
 //!     cargo run --release --example train -- --data ~/mnist       # MNIST IDX files
+//!     cargo run --release --example train -- --save-checkpoint ck.safetensors --max-steps 100
+//!     cargo run --release --example train -- --save-checkpoint ck.safetensors --resume ck.safetensors
 
 use clap::{value_parser, Arg, ArgAction, Command};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::amp::{autocast, DeviceType, GradScaler};
-use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions};
+use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions, Resumable};
 use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::ops::Conv2dParams;
 use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::profiler::record_function;
+use kiln::training::Checkpoint;
 use kiln::{DType, Device, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -107,6 +110,24 @@ fn args() -> clap::ArgMatches {
                 .long("save")
                 .value_parser(value_parser!(PathBuf))
                 .help("write the trained state dict here (safetensors)"),
+        )
+        .arg(
+            Arg::new("save-checkpoint")
+                .long("save-checkpoint")
+                .value_parser(value_parser!(PathBuf))
+                .help("write a training checkpoint here (model, optimizer, GradScaler, generator, loader position) after every epoch and when --max-steps stops the run"),
+        )
+        .arg(
+            Arg::new("resume")
+                .long("resume")
+                .value_parser(value_parser!(PathBuf))
+                .help("resume from a training checkpoint: the run continues exactly where the saved one was"),
+        )
+        .arg(
+            Arg::new("max-steps")
+                .long("max-steps")
+                .value_parser(value_parser!(u64))
+                .help("stop after this many training steps in all (an interruption, for --save-checkpoint and --resume)"),
         )
         .arg(
             Arg::new("load")
@@ -269,13 +290,17 @@ fn main() -> kiln::Result<()> {
     let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
     let mut opt: Box<dyn Optimizer> = match optimizer.as_str() {
         "adam" => Box::new(Adam::new(params, lr)?),
-        _ => Box::new(Sgd::new(params, lr)?.momentum(0.9)),
+        _ => Box::new(Sgd::new(params, lr)?.momentum(0.9)?),
     };
     // Disabled without --amp: every call passes through (PyTorch's `enabled=False`).
     let mut scaler = GradScaler::new().enabled(amp);
     // One training step, PyTorch's AMP recipe: forward and loss under autocast, backward of the
     // scaled loss, the scaler's step (skipped on inf/NaN gradients) and update.
-    let mut train_step = |x: &Tensor, y: &Tensor| -> kiln::Result<Tensor> {
+    let train_step = |opt: &mut dyn Optimizer,
+                      scaler: &mut GradScaler,
+                      x: &Tensor,
+                      y: &Tensor|
+     -> kiln::Result<Tensor> {
         let loss = record_function("## forward ##", || {
             let _amp = autocast(device_type, DType::F16, amp)?;
             cross_entropy(&forward(&blocks, x, use_checkpoint)?, y)
@@ -283,7 +308,7 @@ fn main() -> kiln::Result<()> {
         opt.zero_grad(true)?;
         record_function("## backward ##", || scaler.scale(&loss)?.backward())?;
         record_function("## optimizer ##", || {
-            scaler.step(opt.as_mut())?;
+            scaler.step(opt)?;
             scaler.update(None)
         })?;
         Ok(loss)
@@ -314,6 +339,52 @@ fn main() -> kiln::Result<()> {
         },
     )?;
 
+    // A training checkpoint holds everything the next step depends on; `--resume` restores it
+    // all or nothing, and the run continues with the loader's saved epoch and position.
+    let save_path = m.get_one::<PathBuf>("save-checkpoint").cloned();
+    let max_steps = m.get_one::<u64>("max-steps").copied();
+    let mut global_step: u64 = 0;
+    if let Some(path) = m.get_one::<PathBuf>("resume") {
+        let mut ck = Checkpoint {
+            model: named(&blocks),
+            optimizer: Some(opt.as_mut()),
+            scaler: Some(&mut scaler),
+            loader: Some(&mut train_loader),
+            generator: Some(device.clone()),
+            ..Default::default()
+        };
+        ck.load(path)?;
+        global_step = ck
+            .extra
+            .get("step")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let at = train_loader.loader_state();
+        println!(
+            "resumed from {} at step {global_step} (epoch {}, batch {} of {})",
+            path.display(),
+            at.epoch + 1,
+            at.position,
+            train_loader.len()
+        );
+    }
+    let save_checkpoint = |path: &PathBuf,
+                           opt: &mut dyn Optimizer,
+                           scaler: &mut GradScaler,
+                           loader: &mut dyn Resumable,
+                           step: u64|
+     -> kiln::Result<()> {
+        let ck = Checkpoint {
+            model: named(&blocks),
+            optimizer: Some(opt),
+            scaler: Some(scaler),
+            loader: Some(loader),
+            generator: Some(device.clone()),
+            extra: [("step".to_string(), step.to_string())].into(),
+        };
+        ck.save(path)
+    };
+
     if let Some(path) = m.get_one::<PathBuf>("profile") {
         use kiln::profiler::{profile, ProfileOptions};
         let opts = ProfileOptions {
@@ -323,7 +394,7 @@ fn main() -> kiln::Result<()> {
         let ((), prof) = profile(&opts, || {
             for batch in train_loader.iter().take(10) {
                 let (x, y) = batch?;
-                train_step(&x, &y)?;
+                train_step(opt.as_mut(), &mut scaler, &x, &y)?;
             }
             device.synchronize()
         })?;
@@ -337,29 +408,60 @@ fn main() -> kiln::Result<()> {
         println!("Chrome trace of ten steps written to {}\n", path.display());
     }
 
-    for epoch in 1..=epochs {
+    let first_epoch = train_loader.loader_state().epoch as usize + 1;
+    let mut stopped = false;
+    for epoch in first_epoch..=epochs {
+        if stopped {
+            break;
+        }
         let steps = train_loader.len();
+        let done_before = train_loader.loader_state().position;
         let bar = ProgressBar::new(steps as u64).with_style(
             ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
                 .expect("a valid template")
                 .progress_chars("=> "),
         );
         bar.set_prefix(format!("{epoch}/{epochs}"));
+        bar.set_position(done_before as u64);
         // The running loss stays on the device, detached: no sync per step, no graph kept.
         // The peak of this epoch's training steps (evaluation below has its own batches).
         device.reset_peak_memory_stats();
         let mut loss_sum = Tensor::zeros(&[], DType::F32, &device)?;
-        // A fresh permutation per epoch; batches arrive already on the device.
-        for (step, batch) in train_loader.iter().enumerate() {
+        // A fresh permutation per epoch (or the rest of a resumed one); batches arrive already
+        // on the device.
+        let mut batches = train_loader.iter();
+        for step in done_before.. {
+            if max_steps.is_some_and(|max| global_step >= max) {
+                stopped = true;
+                break;
+            }
+            let Some(batch) = batches.next() else { break };
             let (x, y) = batch?;
             // Named phases: they show as frames in memory snapshots and timelines.
-            let loss = train_step(&x, &y)?;
+            let loss = train_step(opt.as_mut(), &mut scaler, &x, &y)?;
+            global_step += 1;
             loss_sum = loss_sum.add(&loss.detach())?;
             if step % 25 == 24 {
                 bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
             }
             bar.inc(1);
         }
+        drop(batches);
+        if stopped {
+            bar.abandon_with_message(format!("stopped at step {global_step} (--max-steps)"));
+            if let Some(path) = &save_path {
+                save_checkpoint(
+                    path,
+                    opt.as_mut(),
+                    &mut scaler,
+                    &mut train_loader,
+                    global_step,
+                )?;
+                println!("training checkpoint written to {}", path.display());
+            }
+            break;
+        }
+        let steps = steps - done_before;
         let train_loss = loss_sum.item::<f32>()? / steps as f32;
         bar.finish_with_message(format!("loss {train_loss:.4}"));
         let train_peak = device.max_memory_allocated();
@@ -382,6 +484,15 @@ fn main() -> kiln::Result<()> {
             mib(train_peak),
             mib(device.memory_reserved()),
         );
+        if let Some(path) = &save_path {
+            save_checkpoint(
+                path,
+                opt.as_mut(),
+                &mut scaler,
+                &mut train_loader,
+                global_step,
+            )?;
+        }
     }
     if let Some(path) = m.get_one::<PathBuf>("save") {
         kiln::nn::save_safetensors(path, &named(&blocks))?;

@@ -1,8 +1,12 @@
 // softmax / log_softmax over rows of `units` (vec4s, or single elements padded into vec4 lanes
-// with NEG, whose exp is 0). One workgroup per row: one pass keeps a running (max, sum of exp)
+// with -inf, whose exp is 0). One workgroup per row: one pass keeps a running (max, sum of exp)
 // per invocation, rescaled as the max grows; a tree merges the pairs; a second pass writes.
+//
+// Extreme rows give PyTorch's answers, decided on the bits (drivers may assume no inf/NaN in
+// float compares): a row with a NaN or +inf, or whose elements are all -inf, is all NaN; a row
+// of huge finite values (-3.3e38 everywhere) is exactly uniform, because the max starts at -inf
+// rather than at a large negative number and empty partial sums are never rescaled.
 {{ENABLES}}
-const NEG: f32 = -3.0e38;
 
 struct Params {
     rows: u32,
@@ -24,6 +28,32 @@ var<immediate> p: Params;
 
 var<workgroup> red_m: array<f32, 256>;
 var<workgroup> red_s: array<f32, 256>;
+var<workgroup> red_bad: array<u32, 256>;
+
+// -inf and NaN made at run time from a zero immediate, so that no constant folding meets them.
+fn neg_inf() -> f32 {
+    return bitcast<f32>(p.pad0 | 0xff800000u);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(p.pad0 | 0x7fc00000u);
+}
+
+// 1 for each lane that is NaN or +inf.
+fn bad_lanes(v: vec4<f32>) -> u32 {
+    let b = bitcast<vec4<u32>>(v);
+    let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    let pos_inf = b == vec4<u32>(0x7f800000u);
+    return u32(any(nan | pos_inf));
+}
+
+// s * exp(m - nm), where an empty sum stays 0 (m = nm = -inf would make exp(NaN)).
+fn rescale(s: f32, m: f32, nm: f32) -> f32 {
+    if s == 0.0 {
+        return 0.0;
+    }
+    return s * exp(m - nm);
+}
 
 fn offset(e: u32) -> u32 {
     var rem = e;
@@ -53,30 +83,42 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
         return;
     }
     let base = row * p.units;
-    var m = NEG;
+    var m = neg_inf();
     var s = 0.0;
+    var bad = 0u;
     for (var j = t; j < p.units; j += 256u) {
         let v = load(base + j);
+        bad |= bad_lanes(v);
         let nm = max(m, max(max(v.x, v.y), max(v.z, v.w)));
-        s = s * exp(m - nm) + dot(exp(v - vec4<f32>(nm)), vec4<f32>(1.0));
-        m = nm;
+        if bitcast<u32>(nm) != 0xff800000u {
+            s = rescale(s, m, nm) + dot(exp(v - vec4<f32>(nm)), vec4<f32>(1.0));
+            m = nm;
+        }
     }
     red_m[t] = m;
     red_s[t] = s;
+    red_bad[t] = bad;
     workgroupBarrier();
     for (var k = 128u; k > 0u; k >>= 1u) {
         if t < k {
             let m1 = red_m[t];
             let m2 = red_m[t + k];
             let nm = max(m1, m2);
-            red_s[t] = red_s[t] * exp(m1 - nm) + red_s[t + k] * exp(m2 - nm);
+            red_s[t] = rescale(red_s[t], m1, nm) + rescale(red_s[t + k], m2, nm);
             red_m[t] = nm;
+            red_bad[t] |= red_bad[t + k];
         }
         workgroupBarrier();
     }
     let mx = red_m[0];
     let sum = red_s[0];
     let log_sum = log(sum);
+    if red_bad[0] != 0u || bitcast<u32>(mx) == 0xff800000u {
+        for (var j = t; j < p.units; j += 256u) {
+            store(base + j, vec4<f32>(nan()));
+        }
+        return;
+    }
     for (var j = t; j < p.units; j += 256u) {
         let v = load(base + j) - vec4<f32>(mx);
         if p.log == 1u {

@@ -21,11 +21,12 @@ pub mod ops;
 pub mod optim;
 pub mod profiler;
 pub mod tensor;
+pub mod training;
 pub mod viz;
 
 pub use autograd::checkpoint;
 pub use base::{Error, Result};
-pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, Transfer};
+pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, RngState, Transfer};
 pub use host::{HostStats, PinnedKind};
 pub use tensor::{enable_grad, inference_mode, no_grad};
 pub use tensor::{DType, Element, Tensor};

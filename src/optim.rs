@@ -6,6 +6,7 @@
 
 use crate::alloc::MemoryCategory;
 use crate::kernels::{launch, Kernel, OptimKernel};
+use crate::nn::StateDict;
 use crate::tensor::{DType, Tensor};
 use crate::{no_grad, Error, Result};
 
@@ -26,10 +27,179 @@ pub trait Optimizer {
     }
 
     /// The state tensors with PyTorch's names (`state.{i}.momentum_buffer`, `exp_avg`, ...).
-    fn state_tensors(&self) -> Vec<(String, Tensor)>;
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        self.state_dict().tensors
+    }
 
-    /// Replaces state tensors by name (shapes must match); unknown names are an error.
-    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()>;
+    /// `optimizer.state_dict()`: the state tensors by PyTorch's names (handles, not copies) and
+    /// PyTorch's `param_groups` as metadata: `type`, `param_groups.0.params` (`[0, 1, ...]`)
+    /// and every hyperparameter as `param_groups.0.{name}`, each float written so that it
+    /// parses back to the same bits.
+    fn state_dict(&self) -> StateDict;
+
+    /// `optimizer.load_state_dict(state)`: hyperparameters and state tensors (copied onto each
+    /// parameter's device and dtype). Everything is checked and staged first (the optimizer
+    /// type, the parameter count, every key, shape and hyperparameter): on any error the
+    /// optimizer is left exactly as it was.
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()>;
+}
+
+/// A hyperparameter check of `torch.optim` (which raises `ValueError`), stricter in one way:
+/// values must also be finite, since an infinite or NaN rate silently destroys every parameter.
+fn check_hyper(op: &'static str, what: &str, value: f64, ok: bool) -> Result<()> {
+    if ok && value.is_finite() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        op,
+        msg: format!("Invalid {what}: {value:?}"),
+    })
+}
+
+fn invalid(op: &'static str, msg: String) -> Error {
+    Error::InvalidArgument { op, msg }
+}
+
+/// Writes `x` so that `parse::<f64>()` gives back the same bits (`{:?}` is the shortest
+/// round-tripping form).
+fn float_text(x: f64) -> String {
+    format!("{x:?}")
+}
+
+/// The metadata value `param_groups.0.{key}`, parsed.
+fn group_value<T: std::str::FromStr>(op: &'static str, state: &StateDict, key: &str) -> Result<T> {
+    let full = format!("param_groups.0.{key}");
+    let text = state
+        .metadata
+        .get(&full)
+        .ok_or_else(|| invalid(op, format!("missing key {full:?}")))?;
+    text.trim()
+        .parse()
+        .map_err(|_| invalid(op, format!("{full}: cannot parse {text:?}")))
+}
+
+/// `[a, b, ...]` of numbers.
+fn parse_list<T: std::str::FromStr>(op: &'static str, key: &str, text: &str) -> Result<Vec<T>> {
+    let inner = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(|| invalid(op, format!("{key}: expected a list, got {text:?}")))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse()
+                .map_err(|_| invalid(op, format!("{key}: cannot parse {x:?}")))
+        })
+        .collect()
+}
+
+fn list_text(values: impl IntoIterator<Item = String>) -> String {
+    format!("[{}]", values.into_iter().collect::<Vec<_>>().join(", "))
+}
+
+/// The checks every optimizer's `load_state_dict` starts with: the type, and one parameter
+/// group holding as many parameters as the optimizer has (PyTorch's wording).
+fn check_groups(op: &'static str, state: &StateDict, kind: &str, params: usize) -> Result<()> {
+    match state.metadata.get("type") {
+        Some(t) if t == kind => {}
+        Some(t) => {
+            return Err(invalid(
+                op,
+                format!("the state dict is of a {t} optimizer, this one is {kind}"),
+            ))
+        }
+        None => return Err(invalid(op, "missing key \"type\"".into())),
+    }
+    let ids: Vec<usize> = parse_list(
+        op,
+        "param_groups.0.params",
+        &group_value::<String>(op, state, "params")?,
+    )?;
+    if ids != (0..params).collect::<Vec<_>>() {
+        return Err(invalid(
+            op,
+            format!("loaded state dict contains a parameter group that doesn't match the size of optimizer's group ({} parameters saved, {params} here)", ids.len()),
+        ));
+    }
+    if let Some(k) = state
+        .metadata
+        .keys()
+        .find(|k| *k != "type" && !k.starts_with("param_groups.0."))
+    {
+        return Err(invalid(op, format!("unexpected key {k:?}")));
+    }
+    Ok(())
+}
+
+/// Per state name, per parameter, the staged tensor; per parameter, the step count.
+type Staged = (Vec<Vec<Option<Tensor>>>, Vec<Option<u64>>);
+
+/// The state tensors of `state`, staged: `slots[name][i]` is a fresh tensor on parameter i's
+/// device and dtype. Every key must be `state.{i}.{name}` for a parameter i and one of `names`,
+/// with parameter i's shape (`step` entries, 0-d, are returned apart as whole numbers).
+fn stage_state(
+    op: &'static str,
+    state: &StateDict,
+    params: &[Tensor],
+    names: &[&str],
+) -> Result<Staged> {
+    let mut slots = vec![vec![None; params.len()]; names.len()];
+    let mut steps = vec![None; params.len()];
+    for (key, t) in &state.tensors {
+        let parsed = key
+            .strip_prefix("state.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n)));
+        let Some((i, name)) = parsed else {
+            return Err(invalid(op, format!("unexpected key {key:?}")));
+        };
+        let p = params
+            .get(i)
+            .ok_or_else(|| invalid(op, format!("{key}: there is no parameter {i}")))?;
+        if !t.dtype().is_float() {
+            return Err(invalid(
+                op,
+                format!("{key}: expected a float tensor, got {}", t.dtype()),
+            ));
+        }
+        if name == "step" {
+            let v = match t.shape() {
+                [] | [1] => t.to_f64_vec()?[0],
+                s => {
+                    return Err(invalid(
+                        op,
+                        format!("{key}: expected a scalar, got shape {s:?}"),
+                    ))
+                }
+            };
+            if !(v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53)) {
+                return Err(invalid(op, format!("{key}: {v} is not a step count")));
+            }
+            steps[i] = Some(v as u64);
+            continue;
+        }
+        let Some(slot) = names.iter().position(|n| *n == name) else {
+            return Err(invalid(op, format!("unexpected key {key:?}")));
+        };
+        if t.shape() != p.shape() {
+            return Err(invalid(
+                op,
+                format!(
+                    "{key}: shape {:?} does not match the parameter's {:?}",
+                    t.shape(),
+                    p.shape()
+                ),
+            ));
+        }
+        // A fresh tensor, never an alias of the state dict's (the caller may reuse it).
+        let staged = no_grad(|| crate::ops::copy(&t.to_device(p.device())?.to_dtype(p.dtype())?))?;
+        staged.mark(MemoryCategory::OptimizerState);
+        slots[slot][i] = Some(staged);
+    }
+    Ok((slots, steps))
 }
 
 /// Whether the fused kernel can run: every tensor of one float dtype (f32, or f16 with the math
@@ -107,39 +277,6 @@ fn check_params(op: &'static str, params: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
-fn load_into(
-    slots: &mut [Option<Tensor>],
-    params: &[Tensor],
-    name: &str,
-    key: &str,
-    t: Tensor,
-) -> Result<bool> {
-    let Some(rest) = key.strip_prefix("state.") else {
-        return Ok(false);
-    };
-    let Some((i, n)) = rest.split_once('.') else {
-        return Ok(false);
-    };
-    let (Ok(i), true) = (i.parse::<usize>(), n == name) else {
-        return Ok(false);
-    };
-    let p = params.get(i).ok_or_else(|| Error::InvalidArgument {
-        op: "load_state_dict",
-        msg: format!("{key}: no parameter {i}"),
-    })?;
-    if t.shape() != p.shape() {
-        return Err(Error::ShapeMismatch {
-            op: "load_state_dict",
-            lhs: p.shape().to_vec(),
-            rhs: t.shape().to_vec(),
-        });
-    }
-    let t = t.to_device(p.device())?.to_dtype(p.dtype())?;
-    t.mark(MemoryCategory::OptimizerState);
-    slots[i] = Some(t);
-    Ok(true)
-}
-
 /// Stochastic gradient descent, PyTorch's formulas.
 pub struct Sgd {
     params: Vec<Tensor>,
@@ -155,7 +292,7 @@ impl Sgd {
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Self> {
         check_params("SGD", &params)?;
         let n = params.len();
-        Ok(Sgd {
+        let sgd = Sgd {
             params,
             lr,
             momentum: 0.0,
@@ -163,22 +300,53 @@ impl Sgd {
             weight_decay: 0.0,
             nesterov: false,
             buffers: vec![None; n],
-        })
+        };
+        sgd.check()?;
+        Ok(sgd)
     }
 
-    pub fn momentum(mut self, momentum: f64) -> Self {
+    /// Each setter checks the whole set, as PyTorch's constructor does (so `momentum` comes
+    /// before `nesterov(true)`, which needs it).
+    pub fn momentum(mut self, momentum: f64) -> Result<Self> {
         self.momentum = momentum;
-        self
+        self.check().map(|()| self)
     }
 
-    pub fn nesterov(mut self, nesterov: bool) -> Self {
+    pub fn dampening(mut self, dampening: f64) -> Result<Self> {
+        self.dampening = dampening;
+        self.check().map(|()| self)
+    }
+
+    pub fn nesterov(mut self, nesterov: bool) -> Result<Self> {
         self.nesterov = nesterov;
-        self
+        self.check().map(|()| self)
     }
 
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
+    pub fn weight_decay(mut self, weight_decay: f64) -> Result<Self> {
         self.weight_decay = weight_decay;
-        self
+        self.check().map(|()| self)
+    }
+
+    /// `torch.optim.SGD`'s checks, on the public fields: at construction, at every setter and
+    /// at every step (a field changed in between is caught before it touches a parameter).
+    pub fn check(&self) -> Result<()> {
+        const OP: &str = "SGD";
+        check_hyper(OP, "learning rate", self.lr, self.lr >= 0.0)?;
+        check_hyper(OP, "momentum value", self.momentum, self.momentum >= 0.0)?;
+        check_hyper(OP, "dampening value", self.dampening, true)?;
+        check_hyper(
+            OP,
+            "weight_decay value",
+            self.weight_decay,
+            self.weight_decay >= 0.0,
+        )?;
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(invalid(
+                OP,
+                "Nesterov momentum requires a momentum and zero dampening".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn step_one(&mut self, i: usize) -> Result<()> {
@@ -240,6 +408,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
+        self.check()?;
         let _scope = crate::alloc::kiln_scope(|| "SGD.step".into(), "kiln optim");
         // One op: what the step allocates and frees is a temporary.
         let _op = crate::alloc::op_scope();
@@ -248,24 +417,66 @@ impl Optimizer for Sgd {
     fn params(&self) -> &[Tensor] {
         &self.params
     }
-    fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        self.buffers
+    fn state_dict(&self) -> StateDict {
+        let tensors = self
+            .buffers
             .iter()
             .enumerate()
             .filter_map(|(i, b)| Some((format!("state.{i}.momentum_buffer"), b.clone()?)))
-            .collect()
-    }
-    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
-        for (key, t) in state {
-            if !load_into(&mut self.buffers, &self.params, "momentum_buffer", &key, t)? {
-                return Err(Error::InvalidArgument {
-                    op: "load_state_dict",
-                    msg: format!("SGD has no state {key:?}"),
-                });
-            }
+            .collect();
+        let group = [
+            ("lr", float_text(self.lr)),
+            ("momentum", float_text(self.momentum)),
+            ("dampening", float_text(self.dampening)),
+            ("weight_decay", float_text(self.weight_decay)),
+            ("nesterov", self.nesterov.to_string()),
+        ];
+        StateDict {
+            tensors,
+            metadata: group_metadata("SGD", self.params.len(), group),
         }
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        const OP: &str = "SGD.load_state_dict";
+        check_groups(OP, state, "SGD", self.params.len())?;
+        let mut hyper = Sgd {
+            params: Vec::new(),
+            lr: group_value(OP, state, "lr")?,
+            momentum: group_value(OP, state, "momentum")?,
+            dampening: group_value(OP, state, "dampening")?,
+            weight_decay: group_value(OP, state, "weight_decay")?,
+            nesterov: group_value(OP, state, "nesterov")?,
+            buffers: Vec::new(),
+        };
+        hyper.check()?;
+        let (mut slots, steps) = stage_state(OP, state, &self.params, &["momentum_buffer"])?;
+        if let Some(i) = steps.iter().position(Option::is_some) {
+            return Err(invalid(OP, format!("unexpected key \"state.{i}.step\"")));
+        }
+        hyper.params = std::mem::take(&mut self.params);
+        hyper.buffers = slots.remove(0);
+        *self = hyper;
         Ok(())
     }
+}
+
+/// `type` and `param_groups.0.*` for one group holding every parameter.
+fn group_metadata<const N: usize>(
+    kind: &str,
+    params: usize,
+    group: [(&str, String); N],
+) -> std::collections::BTreeMap<String, String> {
+    let mut m: std::collections::BTreeMap<String, String> = group
+        .into_iter()
+        .map(|(k, v)| (format!("param_groups.0.{k}"), v))
+        .collect();
+    m.insert("type".into(), kind.into());
+    m.insert(
+        "param_groups.0.params".into(),
+        list_text((0..params).map(|i| i.to_string())),
+    );
+    m
 }
 
 /// Adam (and AdamW with `decoupled`), PyTorch's formulas without amsgrad.
@@ -286,7 +497,7 @@ impl Adam {
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Self> {
         check_params("Adam", &params)?;
         let n = params.len();
-        Ok(Adam {
+        let adam = Adam {
             params,
             lr,
             betas: (0.9, 0.999),
@@ -296,7 +507,9 @@ impl Adam {
             exp_avg: vec![None; n],
             exp_avg_sq: vec![None; n],
             steps: vec![0; n],
-        })
+        };
+        adam.check()?;
+        Ok(adam)
     }
 
     /// AdamW with PyTorch's default weight decay of 0.01.
@@ -307,9 +520,54 @@ impl Adam {
         Ok(a)
     }
 
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
+    pub fn weight_decay(mut self, weight_decay: f64) -> Result<Self> {
         self.weight_decay = weight_decay;
-        self
+        self.check().map(|()| self)
+    }
+
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> Result<Self> {
+        self.betas = (beta1, beta2);
+        self.check().map(|()| self)
+    }
+
+    pub fn eps(mut self, eps: f64) -> Result<Self> {
+        self.eps = eps;
+        self.check().map(|()| self)
+    }
+
+    fn kind(&self) -> &'static str {
+        if self.decoupled {
+            "AdamW"
+        } else {
+            "Adam"
+        }
+    }
+
+    /// `torch.optim.Adam`'s checks (betas in [0, 1), non-negative lr, eps and weight decay, all
+    /// finite), at construction, at every setter and at every step.
+    pub fn check(&self) -> Result<()> {
+        let op = self.kind();
+        let (b1, b2) = self.betas;
+        check_hyper(op, "learning rate", self.lr, self.lr >= 0.0)?;
+        check_hyper(op, "epsilon value", self.eps, self.eps >= 0.0)?;
+        check_hyper(
+            op,
+            "beta parameter at index 0",
+            b1,
+            (0.0..1.0).contains(&b1),
+        )?;
+        check_hyper(
+            op,
+            "beta parameter at index 1",
+            b2,
+            (0.0..1.0).contains(&b2),
+        )?;
+        check_hyper(
+            op,
+            "weight_decay value",
+            self.weight_decay,
+            self.weight_decay >= 0.0,
+        )
     }
 
     fn step_one(&mut self, i: usize) -> Result<()> {
@@ -370,6 +628,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
+        self.check()?;
         let _scope = crate::alloc::kiln_scope(|| "Adam.step".into(), "kiln optim");
         // One op: what the step allocates and frees is a temporary.
         let _op = crate::alloc::op_scope();
@@ -378,47 +637,90 @@ impl Optimizer for Adam {
     fn params(&self) -> &[Tensor] {
         &self.params
     }
-    fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let mut v = Vec::new();
+    fn state_dict(&self) -> StateDict {
+        let mut tensors = Vec::new();
         for i in 0..self.params.len() {
             if let (Some(m), Some(s)) = (&self.exp_avg[i], &self.exp_avg_sq[i]) {
-                // PyTorch keeps `step` as a CPU tensor.
+                // PyTorch keeps `step` as a 0-d CPU float tensor; kiln's is f64, exact for any
+                // step count a run reaches (f32 stops counting at 2^24).
                 let step = crate::Device::cpu()
-                    .and_then(|cpu| Tensor::full(&[], self.steps[i] as f64, DType::F32, &cpu));
+                    .and_then(|cpu| Tensor::full(&[], self.steps[i] as f64, DType::F64, &cpu));
                 if let Ok(step) = step {
-                    v.push((format!("state.{i}.step"), step));
+                    tensors.push((format!("state.{i}.step"), step));
                 }
-                v.push((format!("state.{i}.exp_avg"), m.clone()));
-                v.push((format!("state.{i}.exp_avg_sq"), s.clone()));
+                tensors.push((format!("state.{i}.exp_avg"), m.clone()));
+                tensors.push((format!("state.{i}.exp_avg_sq"), s.clone()));
             }
         }
-        v
+        let group = [
+            ("lr", float_text(self.lr)),
+            (
+                "betas",
+                list_text([float_text(self.betas.0), float_text(self.betas.1)]),
+            ),
+            ("eps", float_text(self.eps)),
+            ("weight_decay", float_text(self.weight_decay)),
+            ("amsgrad", "false".into()),
+        ];
+        StateDict {
+            tensors,
+            metadata: group_metadata(self.kind(), self.params.len(), group),
+        }
     }
-    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
-        for (key, t) in state {
-            if key.ends_with(".step") {
-                let i = key
-                    .trim_start_matches("state.")
-                    .trim_end_matches(".step")
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&i| i < self.steps.len())
-                    .ok_or_else(|| Error::InvalidArgument {
-                        op: "load_state_dict",
-                        msg: format!("{key}: no such parameter"),
-                    })?;
-                self.steps[i] = t.to_f64_vec()?.first().copied().unwrap_or(0.0) as u64;
-                continue;
-            }
-            let loaded = load_into(&mut self.exp_avg, &self.params, "exp_avg", &key, t.clone())?
-                || load_into(&mut self.exp_avg_sq, &self.params, "exp_avg_sq", &key, t)?;
-            if !loaded {
-                return Err(Error::InvalidArgument {
-                    op: "load_state_dict",
-                    msg: format!("Adam has no state {key:?}"),
-                });
-            }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        let op = if self.decoupled {
+            "AdamW.load_state_dict"
+        } else {
+            "Adam.load_state_dict"
+        };
+        check_groups(op, state, self.kind(), self.params.len())?;
+        let betas: Vec<f64> = parse_list(
+            op,
+            "param_groups.0.betas",
+            &group_value::<String>(op, state, "betas")?,
+        )?;
+        let [b1, b2] = betas[..] else {
+            return Err(invalid(
+                op,
+                format!("param_groups.0.betas: two values, got {betas:?}"),
+            ));
+        };
+        if group_value::<bool>(op, state, "amsgrad")? {
+            return Err(invalid(op, "amsgrad is not implemented in kiln".into()));
         }
+        let n = self.params.len();
+        let mut next = Adam {
+            params: Vec::new(),
+            lr: group_value(op, state, "lr")?,
+            betas: (b1, b2),
+            eps: group_value(op, state, "eps")?,
+            weight_decay: group_value(op, state, "weight_decay")?,
+            decoupled: self.decoupled,
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+            steps: vec![0; n],
+        };
+        next.check()?;
+        let (mut slots, steps) = stage_state(op, state, &self.params, &["exp_avg", "exp_avg_sq"])?;
+        for i in 0..n {
+            let present = [
+                slots[0][i].is_some(),
+                slots[1][i].is_some(),
+                steps[i].is_some(),
+            ];
+            if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
+                return Err(invalid(
+                    op,
+                    format!("state.{i}: step, exp_avg and exp_avg_sq come together"),
+                ));
+            }
+            next.steps[i] = steps[i].unwrap_or(0);
+        }
+        next.exp_avg_sq = slots.remove(1);
+        next.exp_avg = slots.remove(0);
+        next.params = std::mem::take(&mut self.params);
+        *self = next;
         Ok(())
     }
 }

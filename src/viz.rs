@@ -9,6 +9,7 @@
 //! (DejaVu, Liberation, Arial); without one the PNG has no labels (the SVG always has them).
 
 use crate::alloc::{MemoryCategory, Snapshot, TraceAction};
+use crate::base::write_atomic_with;
 use crate::{Error, Result};
 use plotters::prelude::*;
 use std::collections::HashMap;
@@ -499,15 +500,19 @@ fn bitmap_font() -> bool {
 /// Writes the timeline of `snapshot` as an SVG.
 pub fn write_timeline_svg(snapshot: &Snapshot, path: &Path, opts: &TimelineOptions) -> Result<()> {
     let tl = Timeline::from_snapshot(snapshot, opts.device);
-    let area = SVGBackend::new(path, (opts.width, opts.height)).into_drawing_area();
-    draw(&area, &tl, opts, true)
+    write_atomic_with("write_timeline_svg", path, |tmp| {
+        let area = SVGBackend::new(tmp, (opts.width, opts.height)).into_drawing_area();
+        draw(&area, &tl, opts, true)
+    })
 }
 
 /// Writes the timeline of `snapshot` as a PNG (labels where a font is found).
 pub fn write_timeline_png(snapshot: &Snapshot, path: &Path, opts: &TimelineOptions) -> Result<()> {
     let tl = Timeline::from_snapshot(snapshot, opts.device);
-    let area = BitMapBackend::new(path, (opts.width, opts.height)).into_drawing_area();
-    draw(&area, &tl, opts, bitmap_font())
+    write_atomic_with("write_timeline_png", path, |tmp| {
+        let area = BitMapBackend::new(tmp, (opts.width, opts.height)).into_drawing_area();
+        draw(&area, &tl, opts, bitmap_font())
+    })
 }
 
 /// Writes `{stem}.svg` and `{stem}.png`.
@@ -652,13 +657,17 @@ where
 /// Writes the categorised memory timeline as an SVG.
 pub fn write_category_timeline_svg(tl: &CategorySeries, path: &Path, title: &str) -> Result<()> {
     let size = (1400, 700);
-    let area = SVGBackend::new(path, size).into_drawing_area();
-    draw_categories(&area, tl, title, size, true)
+    write_atomic_with("export_memory_timeline", path, |tmp| {
+        let area = SVGBackend::new(tmp, size).into_drawing_area();
+        draw_categories(&area, tl, title, size, true)
+    })
 }
 
 /// Writes the categorised memory timeline as a PNG (labels where a font is found).
 pub fn write_category_timeline_png(tl: &CategorySeries, path: &Path, title: &str) -> Result<()> {
     let size = (1400, 700);
-    let area = BitMapBackend::new(path, size).into_drawing_area();
-    draw_categories(&area, tl, title, size, bitmap_font())
+    write_atomic_with("export_memory_timeline", path, |tmp| {
+        let area = BitMapBackend::new(tmp, size).into_drawing_area();
+        draw_categories(&area, tl, title, size, bitmap_font())
+    })
 }

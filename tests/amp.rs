@@ -380,20 +380,12 @@ fn a_skipped_step_leaves_parameters_and_adam_state_bit_identical() {
         };
         assert!(run(&mut opt, &mut scaler, false));
         assert!(run(&mut opt, &mut scaler, false));
-        let snapshot = |opt: &Adam| -> Vec<(String, Vec<u32>)> {
-            let mut v: Vec<(String, Vec<u32>)> = lin
+        let snapshot = |opt: &Adam| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<(String, Vec<u8>)> = lin
                 .named_parameters()
                 .into_iter()
                 .chain(opt.state_tensors())
-                .map(|(n, t)| {
-                    let bits = t
-                        .to_vec::<f32>()
-                        .unwrap()
-                        .iter()
-                        .map(|f| f.to_bits())
-                        .collect();
-                    (n, bits)
-                })
+                .map(|(n, t)| (n, t.to_le_bytes().unwrap()))
                 .collect();
             v.sort();
             v
@@ -561,7 +553,12 @@ fn fused_optimizers_update_f16_parameters_like_the_cpu_reference() {
             .unwrap();
         let mut opt: Box<dyn Optimizer> = match adam {
             true => Box::new(Adam::new(vec![p.clone()], 1e-2).unwrap()),
-            false => Box::new(Sgd::new(vec![p.clone()], 0.1).unwrap().momentum(0.9)),
+            false => Box::new(
+                Sgd::new(vec![p.clone()], 0.1)
+                    .unwrap()
+                    .momentum(0.9)
+                    .unwrap(),
+            ),
         };
         for _ in 0..3 {
             let g = Tensor::from_slice(&grads, &[64], dev)
@@ -600,7 +597,10 @@ fn train_accuracy(dev: &Device, amp: bool) -> f64 {
         .push(Linear::new(784, 128, true, dev).unwrap())
         .push(Relu)
         .push(Linear::new(128, 10, true, dev).unwrap());
-    let mut opt = Sgd::new(model.parameters(), 0.05).unwrap().momentum(0.9);
+    let mut opt = Sgd::new(model.parameters(), 0.05)
+        .unwrap()
+        .momentum(0.9)
+        .unwrap();
     let mut scaler = GradScaler::new().enabled(amp);
     let dt = device_type(dev);
     let batch = |set: &kiln::data::ImageSet, idx: &[usize]| {

@@ -179,7 +179,10 @@ fn batch(dev: &Device) -> (Tensor, Tensor) {
 fn training_memory_is_steady_after_the_second_step() {
     for dev in devices() {
         let model = mlp(&dev);
-        let mut opt = Sgd::new(model.parameters(), 0.1).unwrap().momentum(0.9);
+        let mut opt = Sgd::new(model.parameters(), 0.1)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap();
         let (x, y) = batch(&dev);
         let mut after = Vec::new();
         let mut losses = Vec::new();
@@ -353,15 +356,22 @@ fn fused_optimizers_match_the_cpu_formulas() {
                         Sgd::new(vec![p.clone()], 0.1)
                             .unwrap()
                             .momentum(0.9)
-                            .weight_decay(0.01),
+                            .and_then(|o| o.weight_decay(0.01))
+                            .unwrap(),
                     ),
                     "nesterov" => Box::new(
                         Sgd::new(vec![p.clone()], 0.1)
                             .unwrap()
                             .momentum(0.9)
-                            .nesterov(true),
+                            .and_then(|o| o.nesterov(true))
+                            .unwrap(),
                     ),
-                    "adam" => Box::new(Adam::new(vec![p.clone()], 0.01).unwrap().weight_decay(0.1)),
+                    "adam" => Box::new(
+                        Adam::new(vec![p.clone()], 0.01)
+                            .unwrap()
+                            .weight_decay(0.1)
+                            .unwrap(),
+                    ),
                     _ => Box::new(Adam::adamw(vec![p.clone()], 0.01).unwrap()),
                 };
                 for _ in 0..3 {

@@ -17,7 +17,10 @@ fn profile_records_scopes_kernels_and_memory_with_pytorchs_table() {
             .push(Linear::new(64, 128, true, &dev).unwrap())
             .push(Relu)
             .push(Linear::new(128, 10, true, &dev).unwrap());
-        let mut opt = Sgd::new(model.parameters(), 0.1).unwrap().momentum(0.9);
+        let mut opt = Sgd::new(model.parameters(), 0.1)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap();
         let x = Tensor::randn(&[32, 64], DType::F32, &dev).unwrap();
         let y = Tensor::from_slice(&[1i32; 32], &[32], &dev).unwrap();
         let host = Tensor::randn(&[1 << 16], DType::F32, &Device::cpu().unwrap()).unwrap();
@@ -248,7 +251,10 @@ fn memory_timeline_splits_bytes_by_category() {
             .iter()
             .map(|p| (p.numel() * 4) as u64)
             .sum();
-        let mut opt = Sgd::new(model.parameters(), 0.1).unwrap().momentum(0.9);
+        let mut opt = Sgd::new(model.parameters(), 0.1)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap();
         let host_x = Tensor::randn(&[32, 64], DType::F32, &cpu).unwrap();
         let host_y = Tensor::from_slice(&[1i32; 32], &[32], &cpu).unwrap();
         let opts = ProfileOptions {

@@ -89,7 +89,10 @@ fn dump_snapshot_pickle_reads_back_in_python_with_kiln_frames() {
             .push(Linear::new(16, 32, true, &dev).unwrap())
             .push(Relu)
             .push(Linear::new(32, 4, true, &dev).unwrap());
-        let mut opt = Sgd::new(model.parameters(), 0.1).unwrap().momentum(0.9);
+        let mut opt = Sgd::new(model.parameters(), 0.1)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap();
         let x = Tensor::randn(&[8, 16], DType::F32, &dev).unwrap();
         let y = Tensor::from_slice(&[0i32, 1, 2, 3, 0, 1, 2, 3], &[8], &dev).unwrap();
         for _ in 0..2 {

@@ -139,7 +139,7 @@ pub fn loader_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         .push(Linear::new(hidden, hidden, true, dev)?)
         .push(Relu)
         .push(Linear::new(hidden, 10, true, dev)?);
-    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
     let mut step = |x: &Tensor, y: &Tensor| -> kiln::Result<()> {
         opt.zero_grad(true)?;
         let x = x.reshape(&[-1, 784])?;

@@ -443,7 +443,7 @@ fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     } else {
         ("resnet50", resnet50(1000, dev)?, 32, 224)
     };
-    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9);
+    let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
     let x = Tensor::randn(&[n, 3, hw, hw], DType::F32, dev)?;
     let labels: Vec<i32> = (0..n as i32).map(|i| i * 31 % 1000).collect();
     let y = Tensor::from_slice(&labels, &[n], dev)?;
@@ -531,7 +531,7 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             let model = model.push(Linear::new(last, 10, true, dev)?);
             let mut opt: Box<dyn Optimizer> = match opt_name {
                 "Adam" => Box::new(Adam::new(model.parameters(), 1e-3)?),
-                _ => Box::new(Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)),
+                _ => Box::new(Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?),
             };
             let mut scaler = GradScaler::new().enabled(amp);
             let x = Tensor::randn(&[batch, 784], DType::F32, dev)?;
@@ -577,9 +577,113 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 }
 
 /// The suites `--suite` takes.
-const SUITES: [&str; 9] = [
-    "all", "ops", "matmul", "alloc", "conv", "resnet", "train", "transfer", "loader",
+const SUITES: [&str; 10] = [
+    "all",
+    "ops",
+    "matmul",
+    "alloc",
+    "conv",
+    "resnet",
+    "train",
+    "transfer",
+    "loader",
+    "checkpoint",
 ];
+
+/// What a durable checkpoint costs: ResNet-50's state dict (25,557,032 parameters plus the
+/// BatchNorm buffers, 97.5 MiB) and a training checkpoint with SGD momentum for every
+/// parameter (twice that), saved the way kiln saved before issue 21 (serialised straight over
+/// the target, no flush) and the way it saves now (a temporary file beside it, fsync, rename),
+/// and loaded back with every key, shape and dtype checked. The median of three, in the
+/// system's temporary directory; the tensors start on the device, so reading them back counts.
+fn checkpoint_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::nn::{models::resnet50, state_dict, Module};
+    use kiln::training::Checkpoint;
+    let model = resnet50(1000, dev)?;
+    let named = state_dict(&model);
+    let mut sgd = kiln::optim::Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
+    // Momentum buffers as a first step makes them, without running the model: a gradient of
+    // ones per parameter.
+    for p in model.parameters() {
+        p.set_grad(Some(p.ones_like()?))?;
+    }
+    kiln::optim::Optimizer::step(&mut sgd)?;
+    let dir = std::env::temp_dir().join(format!("kiln-bench-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| kiln::Error::Io {
+        op: "bench",
+        path: dir.display().to_string(),
+        msg: e.to_string(),
+    })?;
+    let path = dir.join("resnet50.safetensors");
+    let median = |f: &mut dyn FnMut() -> kiln::Result<()>| -> kiln::Result<f64> {
+        let mut t = Vec::new();
+        for _ in 0..3 {
+            let start = Instant::now();
+            f()?;
+            t.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[1])
+    };
+    // Before: the state dict serialised straight onto the path.
+    let in_place = median(&mut || {
+        let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = named
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_le_bytes()?, t.shape().to_vec())))
+            .collect::<kiln::Result<_>>()?;
+        let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+            .iter()
+            .map(|(n, b, s)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                        .expect("a consistent view"),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).map_err(|e| kiln::Error::Io {
+            op: "bench",
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })
+    })?;
+    let atomic = median(&mut || kiln::nn::save_safetensors(&path, &named))?;
+    let ck_path = dir.join("checkpoint.safetensors");
+    let checkpoint = median(&mut || {
+        Checkpoint {
+            model: named.clone(),
+            optimizer: Some(&mut sgd),
+            generator: Some(dev.clone()),
+            ..Default::default()
+        }
+        .save(&ck_path)
+    })?;
+    let load = median(&mut || {
+        Checkpoint {
+            model: named.clone(),
+            optimizer: Some(&mut sgd),
+            generator: Some(dev.clone()),
+            ..Default::default()
+        }
+        .load(&ck_path)
+    })?;
+    let _ = std::fs::remove_dir_all(&dir);
+    for (case, value) in [
+        ("resnet50 state dict save, in place (before)", in_place),
+        ("resnet50 state dict save, atomic + fsync", atomic),
+        ("resnet50 + SGD momentum checkpoint save", checkpoint),
+        ("resnet50 + SGD momentum checkpoint load", load),
+    ] {
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "ckpt",
+            case: case.into(),
+            value,
+            unit: "ms",
+        });
+    }
+    Ok(())
+}
 
 fn main() -> kiln::Result<()> {
     // An unknown option, a missing value or an unknown suite is an error that lists the valid
@@ -645,6 +749,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "loader" {
             host::loader_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "checkpoint" {
+            checkpoint_suite(dev, &mut rows)?;
         }
     }
     println!(

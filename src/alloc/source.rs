@@ -70,13 +70,30 @@ pub struct HostMemory {
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
-    fn new(size_bytes: u64) -> Self {
-        // calloc'd zero pages: untouched memory costs nothing until a tensor writes it.
-        let zeroed: Box<[u64]> = vec![0u64; size_bytes.div_ceil(8) as usize].into_boxed_slice();
-        // SAFETY: UnsafeCell<u64> is repr(transparent) over u64.
-        let words =
-            unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [std::cell::UnsafeCell<u64>]) };
-        HostMemory { words, size_bytes }
+    /// Zeroed memory, or `None` where the system refuses it: a huge request is an OOM the
+    /// allocator reports, never an abort of the process (as `vec![0; n]` would be).
+    fn new(size_bytes: u64) -> Option<Self> {
+        let n = usize::try_from(size_bytes.div_ceil(8)).ok()?;
+        let words: Box<[std::cell::UnsafeCell<u64>]> = if n == 0 {
+            Box::new([])
+        } else {
+            let layout = std::alloc::Layout::array::<u64>(n).ok()?;
+            // SAFETY: the layout has a non-zero size. calloc'd zero pages: untouched memory
+            // costs nothing until a tensor writes it.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                return None;
+            }
+            // SAFETY: `ptr` holds `n` zeroed u64 allocated with the layout of `[u64; n]`, which
+            // is the layout `Box<[UnsafeCell<u64>]>` frees with (UnsafeCell is transparent).
+            unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    ptr as *mut std::cell::UnsafeCell<u64>,
+                    n,
+                ))
+            }
+        };
+        Some(HostMemory { words, size_bytes })
     }
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
@@ -103,12 +120,13 @@ impl SegmentSource for HostSource {
 
     fn allocate(&mut self, size_bytes: u64) -> Result<HostSegment, SourceError> {
         if let Some(cap) = self.capacity {
-            if self.in_use + size_bytes > cap {
+            if self.in_use.saturating_add(size_bytes) > cap {
                 return Err(SourceError::OutOfMemory);
             }
         }
+        let memory = HostMemory::new(size_bytes).ok_or(SourceError::OutOfMemory)?;
         self.in_use += size_bytes;
-        Ok(std::sync::Arc::new(HostMemory::new(size_bytes)))
+        Ok(std::sync::Arc::new(memory))
     }
 
     fn release(&mut self, handle: HostSegment) {

@@ -112,6 +112,23 @@ pub enum Error {
         expected: u64,
     },
 
+    /// Reading or writing a file failed (the OS's reason).
+    #[error("{op}: {path}: {msg}")]
+    Io {
+        op: &'static str,
+        path: String,
+        msg: String,
+    },
+
+    /// A file that is not what it claims to be: truncated, corrupted, a header that does not
+    /// match its data, or one that does not fit what it is loaded into (the key is named).
+    #[error("{op}: {path}: {msg}")]
+    InvalidFile {
+        op: &'static str,
+        path: String,
+        msg: String,
+    },
+
     /// `KILN_REQUIRE_GPU=1` is set and no GPU adapter (software ones count) was found.
     #[error("KILN_REQUIRE_GPU is set but wgpu found no GPU adapter")]
     GpuRequired,

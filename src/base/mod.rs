@@ -9,6 +9,7 @@ mod dtype;
 mod elementwise;
 mod error;
 mod format;
+mod fs;
 mod oom;
 
 pub use compare::CmpOp;
@@ -18,6 +19,7 @@ pub use dtype::{DType, Element};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use error::{Error, Result};
 pub use format::format_size;
+pub(crate) use fs::{write_atomic, write_atomic_with};
 pub use oom::OutOfMemory;
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: kiln's shared state

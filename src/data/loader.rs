@@ -9,6 +9,7 @@ use crate::host::PinnedKind;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
@@ -74,7 +75,90 @@ pub struct DataLoader<D: Dataset> {
     dataset: Arc<D>,
     device: Device,
     options: LoaderOptions,
+    /// Epochs started (the next `iter` draws epoch `epoch`'s order).
     epoch: u64,
+    /// Batches the last `iter` handed out, shared with it, and how many it holds.
+    handed_out: Arc<AtomicUsize>,
+    in_flight: usize,
+    /// Batches of the next epoch to skip: a resumed run continues mid-epoch.
+    resume_at: usize,
+}
+
+/// Where a loader is (torchdata's `StatefulDataLoader.state_dict()`): the epoch whose batches
+/// are being handed out and how many of them were handed out, with what fixes the order. A
+/// loader restored from it hands out exactly the batches the saved one would have next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoaderState {
+    pub epoch: u64,
+    pub position: usize,
+    pub seed: u64,
+    pub batch_size: usize,
+    pub dataset_len: usize,
+}
+
+/// A loader whose position a training checkpoint saves and restores (object safe, so that one
+/// checkpoint call takes any `DataLoader<D>`).
+pub trait Resumable {
+    fn loader_state(&self) -> LoaderState;
+    /// Checks that `state` fits this loader (same dataset size and batch size, a position
+    /// within the epoch) without changing anything.
+    fn check_loader_state(&self, state: &LoaderState) -> Result<()>;
+    /// Restores `state` (checked first): the next `iter` resumes there.
+    fn load_loader_state(&mut self, state: &LoaderState) -> Result<()>;
+}
+
+impl<D: Dataset> Resumable for DataLoader<D> {
+    fn loader_state(&self) -> LoaderState {
+        let done = self.handed_out.load(Ordering::Acquire);
+        let (epoch, position) = if self.epoch > 0 && done < self.in_flight {
+            (self.epoch - 1, done)
+        } else {
+            (self.epoch, self.resume_at)
+        };
+        LoaderState {
+            epoch,
+            position,
+            seed: self.options.seed,
+            batch_size: self.options.batch_size,
+            dataset_len: self.dataset.len(),
+        }
+    }
+
+    fn check_loader_state(&self, state: &LoaderState) -> Result<()> {
+        let bad = |msg: String| {
+            Err(Error::InvalidArgument {
+                op: "DataLoader.load_state_dict",
+                msg,
+            })
+        };
+        if state.batch_size != self.options.batch_size || state.dataset_len != self.dataset.len() {
+            return bad(format!(
+                "saved for {} samples in batches of {}, this loader has {} in batches of {}",
+                state.dataset_len,
+                state.batch_size,
+                self.dataset.len(),
+                self.options.batch_size
+            ));
+        }
+        if state.position > self.len() {
+            return bad(format!(
+                "position {} is past the {} batches of an epoch",
+                state.position,
+                self.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn load_loader_state(&mut self, state: &LoaderState) -> Result<()> {
+        self.check_loader_state(state)?;
+        self.epoch = state.epoch;
+        self.resume_at = state.position;
+        self.options.seed = state.seed;
+        self.handed_out = Arc::new(AtomicUsize::new(0));
+        self.in_flight = 0;
+        Ok(())
+    }
 }
 
 /// One batch on the device: features [n, ...sample_shape] (f32) and labels [n] (i32).
@@ -93,6 +177,9 @@ impl<D: Dataset> DataLoader<D> {
             device: device.clone(),
             options,
             epoch: 0,
+            handed_out: Arc::new(AtomicUsize::new(0)),
+            in_flight: 0,
+            resume_at: 0,
         })
     }
 
@@ -126,7 +213,8 @@ impl<D: Dataset> DataLoader<D> {
         order
     }
 
-    /// One epoch's batches, in order, on the device.
+    /// One epoch's batches, in order, on the device (after `load_loader_state`, the rest of
+    /// the saved epoch).
     pub fn iter(&mut self) -> Batches {
         let order = self.order();
         let b = self.options.batch_size;
@@ -134,6 +222,10 @@ impl<D: Dataset> DataLoader<D> {
         if self.options.drop_last && batches.last().is_some_and(|l| l.len() < b) {
             batches.pop();
         }
+        let skip = std::mem::take(&mut self.resume_at).min(batches.len());
+        self.in_flight = batches.len();
+        self.handed_out = Arc::new(AtomicUsize::new(skip));
+        let batches: Vec<Vec<usize>> = batches.split_off(skip);
         let pinned = self.options.pin_memory && !self.device.is_cpu();
         let depth = self.options.prefetch.max(1);
         let (tx, rx) = sync_channel(depth);
@@ -149,6 +241,7 @@ impl<D: Dataset> DataLoader<D> {
             }
         });
         Batches {
+            handed_out: self.handed_out.clone(),
             rx,
             ready: VecDeque::new(),
             device: self.device.clone(),
@@ -219,6 +312,8 @@ fn assemble<D: Dataset>(
 /// An epoch in flight: `next` hands out batch k while batches k+1.. are being assembled by the
 /// worker and uploaded.
 pub struct Batches {
+    /// Counts the batches `next` returned, for the loader's `loader_state`.
+    handed_out: Arc<AtomicUsize>,
     rx: Receiver<Result<Batch>>,
     ready: VecDeque<Batch>,
     device: Device,
@@ -263,7 +358,9 @@ impl Iterator for Batches {
                 None => break,
             }
         }
-        self.ready.pop_front().map(Ok)
+        let batch = self.ready.pop_front()?;
+        self.handed_out.fetch_add(1, Ordering::AcqRel);
+        Some(Ok(batch))
     }
 }
 

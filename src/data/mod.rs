@@ -4,7 +4,7 @@
 
 mod loader;
 
-pub use loader::{Batch, Batches, DataLoader, Dataset, LoaderOptions};
+pub use loader::{Batch, Batches, DataLoader, Dataset, LoaderOptions, LoaderState, Resumable};
 
 use crate::{Error, Result};
 use std::path::Path;

@@ -40,6 +40,14 @@ pub(crate) fn wgpu_err<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> 
 
 pub(crate) use crate::base::lock;
 
+/// A device generator's state: the seed and the counter offset of the next draw (kiln's
+/// generator is counter-based, as CUDA's Philox is, so this pair is all of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RngState {
+    pub seed: u64,
+    pub offset: u64,
+}
+
 /// A device: cheap to clone, shared by the tensors on it.
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
@@ -291,6 +299,18 @@ impl Device {
         lock(&self.0.rng).0
     }
 
+    /// The generator's state (`torch.cuda.get_rng_state()`, whose Philox state is the same
+    /// pair): a checkpoint saves it so that a resumed run draws what the interrupted one would.
+    pub fn get_rng_state(&self) -> RngState {
+        let (seed, offset) = *lock(&self.0.rng);
+        RngState { seed, offset }
+    }
+
+    /// Restores `get_rng_state`'s value (`torch.cuda.set_rng_state`).
+    pub fn set_rng_state(&self, state: RngState) {
+        *lock(&self.0.rng) = (state.seed, state.offset);
+    }
+
     /// (seed, offset) for a draw of `counters` counters, advancing the offset.
     pub(crate) fn advance_rng(&self, counters: u64) -> (u64, u64) {
         let mut rng = lock(&self.0.rng);
@@ -422,10 +442,7 @@ impl Device {
         } else {
             snapshot.to_pickle()
         };
-        std::fs::write(path, bytes).map_err(|e| Error::InvalidArgument {
-            op: "dump_snapshot",
-            msg: format!("writing {}: {e}", path.display()),
-        })
+        crate::base::write_atomic("dump_snapshot", path, &bytes)
     }
 
     /// Whether this device records an alloc/free trace now.

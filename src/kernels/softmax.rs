@@ -33,7 +33,7 @@ impl SoftmaxKernel {
         } else {
             (
                 t.to_string(),
-                "return vec4<f32>(f32(x[offset(e)]), NEG, NEG, NEG);".to_string(),
+                "return vec4<f32>(f32(x[offset(e)]), neg_inf(), neg_inf(), neg_inf());".to_string(),
                 format!("out[e] = {t}(v.x);"),
             )
         };

@@ -16,7 +16,7 @@ pub use layers::{
 };
 pub use loss::{cross_entropy, mse_loss, nll_loss};
 pub use recurrent::LstmCell;
-pub use state::{load_safetensors, load_state_dict, save_safetensors, state_dict};
+pub use state::{load_safetensors, load_state_dict, save_safetensors, state_dict, StateDict};
 pub use utils::clip_grad_norm_;
 
 use crate::tensor::Tensor;

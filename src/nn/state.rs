@@ -7,12 +7,84 @@ use crate::tensor::{DType, Tensor};
 use crate::{Device, Error, Result};
 use safetensors::{Dtype, View};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 fn st_error(op: &'static str, path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::InvalidArgument {
+    Error::InvalidFile {
         op,
-        msg: format!("{}: {e}", path.display()),
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    }
+}
+
+/// Named tensors with the string metadata a safetensors header carries: how optimizers,
+/// GradScaler, generators and loaders put their state next to a model's (PyTorch keeps these in
+/// one pickled dict; safetensors keeps tensors as tensors and scalars as header metadata).
+#[derive(Clone, Default)]
+pub struct StateDict {
+    pub tensors: Vec<(String, Tensor)>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl StateDict {
+    /// The tensor named `key`.
+    pub fn tensor(&self, key: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == key).map(|(_, t)| t)
+    }
+
+    /// Every key with `prefix` added (`model.` + `0.weight`), to nest one state in another.
+    pub fn prefixed(self, prefix: &str) -> StateDict {
+        StateDict {
+            tensors: self
+                .tensors
+                .into_iter()
+                .map(|(n, t)| (format!("{prefix}{n}"), t))
+                .collect(),
+            metadata: self
+                .metadata
+                .into_iter()
+                .map(|(k, v)| (format!("{prefix}{k}"), v))
+                .collect(),
+        }
+    }
+
+    /// The entries under `prefix`, with the prefix removed.
+    pub fn section(&self, prefix: &str) -> StateDict {
+        StateDict {
+            tensors: self
+                .tensors
+                .iter()
+                .filter_map(|(n, t)| Some((n.strip_prefix(prefix)?.to_string(), t.clone())))
+                .collect(),
+            metadata: self
+                .metadata
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v.clone())))
+                .collect(),
+        }
+    }
+
+    /// Adds another state's entries.
+    pub fn extend(&mut self, other: StateDict) {
+        self.tensors.extend(other.tensors);
+        self.metadata.extend(other.metadata);
+    }
+
+    /// Writes the tensors and the metadata to a safetensors file, atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_safetensors(path, &self.tensors, &self.metadata)
+    }
+
+    /// Reads a safetensors file (tensors onto `device`, metadata as written). A file that is
+    /// truncated or corrupted is an `InvalidFile` error; nothing is allocated for it.
+    pub fn load(path: &Path, device: &Device) -> Result<StateDict> {
+        let (host, metadata) = read_safetensors(path)?;
+        let tensors = host
+            .into_iter()
+            .map(|(name, h)| Ok((name, h.upload(device)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StateDict { tensors, metadata })
     }
 }
 
@@ -61,12 +133,37 @@ fn from_st(d: Dtype) -> Option<DType> {
     })
 }
 
-/// Writes named tensors (any devices; a sync point) to a safetensors file.
-pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+/// A tensor read from a file, still in host memory: its name, shape and dtype can be checked
+/// against what it will be loaded into before anything is allocated or changed.
+struct HostTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+impl HostTensor {
+    fn upload(&self, device: &Device) -> Result<Tensor> {
+        Tensor::from_le_bytes(&self.bytes, &self.shape, self.dtype, device)
+    }
+}
+
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    const OP: &str = "save_safetensors";
+    let mut names = std::collections::HashSet::new();
     let bytes = tensors
         .iter()
         .map(|(name, t)| {
-            let data = t.contiguous_bytes()?;
+            if !names.insert(name.as_str()) {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    msg: format!("the name {name:?} is used twice"),
+                });
+            }
+            let data = t.to_le_bytes()?;
             Ok((
                 name.clone(),
                 Bytes {
@@ -77,57 +174,103 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()>
             ))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(bytes.iter().map(|(n, b)| (n.as_str(), b)), None, path)
-        .map_err(|e| st_error("save_safetensors", path, e))
+    let info = (!metadata.is_empty()).then(|| {
+        metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    });
+    let serialized = safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info)
+        .map_err(|e| Error::InvalidArgument {
+            op: OP,
+            msg: format!("{}: {e}", path.display()),
+        })?;
+    crate::base::write_atomic(OP, path, &serialized)
 }
 
-/// Reads every tensor of a safetensors file onto `device`, in the file's order of names.
-pub fn load_safetensors(path: &Path, device: &Device) -> Result<Vec<(String, Tensor)>> {
-    let buffer = std::fs::read(path).map_err(|e| st_error("load_safetensors", path, e))?;
-    let st = safetensors::SafeTensors::deserialize(&buffer)
-        .map_err(|e| st_error("load_safetensors", path, e))?;
+/// Reads and validates a whole safetensors file into host memory: the header's offsets, shapes
+/// and dtypes against the data (the safetensors crate refuses truncated files, overlapping or
+/// short data, headers over 100 MB and sizes that overflow), and the dtypes against kiln's.
+/// A file's tensors in host memory, with its metadata.
+type HostFile = (Vec<(String, HostTensor)>, BTreeMap<String, String>);
+
+fn read_safetensors(path: &Path) -> Result<HostFile> {
+    const OP: &str = "load_safetensors";
+    let buffer = std::fs::read(path).map_err(|e| Error::Io {
+        op: OP,
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&buffer).map_err(|e| st_error(OP, path, e))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&buffer).map_err(|e| st_error(OP, path, e))?;
+    let metadata: BTreeMap<String, String> = header
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let mut out = Vec::new();
     let mut names = st.names();
     names.sort();
     for name in names {
-        let view = st
-            .tensor(name)
-            .map_err(|e| st_error("load_safetensors", path, e))?;
+        let view = st.tensor(name).map_err(|e| st_error(OP, path, e))?;
         if view.dtype() == Dtype::I64 {
             // PyTorch's integer buffers (BatchNorm's num_batches_tracked) are int64; kiln's
             // integers are 32-bit, so the values are narrowed, and refused if they do not fit.
-            let wide: Vec<i64> = view
+            let narrow = view
                 .data()
                 .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
-            let narrow = wide
-                .iter()
-                .map(|&v| i32::try_from(v))
+                .map(|c| i32::try_from(i64::from_le_bytes(c.try_into().expect("8 bytes"))))
                 .collect::<std::result::Result<Vec<i32>, _>>()
                 .map_err(|_| {
                     st_error(
-                        "load_safetensors",
+                        OP,
                         path,
                         format!("{name}: an int64 value does not fit kiln's i32"),
                     )
                 })?;
-            let bytes: Vec<u8> = narrow.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let t = Tensor::from_le_bytes(&bytes, view.shape(), DType::I32, device)?;
-            out.push((name.to_string(), t));
+            let bytes = narrow.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let shape = view.shape().to_vec();
+            out.push((
+                name.to_string(),
+                HostTensor {
+                    dtype: DType::I32,
+                    shape,
+                    bytes,
+                },
+            ));
             continue;
         }
         let dtype = from_st(view.dtype()).ok_or_else(|| {
             st_error(
-                "load_safetensors",
+                OP,
                 path,
                 format!("{name}: dtype {:?} is not one kiln has", view.dtype()),
             )
         })?;
-        let t = Tensor::from_le_bytes(view.data(), view.shape(), dtype, device)?;
-        out.push((name.to_string(), t));
+        crate::tensor::checked_numel(OP, view.shape())?;
+        out.push((
+            name.to_string(),
+            HostTensor {
+                dtype,
+                shape: view.shape().to_vec(),
+                bytes: view.data().to_vec(),
+            },
+        ));
     }
-    Ok(out)
+    Ok((out, metadata))
+}
+
+/// Writes named tensors (any devices; a sync point) to a safetensors file, atomically: the file
+/// at `path` is the old one or the new one at every moment, never a torn one.
+pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    write_safetensors(path, tensors, &BTreeMap::new())
+}
+
+/// Reads every tensor of a safetensors file onto `device`, in the file's order of names.
+pub fn load_safetensors(path: &Path, device: &Device) -> Result<Vec<(String, Tensor)>> {
+    Ok(StateDict::load(path, device)?.tensors)
 }
 
 /// `model.state_dict()`: parameters and buffers by path (detached handles).
@@ -160,19 +303,29 @@ pub fn load_state_dict(model: &mut dyn Module, state: &[(String, Tensor)]) -> Re
             msg: format!("missing keys {missing:?}, unexpected keys {unexpected:?}"),
         });
     }
-    for (name, target) in targets.iter_mut() {
-        let (_, src) = state
-            .iter()
-            .find(|(s, _)| s == name)
-            .expect("checked above");
-        if src.shape() != target.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "load_state_dict",
-                lhs: target.shape().to_vec(),
-                rhs: src.shape().to_vec(),
-            });
-        }
-        let src = src.to_device(target.device())?.to_dtype(target.dtype())?;
+    // Every shape is checked and every tensor staged on its target's device first: a bad key or
+    // an OOM leaves the model exactly as it was (no partial load).
+    let staged = targets
+        .iter()
+        .map(|(name, target)| {
+            let (_, src) = state
+                .iter()
+                .find(|(s, _)| s == name)
+                .expect("checked above");
+            if src.shape() != target.shape() {
+                return Err(Error::InvalidArgument {
+                    op: "load_state_dict",
+                    msg: format!(
+                        "size mismatch for {name}: copying a param with shape {:?}, the shape in the current model is {:?}",
+                        src.shape(),
+                        target.shape()
+                    ),
+                });
+            }
+            src.to_device(target.device())?.to_dtype(target.dtype())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for ((_, target), src) in targets.iter_mut().zip(staged) {
         crate::no_grad(|| target.copy_(&src))?;
     }
     Ok(())

@@ -13,6 +13,8 @@ impl Tensor {
         dtype: DType,
         device: &Device,
     ) -> Result<Tensor> {
+        // Refuse what the device cannot hold before building the values on the host.
+        drop(Tensor::empty(&[steps], dtype, device)?);
         let step = if steps > 1 {
             (end - start) / (steps - 1) as f64
         } else {
@@ -32,8 +34,15 @@ impl Tensor {
 
     /// The n x m identity matrix.
     pub fn eye(n: usize, m: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-        let values: Vec<f64> = (0..n * m).map(|i| (i / m == i % m) as u8 as f64).collect();
-        Self::from_f64_slice(&values, &[n, m], dtype, device)
+        // The device tensor first: an overflowing or unaffordable size is its typed error, not
+        // a host vector that aborts the process.
+        let out = Tensor::zeros(&[n, m], dtype, device)?;
+        if n.min(m) > 0 {
+            let diagonal = Tensor::ones(&[n.min(m)], dtype, device)?;
+            // The diagonal as a strided view: element i at i * (m + 1).
+            out.as_strided(&[n.min(m)], &[m + 1], 0).copy_(&diagonal)?;
+        }
+        Ok(out)
     }
 
     /// Joins tensors along `dim`; all other dims must match.
@@ -94,7 +103,13 @@ impl Tensor {
                     rhs: t.shape().to_vec(),
                 });
             }
-            shape[d] += t.shape()[d];
+            shape[d] =
+                shape[d]
+                    .checked_add(t.shape()[d])
+                    .ok_or_else(|| Error::InvalidArgument {
+                        op: OP,
+                        msg: format!("the size along dim {d} overflows"),
+                    })?;
         }
         let out = Tensor::empty(&shape, first.dtype(), first.device())?;
         let mut at = 0;

@@ -7,9 +7,11 @@ use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// PyTorch's output size: floor((in + 2p - d(k - 1) - 1) / s) + 1, or `None` if not positive.
+/// Every step is checked: huge padding, dilation or kernel sizes give `None`, never a wrapped size.
 fn out_size(input: usize, k: usize, s: usize, p: usize, d: usize) -> Option<usize> {
-    let span = d * (k.checked_sub(1)?) + 1;
-    (input + 2 * p).checked_sub(span).map(|r| r / s + 1)
+    let span = d.checked_mul(k.checked_sub(1)?)?.checked_add(1)?;
+    let padded = p.checked_mul(2)?.checked_add(input)?;
+    padded.checked_sub(span).map(|r| r / s.max(1) + 1)
 }
 
 fn check_4d(op: &'static str, t: &Tensor) -> Result<()> {
@@ -234,7 +236,7 @@ fn pool2d_forward(
             msg: "kernel and stride must be positive".into(),
         });
     }
-    if padding.0 * 2 > kernel.0 || padding.1 * 2 > kernel.1 {
+    if padding.0 > kernel.0 / 2 || padding.1 > kernel.1 / 2 {
         return Err(Error::InvalidArgument {
             op,
             msg: "pad should be at most half of the kernel size".into(),

@@ -6,7 +6,7 @@ use super::{coalesce_for_kernel, pack_dims, u32_of};
 use crate::cpu;
 use crate::graph::{save, save_output, BackwardFn};
 use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
-use crate::tensor::{dim, DType, Layout, Tensor};
+use crate::tensor::{dim, dims as dims_of, DType, Layout, Tensor};
 use crate::{Error, Result};
 
 /// Elements one workgroup reduces before the work is split across workgroups.
@@ -85,8 +85,8 @@ fn rows_layout(
 ) -> Result<(Tensor, usize, Vec<usize>)> {
     let rank = x.rank();
     let mut reduced = vec![dims.is_empty(); rank];
-    for &d in dims {
-        reduced[dim(op, d, rank)?] = true;
+    for d in dims_of(op, dims, rank)? {
+        reduced[d] = true;
     }
     let kept: Vec<usize> = (0..rank).filter(|&i| !reduced[i]).collect();
     let gone: Vec<usize> = (0..rank).filter(|&i| reduced[i]).collect();
@@ -105,8 +105,8 @@ fn rows_layout(
 /// The reduced dims of a rank-`rank` tensor, ascending (`dims` empty: all of them).
 fn reduced_dims(dims: &[isize], rank: usize, op: &'static str) -> Result<Vec<usize>> {
     let mut reduced = vec![dims.is_empty(); rank];
-    for &d in dims {
-        reduced[dim(op, d, rank)?] = true;
+    for d in dims_of(op, dims, rank)? {
+        reduced[d] = true;
     }
     Ok((0..rank).filter(|&i| reduced[i]).collect())
 }

@@ -16,8 +16,9 @@ fn word_aligned(t: &Tensor) -> bool {
 }
 
 impl Tensor {
-    /// The raw bytes of the elements in row-major order: a sync point on a GPU.
-    pub(crate) fn contiguous_bytes(&self) -> Result<Vec<u8>> {
+    /// The raw little-endian bytes of the elements in row-major order (`from_le_bytes`'s
+    /// inverse): a sync point on a GPU.
+    pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
         let t = self.contiguous()?;
         let mut bytes = t.storage.block.read()?;
         let start = t.layout.offset * t.dtype.size_bytes();
@@ -31,7 +32,7 @@ impl Tensor {
         crate::base::expect_dtype("to_vec", T::DTYPE, self.dtype)?;
         let w = self.dtype.size_bytes();
         Ok(self
-            .contiguous_bytes()?
+            .to_le_bytes()?
             .chunks_exact(w)
             .map(T::read_le)
             .collect())
@@ -39,7 +40,7 @@ impl Tensor {
 
     /// Any dtype as f64 (for tests and printing).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        let bytes = self.contiguous_bytes()?;
+        let bytes = self.to_le_bytes()?;
         let w = self.dtype.size_bytes();
         let decode = |c: &[u8]| match self.dtype {
             DType::F32 => f32::read_le(c).to_f64(),
@@ -137,7 +138,7 @@ impl Tensor {
                 return f(bytes);
             }
         }
-        f(&self.contiguous_bytes()?)
+        f(&self.to_le_bytes()?)
     }
 
     /// Runs `f` on the elements of a contiguous CPU tensor (pinned or not) in place, for the

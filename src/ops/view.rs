@@ -42,18 +42,23 @@ impl Tensor {
 
     /// Resolves one `-1` in `shape` against the element count.
     fn infer_shape(&self, op: &'static str, shape: &[isize]) -> Result<Vec<usize>> {
-        let known: usize = shape
-            .iter()
-            .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product();
-        let holes = shape.iter().filter(|&&d| d == -1).count();
         let bad = || Error::ShapeMismatch {
             op,
             lhs: self.shape().to_vec(),
             rhs: shape.iter().map(|&d| d.max(0) as usize).collect(),
         };
-        if holes > 1 || shape.iter().any(|&d| d < -1) {
+        if shape.iter().any(|&d| d < -1) {
+            return Err(bad());
+        }
+        let given: Vec<usize> = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .collect();
+        crate::tensor::checked_numel(op, &given)?;
+        let known: usize = given.iter().product();
+        let holes = shape.iter().filter(|&&d| d == -1).count();
+        if holes > 1 {
             return Err(bad());
         }
         let out: Vec<usize> = if holes == 1 {
@@ -172,19 +177,15 @@ impl Tensor {
                         msg: format!("{} dims for a tensor of rank {}", dims.len(), self.rank()),
                     });
                 }
-                let resolved = dims
-                    .iter()
-                    .map(|&d| dim("permute", d, self.rank()))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut seen = vec![false; self.rank()];
-                for &d in &resolved {
-                    if std::mem::replace(&mut seen[d], true) {
-                        return Err(Error::InvalidArgument {
+                // PyTorch: "permute(): duplicate dims are not allowed."
+                let resolved =
+                    crate::tensor::dims("permute", dims, self.rank()).map_err(|e| match e {
+                        Error::InvalidArgument { .. } => Error::InvalidArgument {
                             op: "permute",
-                            msg: format!("dim {d} repeated in {dims:?}"),
-                        });
-                    }
-                }
+                            msg: format!("duplicate dims are not allowed: {dims:?}"),
+                        },
+                        e => e,
+                    })?;
                 let shape = resolved.iter().map(|&d| self.layout.shape[d]).collect();
                 let strides = resolved.iter().map(|&d| self.layout.strides[d]).collect();
                 Ok(self.with_layout(Layout {
@@ -210,7 +211,7 @@ impl Tensor {
                 if start.checked_add(len).is_none_or(|end| end > size) {
                     return Err(Error::IndexOutOfRange {
                         op: "narrow",
-                        index: (start + len) as i64,
+                        index: i64::try_from(start.saturating_add(len)).unwrap_or(i64::MAX),
                         size,
                         what: "end",
                     });
@@ -304,7 +305,9 @@ impl Tensor {
         if s > e {
             return Err(Error::InvalidArgument {
                 op: "flatten",
-                msg: format!("start dim {s} after end dim {e}"),
+                msg: format!(
+                    "flatten() has invalid args: start_dim ({s}) cannot come after end_dim ({e})"
+                ),
             });
         }
         let mut shape: Vec<isize> = self.shape()[..s].iter().map(|&d| d as isize).collect();

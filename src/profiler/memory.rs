@@ -177,10 +177,9 @@ impl Profile {
         );
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         match ext {
-            "json" => std::fs::write(path, tl.to_json()).map_err(|e| Error::InvalidArgument {
-                op: "export_memory_timeline",
-                msg: format!("writing {}: {e}", path.display()),
-            }),
+            "json" => {
+                crate::base::write_atomic("export_memory_timeline", path, tl.to_json().as_bytes())
+            }
             "svg" => crate::viz::write_category_timeline_svg(&tl.series(), path, &title),
             "png" => crate::viz::write_category_timeline_png(&tl.series(), path, &title),
             _ => Err(Error::InvalidArgument {

@@ -100,10 +100,11 @@ impl Profile {
     /// Writes the Chrome trace JSON (`prof.export_chrome_trace(path)`).
     pub fn export_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> crate::Result<()> {
         let path = path.as_ref();
-        std::fs::write(path, self.chrome_trace_json()).map_err(|e| crate::Error::InvalidArgument {
-            op: "export_chrome_trace",
-            msg: format!("writing {}: {e}", path.display()),
-        })
+        crate::base::write_atomic(
+            "export_chrome_trace",
+            path,
+            self.chrome_trace_json().as_bytes(),
+        )
     }
 
     /// The Chrome trace as a JSON value: CPU scopes on process 0 (one track per thread); per

@@ -28,14 +28,55 @@ pub(crate) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The element count of `shape`, or an error where the product of its non-zero sizes does not
+/// fit an `i64` (PyTorch's `safe_compute_numel`). Every layout kiln makes passes through here
+/// or through `storage_bytes`, so `numel`, strides and spans of a live tensor never overflow,
+/// even on shapes with a zero-sized dim (a view of them could drop the zero).
+pub(crate) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    let fits = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .is_some_and(|n| n <= i64::MAX as usize);
+    if !fits {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!("numel: integer multiplication overflow with sizes={shape:?}"),
+        });
+    }
+    Ok(numel(shape))
+}
+
+/// Resolves a list of possibly negative dims against `rank`, refusing duplicates as PyTorch
+/// does ("dim 0 appears multiple times in the list of dims"). The result keeps the list's order.
+pub(crate) fn dims(op: &'static str, list: &[isize], rank: usize) -> Result<Vec<usize>> {
+    let mut seen = vec![false; rank.max(1)];
+    list.iter()
+        .map(|&d| {
+            let i = dim(op, d, rank)?;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!("dim {i} appears multiple times in the list of dims"),
+                });
+            }
+            Ok(i)
+        })
+        .collect()
+}
+
 /// The bytes a contiguous tensor of `shape` and `dtype` needs, or PyTorch's error when the
 /// element count or the byte count overflows (a wrapped product would make a huge shape look
 /// empty, and reads of it return nothing instead of failing).
 pub(crate) fn storage_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<u64> {
-    shape
+    let nonzero = shape
         .iter()
+        .filter(|&&d| d != 0)
         .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as usize);
+    nonzero
         .and_then(|n| n.checked_mul(dtype.size_bytes()))
+        .map(|b| if shape.contains(&0) { 0 } else { b })
         .and_then(|b| u64::try_from(b).ok())
         .ok_or_else(|| Error::InvalidArgument {
             op,
@@ -86,6 +127,7 @@ pub(crate) fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Re
             }
         };
     }
+    checked_numel(op, &out)?;
     Ok(out)
 }
 
@@ -135,6 +177,7 @@ impl Layout {
 
     /// This layout viewed as `shape` (right-aligned), with stride 0 on broadcast dims.
     pub fn broadcast_to(&self, op: &'static str, shape: &[usize]) -> Result<Layout> {
+        checked_numel(op, shape)?;
         if shape.len() < self.rank() {
             return Err(Error::ShapeMismatch {
                 op,

@@ -6,7 +6,9 @@ pub(crate) mod live;
 pub(crate) mod mode;
 
 pub use crate::base::{DType, Element};
-pub(crate) use layout::{broadcast_shapes, contiguous_strides, dim, numel, storage_bytes};
+pub(crate) use layout::{
+    broadcast_shapes, checked_numel, contiguous_strides, dim, dims, numel, storage_bytes,
+};
 pub use layout::{Layout, MAX_KERNEL_RANK};
 pub use mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
