@@ -180,12 +180,15 @@ fn write_safetensors(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     });
-    let serialized = safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info)
-        .map_err(|e| Error::InvalidArgument {
-            op: OP,
-            msg: format!("{}: {e}", path.display()),
-        })?;
-    crate::base::write_atomic(OP, path, &serialized)
+    // Streamed onto the temporary file (no second copy of every tensor in memory).
+    crate::base::write_atomic_with(OP, path, |tmp| {
+        safetensors::serialize_to_file(bytes.iter().map(|(n, b)| (n.as_str(), b)), info, tmp)
+            .map_err(|e| Error::Io {
+                op: OP,
+                path: tmp.display().to_string(),
+                msg: e.to_string(),
+            })
+    })
 }
 
 /// Reads and validates a whole safetensors file into host memory: the header's offsets, shapes
