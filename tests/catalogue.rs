@@ -59,6 +59,7 @@ struct Case {
 enum Only {
     Any,
     Gpu,
+    Cpu,
 }
 
 /// A directory for the file cases, with a good and a bad file in it.
@@ -115,6 +116,15 @@ macro_rules! case {
             text: $text,
             run: Box::new($run),
             only: Only::Gpu,
+        }
+    };
+    ($name:expr, $kind:expr, $text:expr, $run:expr, cpu) => {
+        Case {
+            name: $name,
+            kind: $kind,
+            text: $text,
+            run: Box::new($run),
+            only: Only::Cpu,
         }
     };
 }
@@ -869,6 +879,15 @@ fn catalogue() -> Vec<Case> {
                 r
             }
         ),
+        // 256 TiB: more than x86-64's user address space, so the host refuses it whatever the
+        // overcommit policy; the CPU device reports PyTorch's OOM instead of aborting.
+        case!(
+            "a CPU tensor larger than the address space",
+            "OutOfMemory",
+            "Tried to allocate 262144.00 GiB",
+            |d, _| unit(Tensor::zeros(&[1 << 46], DType::F32, d)),
+            cpu
+        ),
         case!(
             "an allocation of more than an exabyte",
             "OutOfMemory",
@@ -905,7 +924,9 @@ fn every_bad_input_in_the_catalogue_is_a_clean_typed_error() {
         let witness_values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
         let witness = Tensor::from_slice(&witness_values, &[1000], &device).unwrap();
         for case in &cases {
-            if case.only == Only::Gpu && device.is_cpu() {
+            if (case.only == Only::Gpu && device.is_cpu())
+                || (case.only == Only::Cpu && !device.is_cpu())
+            {
                 continue;
             }
             tried += 1;
