@@ -20,7 +20,7 @@
 
 use crate::amp::GradScaler;
 use crate::data::{LoaderState, Resumable};
-use crate::nn::StateDict;
+use crate::nn::{stage_strict, StateDict};
 use crate::optim::Optimizer;
 use crate::tensor::Tensor;
 use crate::{Device, Error, Result, RngState};
@@ -68,7 +68,7 @@ fn parse<T: std::str::FromStr>(
 
 impl Checkpoint<'_> {
     /// Everything this checkpoint holds, as one state dict.
-    pub fn state_dict(&self) -> Result<StateDict> {
+    pub fn state_dict(&self) -> StateDict {
         let mut out = StateDict::default();
         out.metadata
             .insert("format".into(), CHECKPOINT_FORMAT.into());
@@ -112,14 +112,14 @@ impl Checkpoint<'_> {
         for (k, v) in &self.extra {
             out.metadata.insert(format!("extra.{k}"), v.clone());
         }
-        Ok(out)
+        out
     }
 
     /// Writes the checkpoint to `path` atomically (a temporary file beside it, flushed, then
     /// renamed over it): the file at `path` is the previous checkpoint or this one, whenever the
     /// process dies. A sync point: every tensor is read back.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        self.state_dict()?.save(path.as_ref())
+        self.state_dict().save(path.as_ref())
     }
 
     /// Restores every part present in both this checkpoint and the file at `path`. Everything is
@@ -141,46 +141,25 @@ impl Checkpoint<'_> {
             }
         }
 
-        // The model, strictly: the same names, shapes and dtypes; staged on each target's device.
-        let saved = file.section("model.");
-        let missing: Vec<&str> = self
+        // The model, strictly (`load_state_dict(strict=True)` plus equal dtypes), under the
+        // file's `model.` names; staged on each target's device.
+        let targets: Vec<(String, &Tensor)> = self
             .model
             .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| saved.tensor(n).is_none())
+            .map(|(n, t)| (format!("model.{n}"), t))
             .collect();
-        let unexpected: Vec<&str> = saved
+        let named: Vec<(&str, &Tensor)> = targets.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        let saved: Vec<(String, Tensor)> = file
             .tensors
             .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| !self.model.iter().any(|(m, _)| m == n))
+            .filter(|(n, _)| n.starts_with("model."))
+            .cloned()
             .collect();
-        if !missing.is_empty() || !unexpected.is_empty() {
-            return Err(invalid(
-                path,
-                format!("model: missing keys {missing:?}, unexpected keys {unexpected:?}"),
-            ));
-        }
-        let staged = self
-            .model
-            .iter()
-            .map(|(name, target)| {
-                let src = saved.tensor(name).expect("checked above");
-                if src.shape() != target.shape() || src.dtype() != target.dtype() {
-                    return Err(invalid(
-                        path,
-                        format!(
-                            "model.{name}: the file has {} {:?}, the model {} {:?}",
-                            src.dtype(),
-                            src.shape(),
-                            target.dtype(),
-                            target.shape()
-                        ),
-                    ));
-                }
-                src.to_device(target.device())
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let staged =
+            stage_strict("load_checkpoint", &named, &saved, true).map_err(|e| match e {
+                Error::InvalidArgument { msg, .. } => invalid(path, msg),
+                e => e,
+            })?;
 
         // The scalar parts, parsed and checked.
         let scaler = match &self.scaler {

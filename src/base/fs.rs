@@ -9,7 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-fn io_error(op: &'static str, path: &Path, e: impl std::fmt::Display) -> Error {
+/// `Error::Io` for `path`, with the OS's reason.
+pub(crate) fn io_error(op: &'static str, path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Io {
         op,
         path: path.display().to_string(),

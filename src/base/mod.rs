@@ -19,7 +19,7 @@ pub use dtype::{DType, Element};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use error::{Error, Result};
 pub use format::format_size;
-pub(crate) use fs::{write_atomic, write_atomic_with};
+pub(crate) use fs::{io_error, write_atomic, write_atomic_with};
 pub use oom::OutOfMemory;
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: kiln's shared state

@@ -16,6 +16,7 @@ pub use layers::{
 };
 pub use loss::{cross_entropy, mse_loss, nll_loss};
 pub use recurrent::LstmCell;
+pub(crate) use state::stage_strict;
 pub use state::{load_safetensors, load_state_dict, save_safetensors, state_dict, StateDict};
 pub use utils::clip_grad_norm_;
 

@@ -3,6 +3,7 @@
 //! the module paths (`0.weight`), data little-endian and row-major.
 
 use super::Module;
+use crate::base::io_error;
 use crate::tensor::{DType, Tensor};
 use crate::{Device, Error, Result};
 use safetensors::{Dtype, View};
@@ -183,11 +184,7 @@ fn write_safetensors(
     // Streamed onto the temporary file (no second copy of every tensor in memory).
     crate::base::write_atomic_with(OP, path, |tmp| {
         safetensors::serialize_to_file(bytes.iter().map(|(n, b)| (n.as_str(), b)), info, tmp)
-            .map_err(|e| Error::Io {
-                op: OP,
-                path: tmp.display().to_string(),
-                msg: e.to_string(),
-            })
+            .map_err(|e| io_error(OP, tmp, e))
     })
 }
 
@@ -199,30 +196,28 @@ type HostFile = (Vec<(String, HostTensor)>, BTreeMap<String, String>);
 
 fn read_safetensors(path: &Path) -> Result<HostFile> {
     const OP: &str = "load_safetensors";
-    let buffer = std::fs::read(path).map_err(|e| Error::Io {
-        op: OP,
-        path: path.display().to_string(),
-        msg: e.to_string(),
-    })?;
-    let st = safetensors::SafeTensors::deserialize(&buffer).map_err(|e| st_error(OP, path, e))?;
-    let (_, header) =
+    let buffer = std::fs::read(path).map_err(|e| io_error(OP, path, e))?;
+    // One parse of the header: it validates offsets, shapes and the buffer's length, and holds
+    // both the tensors' places and the metadata.
+    let (n, header) =
         safetensors::SafeTensors::read_metadata(&buffer).map_err(|e| st_error(OP, path, e))?;
+    let data = &buffer[8 + n..];
     let metadata: BTreeMap<String, String> = header
         .metadata()
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let mut out = Vec::new();
-    let mut names = st.names();
-    names.sort();
-    for name in names {
-        let view = st.tensor(name).map_err(|e| st_error(OP, path, e))?;
-        if view.dtype() == Dtype::I64 {
+    let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> =
+        header.tensors().into_iter().collect();
+    infos.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::with_capacity(infos.len());
+    for (name, info) in infos {
+        let raw = &data[info.data_offsets.0..info.data_offsets.1];
+        let (dtype, bytes) = if info.dtype == Dtype::I64 {
             // PyTorch's integer buffers (BatchNorm's num_batches_tracked) are int64; kiln's
             // integers are 32-bit, so the values are narrowed, and refused if they do not fit.
-            let narrow = view
-                .data()
+            let narrow = raw
                 .chunks_exact(8)
                 .map(|c| i32::try_from(i64::from_le_bytes(c.try_into().expect("8 bytes"))))
                 .collect::<std::result::Result<Vec<i32>, _>>()
@@ -233,32 +228,27 @@ fn read_safetensors(path: &Path) -> Result<HostFile> {
                         format!("{name}: an int64 value does not fit kiln's i32"),
                     )
                 })?;
-            let bytes = narrow.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let shape = view.shape().to_vec();
-            out.push((
-                name.to_string(),
-                HostTensor {
-                    dtype: DType::I32,
-                    shape,
-                    bytes,
-                },
-            ));
-            continue;
-        }
-        let dtype = from_st(view.dtype()).ok_or_else(|| {
-            st_error(
-                OP,
-                path,
-                format!("{name}: dtype {:?} is not one kiln has", view.dtype()),
+            (
+                DType::I32,
+                narrow.iter().flat_map(|v| v.to_le_bytes()).collect(),
             )
-        })?;
-        crate::tensor::checked_numel(OP, view.shape())?;
+        } else {
+            let dtype = from_st(info.dtype).ok_or_else(|| {
+                st_error(
+                    OP,
+                    path,
+                    format!("{name}: dtype {:?} is not one kiln has", info.dtype),
+                )
+            })?;
+            crate::tensor::checked_numel(OP, &info.shape)?;
+            (dtype, raw.to_vec())
+        };
         out.push((
-            name.to_string(),
+            name,
             HostTensor {
                 dtype,
-                shape: view.shape().to_vec(),
-                bytes: view.data().to_vec(),
+                shape: info.shape.clone(),
+                bytes,
             },
         ));
     }
@@ -290,34 +280,48 @@ pub fn state_dict(model: &dyn Module) -> Vec<(String, Tensor)> {
 /// of that path (shapes must match; missing or unexpected names are errors, as with strict).
 pub fn load_state_dict(model: &mut dyn Module, state: &[(String, Tensor)]) -> Result<()> {
     let mut targets = model.tensors_mut();
-    let missing: Vec<&String> = targets
+    let named: Vec<(&str, &Tensor)> = targets.iter().map(|(n, t)| (n.as_str(), &**t)).collect();
+    let staged = stage_strict("load_state_dict", &named, state, false)?;
+    for ((_, target), src) in targets.iter_mut().zip(staged) {
+        crate::no_grad(|| target.copy_(&src))?;
+    }
+    Ok(())
+}
+
+/// `load_state_dict(strict=True)`'s checks and staging, before anything changes: the same names
+/// (missing and unexpected ones listed), the same shapes (and dtypes with `exact_dtype`), and
+/// each source copied onto its target's device and dtype. Returns the staged tensors in
+/// `targets`' order; a bad key or an OOM leaves every target as it was (no partial load).
+pub(crate) fn stage_strict(
+    op: &'static str,
+    targets: &[(&str, &Tensor)],
+    state: &[(String, Tensor)],
+    exact_dtype: bool,
+) -> Result<Vec<Tensor>> {
+    let source = |name: &str| state.iter().find(|(s, _)| s == name).map(|(_, t)| t);
+    let missing: Vec<&str> = targets
         .iter()
-        .map(|(n, _)| n)
-        .filter(|n| !state.iter().any(|(s, _)| s == *n))
+        .map(|(n, _)| *n)
+        .filter(|n| source(n).is_none())
         .collect();
     let unexpected: Vec<&String> = state
         .iter()
         .map(|(n, _)| n)
-        .filter(|n| !targets.iter().any(|(t, _)| t == *n))
+        .filter(|n| !targets.iter().any(|(t, _)| t == n))
         .collect();
     if !missing.is_empty() || !unexpected.is_empty() {
         return Err(Error::InvalidArgument {
-            op: "load_state_dict",
+            op,
             msg: format!("missing keys {missing:?}, unexpected keys {unexpected:?}"),
         });
     }
-    // Every shape is checked and every tensor staged on its target's device first: a bad key or
-    // an OOM leaves the model exactly as it was (no partial load).
-    let staged = targets
+    targets
         .iter()
-        .map(|(name, target)| {
-            let (_, src) = state
-                .iter()
-                .find(|(s, _)| s == name)
-                .expect("checked above");
+        .map(|&(name, target)| {
+            let src = source(name).expect("checked above");
             if src.shape() != target.shape() {
                 return Err(Error::InvalidArgument {
-                    op: "load_state_dict",
+                    op,
                     msg: format!(
                         "size mismatch for {name}: copying a param with shape {:?}, the shape in the current model is {:?}",
                         src.shape(),
@@ -325,11 +329,17 @@ pub fn load_state_dict(model: &mut dyn Module, state: &[(String, Tensor)]) -> Re
                     ),
                 });
             }
+            if exact_dtype && src.dtype() != target.dtype() {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "dtype mismatch for {name}: copying a param of dtype {}, the dtype in the current model is {}",
+                        src.dtype(),
+                        target.dtype()
+                    ),
+                });
+            }
             src.to_device(target.device())?.to_dtype(target.dtype())
         })
-        .collect::<Result<Vec<_>>>()?;
-    for ((_, target), src) in targets.iter_mut().zip(staged) {
-        crate::no_grad(|| target.copy_(&src))?;
-    }
-    Ok(())
+        .collect()
 }

@@ -33,18 +33,22 @@ pub(crate) fn numel(shape: &[usize]) -> usize {
 /// or through `storage_bytes`, so `numel`, strides and spans of a live tensor never overflow,
 /// even on shapes with a zero-sized dim (a view of them could drop the zero).
 pub(crate) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    let fits = shape
-        .iter()
-        .filter(|&&d| d != 0)
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .is_some_and(|n| n <= i64::MAX as usize);
-    if !fits {
+    if nonzero_numel(shape).is_none() {
         return Err(Error::InvalidArgument {
             op,
             msg: format!("numel: integer multiplication overflow with sizes={shape:?}"),
         });
     }
     Ok(numel(shape))
+}
+
+/// The product of `shape`'s non-zero sizes where it fits an `i64`.
+fn nonzero_numel(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as usize)
 }
 
 /// Resolves a list of possibly negative dims against `rank`, refusing duplicates as PyTorch
@@ -69,12 +73,7 @@ pub(crate) fn dims(op: &'static str, list: &[isize], rank: usize) -> Result<Vec<
 /// element count or the byte count overflows (a wrapped product would make a huge shape look
 /// empty, and reads of it return nothing instead of failing).
 pub(crate) fn storage_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<u64> {
-    let nonzero = shape
-        .iter()
-        .filter(|&&d| d != 0)
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .filter(|&n| n <= i64::MAX as usize);
-    nonzero
+    nonzero_numel(shape)
         .and_then(|n| n.checked_mul(dtype.size_bytes()))
         .map(|b| if shape.contains(&0) { 0 } else { b })
         .and_then(|b| u64::try_from(b).ok())
