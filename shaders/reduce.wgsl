@@ -3,7 +3,8 @@
 // row-major order, x any strided view with the reduced dims last). Accumulates in f32;
 // multiplies by `scale` (1/n for mean, else 1). max/min propagate NaN, as in PyTorch.
 // With chunks > 1 the outputs are f32 partials that a second launch (chunks = 1) reduces.
-// The vec4 form counts `inner`, `off` and `chunk_len` in vec4s.
+// The vec4 form counts `inner`, `off` and `chunk_len` in vec4s. `main` comes from one of
+// reduce_{tree,subgroup,serial}.wgsl: how a chunk is split among invocations and merged.
 {{ENABLES}}
 struct Params {
     rows: u32,
@@ -22,8 +23,6 @@ var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{TI}}>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{TO}}>;
-
-var<workgroup> acc: array<f32, 256>;
 
 fn offset(e: u32) -> u32 {
     {{OFFSET}}
@@ -56,16 +55,12 @@ fn combine(a: {{ACC}}, b: {{ACC}}) -> {{ACC}} {
     return {{COMBINE}};
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let w = wid.x + wid.y * nw.x;
-    if w >= p.rows * p.chunks {
-        return;
-    }
+// Invocation t's partial over chunk w of a 256-wide workgroup: units t, t + 256, ... with four
+// independent accumulators (four loads in flight).
+fn strided_partial(w: u32, t: u32) -> {{ACC}} {
     let row = w / p.chunks;
     let start = (w % p.chunks) * p.chunk_len;
     let end = min(start + p.chunk_len, p.inner);
-    // Four independent accumulators: four loads in flight per invocation.
     let base = row * p.inner;
     var s0 = {{ACC}}(identity());
     var s1 = s0;
@@ -81,16 +76,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     for (; j < end; j += 256u) {
         s0 = combine(s0, load(base + j));
     }
-    let s = combine(combine(s0, s1), combine(s2, s3));
-    acc[t] = {{HSUM}};
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if t < k {
-            acc[t] = combine1(acc[t], acc[t + k]);
-        }
-        workgroupBarrier();
-    }
-    if t == 0u {
-        out[w] = {{TO}}(acc[0] * p.scale);
-    }
+    return combine(combine(s0, s1), combine(s2, s3));
 }
+
+{{MAIN}}

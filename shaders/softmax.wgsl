@@ -1,6 +1,7 @@
 // softmax / log_softmax over rows of `units` (vec4s, or single elements padded into vec4 lanes
-// with -inf, whose exp is 0). One workgroup per row: one pass keeps a running (max, sum of exp)
-// per invocation, rescaled as the max grows; a tree merges the pairs; a second pass writes.
+// with -inf, whose exp is 0). One pass keeps a running (max, sum of exp), rescaled as the max
+// grows; a second pass writes. `main` comes from softmax_tree.wgsl (a workgroup per row, its
+// invocations' pairs merged by a tree) or softmax_serial.wgsl (an invocation per row).
 //
 // Extreme rows give PyTorch's answers, decided on the bits (drivers may assume no inf/NaN in
 // float compares): a row with a NaN or +inf, or whose elements are all -inf, is all NaN; a row
@@ -25,10 +26,6 @@ var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{TX}}>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{TX}}>;
-
-var<workgroup> red_m: array<f32, 256>;
-var<workgroup> red_s: array<f32, 256>;
-var<workgroup> red_bad: array<u32, 256>;
 
 // -inf and NaN made at run time from a zero immediate, so that no constant folding meets them.
 fn neg_inf() -> f32 {
@@ -76,50 +73,25 @@ fn store(e: u32, v: vec4<f32>) {
     {{STORE}}
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let row = wid.x + wid.y * nw.x;
-    if row >= p.rows {
-        return;
+// The running (max, sum) after the units v: skips a unit of -inf while the max is -inf.
+fn accumulate(m: ptr<function, f32>, s: ptr<function, f32>, v: vec4<f32>) {
+    let nm = max(*m, max(max(v.x, v.y), max(v.z, v.w)));
+    if bitcast<u32>(nm) != 0xff800000u {
+        *s = rescale(*s, *m, nm) + dot(exp(v - vec4<f32>(nm)), vec4<f32>(1.0));
+        *m = nm;
     }
-    let base = row * p.units;
-    var m = neg_inf();
-    var s = 0.0;
-    var bad = 0u;
-    for (var j = t; j < p.units; j += 256u) {
-        let v = load(base + j);
-        bad |= bad_lanes(v);
-        let nm = max(m, max(max(v.x, v.y), max(v.z, v.w)));
-        if bitcast<u32>(nm) != 0xff800000u {
-            s = rescale(s, m, nm) + dot(exp(v - vec4<f32>(nm)), vec4<f32>(1.0));
-            m = nm;
-        }
-    }
-    red_m[t] = m;
-    red_s[t] = s;
-    red_bad[t] = bad;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if t < k {
-            let m1 = red_m[t];
-            let m2 = red_m[t + k];
-            let nm = max(m1, m2);
-            red_s[t] = rescale(red_s[t], m1, nm) + rescale(red_s[t + k], m2, nm);
-            red_m[t] = nm;
-            red_bad[t] |= red_bad[t + k];
-        }
-        workgroupBarrier();
-    }
-    let mx = red_m[0];
-    let sum = red_s[0];
-    let log_sum = log(sum);
-    if red_bad[0] != 0u || bitcast<u32>(mx) == 0xff800000u {
-        for (var j = t; j < p.units; j += 256u) {
+}
+
+// Writes row `base`'s `units` from its max and sum (all NaN for a bad row, as PyTorch).
+fn write_row(base: u32, first: u32, step: u32, mx: f32, sum: f32, bad: u32) {
+    if bad != 0u || bitcast<u32>(mx) == 0xff800000u {
+        for (var j = first; j < p.units; j += step) {
             store(base + j, vec4<f32>(nan()));
         }
         return;
     }
-    for (var j = t; j < p.units; j += 256u) {
+    let log_sum = log(sum);
+    for (var j = first; j < p.units; j += step) {
         let v = load(base + j) - vec4<f32>(mx);
         if p.log == 1u {
             store(base + j, v - vec4<f32>(log_sum));
@@ -128,3 +100,5 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
         }
     }
 }
+
+{{MAIN}}

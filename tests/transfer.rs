@@ -334,3 +334,47 @@ fn data_loader_batches_match_the_dataset_on_every_device() {
         }
     }
 }
+
+/// A GPU copy moves whole words: an odd count of f16s or bools (a byte count that is not a
+/// multiple of 4) once recursed until the stack overflowed. Every odd size round-trips.
+#[test]
+fn odd_byte_counts_reach_the_gpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+        for n in [1usize, 3, 5, 703, 1001] {
+            let v = data(n, n as u32);
+            let x = Tensor::from_slice(&v, &[n], &cpu).unwrap();
+            let mut dtypes = vec![DType::Bool];
+            if f16 {
+                dtypes.push(DType::F16);
+            }
+            for dtype in dtypes {
+                let want = x.gt_scalar(0.0).unwrap().to_dtype(DType::F32).unwrap();
+                let (src, want) = match dtype {
+                    DType::Bool => (x.gt_scalar(0.0).unwrap(), want),
+                    _ => {
+                        let h = x.to_dtype(dtype).unwrap();
+                        (h.clone(), h.to_dtype(DType::F32).unwrap())
+                    }
+                };
+                let on_gpu = src.to_device(&dev).unwrap();
+                let back = on_gpu
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_device(&cpu)
+                    .unwrap();
+                assert_eq!(
+                    back.to_vec::<f32>().unwrap(),
+                    want.to_vec::<f32>().unwrap(),
+                    "{n} {dtype} on {}",
+                    dev.name()
+                );
+                // Arithmetic on it sees exactly n elements.
+                let s = on_gpu.to_dtype(DType::F32).unwrap().sum_all().unwrap();
+                let want_sum: f32 = want.to_vec::<f32>().unwrap().iter().sum();
+                assert!((s.item::<f32>().unwrap() - want_sum).abs() < 1e-3 * n as f32);
+            }
+        }
+    }
+}

@@ -576,6 +576,44 @@ fn train_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// Which kernel variant won each size class the suites met on `dev`, how long the tuning took
+/// (0 where the choice came from the cache file of an earlier run), and every candidate's time.
+fn autotune_rows(dev: &Device, rows: &mut Vec<Row>) {
+    let tuned = kiln::kernels::tune::tuned(dev);
+    if tuned.is_empty() {
+        return;
+    }
+    println!(
+        "autotune on {} ({:?}):",
+        dev.name(),
+        kiln::kernels::tune::autotune()
+    );
+    for r in tuned {
+        let times = r
+            .candidates
+            .iter()
+            .map(|(n, s)| format!("{n} {:.3} ms", s * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let cached = if r.from_cache {
+            " (from the cache)"
+        } else {
+            ""
+        };
+        println!(
+            "  {:<10} {:<44} winner {:<10} tuned in {:.3} s{cached}: {times}",
+            r.family, r.key, r.winner, r.tuning_seconds
+        );
+        rows.push(Row {
+            adapter: dev.name(),
+            suite: "autotune",
+            case: format!("{} {} -> {}{cached}", r.family, r.key, r.winner),
+            value: if r.from_cache { 0.0 } else { r.tuning_seconds },
+            unit: "s",
+        });
+    }
+}
+
 /// The suites `--suite` takes.
 const SUITES: [&str; 10] = [
     "all",
@@ -753,6 +791,7 @@ fn main() -> kiln::Result<()> {
         if suite == "all" || suite == "checkpoint" {
             checkpoint_suite(dev, &mut rows)?;
         }
+        autotune_rows(dev, &mut rows);
     }
     println!(
         "{:<50} {:<8} {:<36} {:>12}",

@@ -9,13 +9,14 @@ mod matmul_coop;
 mod predicate;
 mod reduce;
 mod softmax;
+pub mod tune;
 
 pub use crate::base::CmpOp;
 pub use batch_norm::BatchNormPass;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use matmul_coop::{CoopLayout, CoopTile};
 pub use predicate::{PredicateForm, PredicateKernel};
-pub use reduce::{ReduceKernel, ReduceOp};
+pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
 pub use softmax::SoftmaxKernel;
 
 use crate::base::DType;
@@ -42,6 +43,9 @@ pub enum Kernel {
     Softmax(SoftmaxKernel),
     /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
     Matmul(DType),
+    /// `shaders/matmul_reg.wgsl` for one float dtype: `Matmul`'s contract without workgroup
+    /// memory (4x4 outputs per invocation), for CPU adapters.
+    MatmulReg(DType),
     /// `shaders/matmul128.wgsl`: the same contract with 128x128 tiles, for large products; with
     /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
     Matmul128(DType, bool),
@@ -221,6 +225,7 @@ impl Kernel {
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
+            .chain([DType::F32, DType::F16].map(Kernel::MatmulReg))
             .chain(
                 [DType::F32, DType::F16]
                     .into_iter()
@@ -316,6 +321,7 @@ impl Kernel {
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
             Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
+            Kernel::MatmulReg(d) => per_dtype(include_str!("../../shaders/matmul_reg.wgsl"), *d),
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => {
                 let (d, padded, io) = match *self {
                     Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar),
@@ -352,6 +358,7 @@ impl Kernel {
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
+            Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
             Kernel::Matmul128(d, padded) => Cow::Owned(format!(
                 "matmul128_{d}{}",
                 if *padded { "_padded" } else { "" }
@@ -394,7 +401,7 @@ impl Kernel {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
-            Kernel::Matmul(_) | Kernel::Matmul128(..) => 3,
+            Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
             Kernel::Matmul128Vec4(_) => 4,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
@@ -430,9 +437,11 @@ impl Kernel {
         matches!(
             self,
             Kernel::Matmul(_)
+                | Kernel::MatmulReg(_)
                 | Kernel::Matmul128(..)
                 | Kernel::Matmul128Vec4(_)
                 | Kernel::ConvGemm(_)
+                | Kernel::Reduce(_)
         ) || (matches!(self, Kernel::MatmulCoop(..)) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
@@ -444,7 +453,7 @@ impl Kernel {
             Kernel::Reduce(_) => 96,
             Kernel::Transpose(_) => 16,
             Kernel::Softmax(_) => 96,
-            Kernel::Matmul(_) => 48,
+            Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
@@ -516,13 +525,29 @@ pub(crate) struct Compiled {
     pub layout: wgpu::BindGroupLayout,
 }
 
-/// The device's pipeline cache, in the slot the device keeps for the launch path (made on
-/// first use; nothing else fills that slot).
-pub(crate) fn pipelines(g: &GpuDevice) -> &Mutex<KernelCache> {
+/// What the launch path keeps per device: compiled pipelines and the tuned kernel choices.
+pub(crate) struct LaunchState {
+    pipelines: Mutex<KernelCache>,
+    tuner: Mutex<tune::Tuner>,
+}
+
+/// The device's launch state, in the slot the device keeps for the launch path (made on first
+/// use, when the tuner reads the cache file; nothing else fills that slot).
+fn launch_state(g: &GpuDevice) -> &LaunchState {
     g.launch_state
-        .get_or_init(|| Box::new(Mutex::new(KernelCache::default())))
+        .get_or_init(|| {
+            Box::new(LaunchState {
+                pipelines: Mutex::new(KernelCache::default()),
+                tuner: Mutex::new(tune::Tuner::new(&g.info)),
+            })
+        })
         .downcast_ref()
-        .expect("the launch-state slot holds the kernel cache")
+        .expect("the launch-state slot holds the launch state")
+}
+
+/// The device's pipeline cache.
+pub(crate) fn pipelines(g: &GpuDevice) -> &Mutex<KernelCache> {
+    &launch_state(g).pipelines
 }
 
 /// Whether f16 products may run on tensor cores: the device opened cooperative matrices and
@@ -602,7 +627,12 @@ fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
 /// A dispatch grid for `n` invocations of `WORKGROUP` threads: x up to the per-dimension limit,
 /// the rest in y (the shader folds them back with `num_workgroups`).
 pub(crate) fn grid(n: u64, max_per_dim: u32) -> (u32, u32) {
-    let groups = n.div_ceil(WORKGROUP as u64).max(1);
+    grid_of(n, WORKGROUP, max_per_dim)
+}
+
+/// `grid` for workgroups of `workgroup` invocations.
+pub(crate) fn grid_of(n: u64, workgroup: u32, max_per_dim: u32) -> (u32, u32) {
+    let groups = n.div_ceil(workgroup as u64).max(1);
     let x = groups.min(max_per_dim as u64);
     let y = groups.div_ceil(x);
     (x as u32, y as u32)
@@ -615,13 +645,24 @@ pub(crate) fn launch(
     immediates: &[u32],
     threads: u64,
 ) -> Result<()> {
+    launch_wg(kernel, blocks, immediates, threads, WORKGROUP)
+}
+
+/// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
+pub(crate) fn launch_wg(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    threads: u64,
+    workgroup: u32,
+) -> Result<()> {
     let device = blocks
         .first()
         .expect("a kernel binds at least one block")
         .device();
     let g = device.gpu().expect("launch is for GPU devices");
     let max = g.info.limits.max_compute_workgroups_per_dimension;
-    let (x, y) = grid(threads, max);
+    let (x, y) = grid_of(threads, workgroup, max);
     launch_groups(kernel, blocks, immediates, (x, y, 1))
 }
 

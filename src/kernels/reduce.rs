@@ -66,6 +66,67 @@ impl ReduceOp {
     }
 }
 
+/// How a chunk of a row is split among invocations and merged (the candidates that autotuning
+/// times; `Tree` is the default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceStrategy {
+    /// 256 invocations per chunk, merged by a tree in workgroup memory.
+    Tree,
+    /// 256 invocations per chunk, merged by subgroup operations (adapters with subgroups).
+    Subgroup,
+    /// One invocation per chunk, no workgroup memory and no barrier.
+    Serial,
+    /// 64 invocations per chunk reading it interleaved, each writing its own partial (no
+    /// workgroup memory, no barrier).
+    Interleaved,
+}
+
+impl ReduceStrategy {
+    pub const ALL: [ReduceStrategy; 4] = [
+        ReduceStrategy::Tree,
+        ReduceStrategy::Subgroup,
+        ReduceStrategy::Serial,
+        ReduceStrategy::Interleaved,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceStrategy::Tree => "tree",
+            ReduceStrategy::Subgroup => "subgroup",
+            ReduceStrategy::Serial => "serial",
+            ReduceStrategy::Interleaved => "interleaved",
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub fn workgroup(self) -> u32 {
+        match self {
+            ReduceStrategy::Serial | ReduceStrategy::Interleaved => 64,
+            _ => 256,
+        }
+    }
+
+    /// Outputs (partials) one chunk writes.
+    pub fn outputs_per_chunk(self) -> usize {
+        match self {
+            ReduceStrategy::Interleaved => 64,
+            _ => 1,
+        }
+    }
+
+    /// Units (elements or vec4s) one workgroup's chunk spans before a row is split.
+    pub fn chunk_units(self) -> usize {
+        match self {
+            // 16 units per invocation.
+            ReduceStrategy::Tree | ReduceStrategy::Subgroup => 4096,
+            // One invocation's run: long enough that the merge passes stay small.
+            ReduceStrategy::Serial => 256,
+            // 256 units per invocation.
+            ReduceStrategy::Interleaved => 16384,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReduceKernel {
     pub op: ReduceOp,
@@ -74,6 +135,7 @@ pub struct ReduceKernel {
     pub contiguous: bool,
     /// Contiguous rows of whole vec4s: 16-byte loads.
     pub vector: bool,
+    pub strategy: ReduceStrategy,
 }
 
 fn wgsl_type(d: DType) -> &'static str {
@@ -90,7 +152,13 @@ impl ReduceKernel {
             (true, false) => "contig",
             _ => "strided",
         };
-        format!("{}_{}_{}_{layout}", self.op.name(), self.input, self.output)
+        format!(
+            "{}_{}_{}_{layout}_{}",
+            self.op.name(),
+            self.input,
+            self.output,
+            self.strategy.name()
+        )
     }
 
     pub fn source(&self) -> String {
@@ -113,7 +181,27 @@ impl ReduceKernel {
         } else {
             (ti.to_string(), "f32", "f32(x[offset(e)])", "s")
         };
+        let main = match self.strategy {
+            ReduceStrategy::Tree => include_str!("../../shaders/reduce_tree.wgsl"),
+            ReduceStrategy::Subgroup => include_str!("../../shaders/reduce_subgroup.wgsl"),
+            ReduceStrategy::Serial => include_str!("../../shaders/reduce_serial.wgsl"),
+            ReduceStrategy::Interleaved => include_str!("../../shaders/reduce_interleaved.wgsl"),
+        };
+        let subgroup = match self.op {
+            ReduceOp::Sum => "subgroupAdd(v)".to_string(),
+            ReduceOp::Prod => "subgroupMul(v)".to_string(),
+            ReduceOp::Max | ReduceOp::Min => format!(
+                "select({}(v), bitcast<f32>(0x7fc00000u | p.pad), subgroupAny(nan1(v)))",
+                if self.op == ReduceOp::Max {
+                    "subgroupMax"
+                } else {
+                    "subgroupMin"
+                }
+            ),
+        };
         include_str!("../../shaders/reduce.wgsl")
+            .replace("{{MAIN}}", main)
+            .replace("{{SUBGROUP}}", &subgroup)
             .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
             .replace("{{TI}}", &ti)
             .replace("{{ACC}}", acc)
@@ -139,13 +227,16 @@ impl ReduceKernel {
                 (DType::F32, DType::F16),
             ] {
                 for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
-                    v.push(ReduceKernel {
-                        op,
-                        input,
-                        output,
-                        contiguous,
-                        vector,
-                    });
+                    for strategy in ReduceStrategy::ALL {
+                        v.push(ReduceKernel {
+                            op,
+                            input,
+                            output,
+                            contiguous,
+                            vector,
+                            strategy,
+                        });
+                    }
                 }
             }
         }

@@ -7,14 +7,17 @@ pub struct SoftmaxKernel {
     pub dtype: DType,
     /// Contiguous rows of whole vec4s.
     pub vector: bool,
+    /// One invocation per row (`softmax_serial.wgsl`) instead of a workgroup per row.
+    pub serial: bool,
 }
 
 impl SoftmaxKernel {
     pub fn name(&self) -> String {
         format!(
-            "softmax_{}_{}",
+            "softmax_{}_{}_{}",
             self.dtype,
-            if self.vector { "vec4" } else { "strided" }
+            if self.vector { "vec4" } else { "strided" },
+            if self.serial { "serial" } else { "tree" }
         )
     }
 
@@ -37,7 +40,13 @@ impl SoftmaxKernel {
                 format!("out[e] = {t}(v.x);"),
             )
         };
+        let main = if self.serial {
+            include_str!("../../shaders/softmax_serial.wgsl")
+        } else {
+            include_str!("../../shaders/softmax_tree.wgsl")
+        };
         include_str!("../../shaders/softmax.wgsl")
+            .replace("{{MAIN}}", main)
             .replace(
                 "{{ENABLES}}",
                 if self.dtype == DType::F16 {
@@ -52,9 +61,18 @@ impl SoftmaxKernel {
     }
 
     pub fn all() -> Vec<SoftmaxKernel> {
-        [DType::F32, DType::F16]
-            .iter()
-            .flat_map(|&dtype| [true, false].map(|vector| SoftmaxKernel { dtype, vector }))
-            .collect()
+        let mut v = Vec::new();
+        for dtype in [DType::F32, DType::F16] {
+            for vector in [true, false] {
+                for serial in [false, true] {
+                    v.push(SoftmaxKernel {
+                        dtype,
+                        vector,
+                        serial,
+                    });
+                }
+            }
+        }
+        v
     }
 }

@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{same_device, u32_of};
-use crate::kernels::{launch_groups, CoopLayout, CoopTile, Kernel};
+use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -514,50 +514,78 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                     && t.strides() == [1]
                     && t.layout().offset.is_multiple_of(4)
             });
-            if fused_bias.is_some() {
+            let default = match (vec4, big) {
+                (true, _) => Simt::Vec4,
+                (false, true) => Simt::Tile128,
+                (false, false) => Simt::Tile64,
+            };
+            let run = |choice: Simt| -> Result<()> {
+                let fused = fused_bias.filter(|_| choice == Simt::Vec4);
+                let mut imm = vec![
+                    m,
+                    n,
+                    k,
+                    flat.batch,
+                    fa.layout().offset,
+                    flat.sab,
+                    sam,
+                    sak,
+                    fb.layout().offset,
+                    flat.sbb,
+                    sbk,
+                    sbn,
+                    fused.is_some() as usize,
+                    fused.map_or(0, |t| t.layout().offset),
+                ];
+                let (tile, kernel) = match choice {
+                    Simt::Vec4 => (128, Kernel::Matmul128Vec4(padded)),
+                    Simt::Tile128 => (128, Kernel::Matmul128(a.dtype(), padded)),
+                    Simt::Tile64 => (64, Kernel::Matmul(a.dtype())),
+                    Simt::Reg => (32, Kernel::MatmulReg(a.dtype())),
+                };
+                imm.resize(kernel.immediate_size() as usize / 4, 0);
+                let imm = imm
+                    .into_iter()
+                    .map(|v| u32_of(OP, v))
+                    .collect::<Result<Vec<u32>>>()?;
+                let groups = (
+                    n.div_ceil(tile) as u32,
+                    m.div_ceil(tile) as u32,
+                    u32_of(OP, flat.batch)?,
+                );
+                let mut blocks = vec![&fa.storage.block, &fb.storage.block, &out.storage.block];
+                if choice == Simt::Vec4 {
+                    // Without a bias the fourth binding is a dummy (the flag is clear).
+                    blocks.push(fused.map_or(&fa.storage.block, |t| &t.storage.block));
+                }
+                launch_groups(kernel, &blocks, &imm, groups)
+            };
+            // The tile that fits the size, or the kernel without workgroup memory: measured per
+            // adapter (a forced tile is not second-guessed).
+            let mut candidates = vec![(default, default.name())];
+            if forced_tile() == 0 {
+                candidates.push((Simt::Reg, Simt::Reg.name()));
+            }
+            let key = || {
+                let major = |k_stride: usize| if k_stride == 1 { "row" } else { "col" };
+                format!(
+                    "{} {}x{}x{} batch {} a {} b {}",
+                    a.dtype(),
+                    tune::class(m),
+                    tune::class(n),
+                    tune::class(k),
+                    tune::class(flat.batch),
+                    major(sak),
+                    if sbn == 1 { "row" } else { "col" }
+                )
+            };
+            let work = (m * n * k * flat.batch) as u64;
+            let choice = tune::pick(a.device(), "matmul", key, work, &candidates, run)?;
+            run(choice)?;
+            if choice == Simt::Vec4 && fused_bias.is_some() {
                 // `linear` checked the bias's device.
                 bias = None;
             }
-            let mut imm = vec![
-                m,
-                n,
-                k,
-                flat.batch,
-                fa.layout().offset,
-                flat.sab,
-                sam,
-                sak,
-                fb.layout().offset,
-                flat.sbb,
-                sbk,
-                sbn,
-                fused_bias.is_some() as usize,
-                fused_bias.map_or(0, |t| t.layout().offset),
-            ];
-            let (tile, kernel) = match (vec4, big) {
-                (true, _) => (128, Kernel::Matmul128Vec4(padded)),
-                (false, true) => (128, Kernel::Matmul128(a.dtype(), padded)),
-                (false, false) => {
-                    imm.truncate(12);
-                    (64, Kernel::Matmul(a.dtype()))
-                }
-            };
-            imm.resize(kernel.immediate_size() as usize / 4, 0);
-            let imm = imm
-                .into_iter()
-                .map(|v| u32_of(OP, v))
-                .collect::<Result<Vec<u32>>>()?;
-            let groups = (
-                n.div_ceil(tile) as u32,
-                m.div_ceil(tile) as u32,
-                u32_of(OP, flat.batch)?,
-            );
-            let mut blocks = vec![&fa.storage.block, &fb.storage.block, &out.storage.block];
-            if vec4 {
-                // Without a bias the fourth binding is a dummy (the flag is clear).
-                blocks.push(fused_bias.map_or(&fa.storage.block, |t| &t.storage.block));
-            }
-            launch_groups(kernel, &blocks, &imm, groups)?;
         }
     }
     // Remove the dims that promoting 1-D operands added.
@@ -569,6 +597,27 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
         shape.push(n as isize);
     }
     add_bias(out.reshape(&shape)?, bias)
+}
+
+/// The SIMT products: the vec4 128-tile kernel, the scalar 128- and 64-tile kernels, and the
+/// kernel without workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simt {
+    Vec4,
+    Tile128,
+    Tile64,
+    Reg,
+}
+
+impl Simt {
+    fn name(self) -> &'static str {
+        match self {
+            Simt::Vec4 => "tile128_vec4",
+            Simt::Tile128 => "tile128",
+            Simt::Tile64 => "tile64",
+            Simt::Reg => "reg4x4",
+        }
+    }
 }
 
 /// `out + bias` (broadcast), or `out` without one.

@@ -30,7 +30,7 @@ pub use matmul::{force_matmul_tile, linear, matmul};
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
 use crate::cpu;
-use crate::kernels::{launch, launch_groups, ElementwiseKernel, Form, Kernel, PER_THREAD};
+use crate::kernels::{launch, launch_groups, tune, ElementwiseKernel, Form, Kernel, PER_THREAD};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
 use crate::{Error, Result};
 
@@ -159,7 +159,7 @@ fn gpu_elementwise(
     let out = out.unwrap_or(a);
     let b_layout = b.map_or(&a.layout, |b| &b.layout);
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
-    let (shape, strides, contiguous) = (&c.shape, &c.strides, c.contiguous);
+    let (shape, strides) = (&c.shape, &c.strides);
     let n = out.numel();
     // A copy of a 2-D transpose: the tiled kernel keeps reads and writes coalesced.
     let tiles_fit =
@@ -177,13 +177,48 @@ fn gpu_elementwise(
             u32_of(op, a.layout.offset)?,
             u32_of(op, strides[0][1])?,
         ];
-        return launch_groups(
-            Kernel::Transpose(a.dtype),
-            &[&a.storage.block, &out.storage.block],
-            &imm,
-            (rows.div_ceil(32), cols.div_ceil(32), 1),
-        );
+        let tiled = || {
+            launch_groups(
+                Kernel::Transpose(a.dtype),
+                &[&a.storage.block, &out.storage.block],
+                &imm,
+                (rows.div_ceil(32), cols.div_ceil(32), 1),
+            )
+        };
+        // Through shared memory (the default), or the strided copy that reads across rows
+        // directly (no barrier: what a CPU adapter prefers).
+        let key = || {
+            let (r, c) = (tune::class(shape[0]), tune::class(shape[1]));
+            format!("{} {r}x{c}", a.dtype)
+        };
+        let candidates = [(true, "tiled"), (false, "strided")];
+        let pick = tune::pick(a.device(), "transpose", key, n as u64, &candidates, |t| {
+            if t {
+                tiled()
+            } else {
+                gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+            }
+        })?;
+        if pick {
+            return tiled();
+        }
     }
+    gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+}
+
+/// `gpu_elementwise` through the elementwise kernel, operands coalesced into `c`.
+#[allow(clippy::too_many_arguments)]
+fn gpu_elementwise_flat(
+    form: Form,
+    a: &Tensor,
+    b: Option<&Tensor>,
+    scalar: Option<f64>,
+    out: &Tensor,
+    inplace: bool,
+    c: &Coalesced,
+    op: &'static str,
+) -> Result<()> {
+    let (contiguous, n) = (c.contiguous, out.numel());
     let vector = contiguous
         && n.is_multiple_of(4)
         && a.layout.offset.is_multiple_of(4)
@@ -202,7 +237,7 @@ fn gpu_elementwise(
         (None, Some(s)) => s as i64 as u32,
         (None, None) => 0,
     };
-    let imm = strided_header(op, n / unit, &c, u32_of(op, a.layout.offset / unit)?, off_b)?;
+    let imm = strided_header(op, n / unit, c, u32_of(op, a.layout.offset / unit)?, off_b)?;
     let mut blocks = vec![&a.storage.block];
     if let Some(b) = b {
         blocks.push(&b.storage.block);

@@ -5,15 +5,27 @@
 use super::{coalesce_for_kernel, pack_dims, u32_of};
 use crate::cpu;
 use crate::graph::{save, save_output, BackwardFn};
-use crate::kernels::{launch, Kernel, ReduceKernel, ReduceOp, WORKGROUP};
+use crate::kernels::{
+    launch, launch_wg, tune, Kernel, ReduceKernel, ReduceOp, ReduceStrategy, WORKGROUP,
+};
 use crate::tensor::{dim, dims as dims_of, DType, Layout, Tensor};
 use crate::{Error, Result};
 
-/// Elements one workgroup reduces before the work is split across workgroups.
-const PER_WORKGROUP: usize = 4096;
+/// Most chunks a row is split into per pass (more passes follow for longer rows).
 const MAX_CHUNKS: usize = 1024;
 
-/// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`.
+/// The strategies autotuning tries on `device` (subgroups where the adapter has them).
+fn strategies(device: &crate::Device) -> Vec<(ReduceStrategy, &'static str)> {
+    let subgroups = device.adapter_info().is_some_and(|a| a.features.subgroups);
+    ReduceStrategy::ALL
+        .into_iter()
+        .filter(|&s| s != ReduceStrategy::Subgroup || subgroups)
+        .map(|s| (s, s.name()))
+        .collect()
+}
+
+/// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`, with the
+/// strategy autotuning picks for this size class on this adapter.
 fn gpu_reduce_rows(
     rop: ReduceOp,
     xp: &Tensor,
@@ -23,20 +35,62 @@ fn gpu_reduce_rows(
     op: &'static str,
 ) -> Result<()> {
     let rows = out.numel();
-    let chunks = inner.div_ceil(PER_WORKGROUP).clamp(1, MAX_CHUNKS);
+    let layout = if !xp.is_contiguous() {
+        "strided"
+    } else if inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4) {
+        "vec4"
+    } else {
+        "contig"
+    };
+    let key = || {
+        format!(
+            "{} {} {layout} rows {} inner {}",
+            rop.name(),
+            xp.dtype,
+            tune::class(rows),
+            tune::class(inner)
+        )
+    };
+    let strategy = tune::pick(
+        xp.device(),
+        "reduce",
+        key,
+        (rows * inner) as u64,
+        &strategies(xp.device()),
+        |s| reduce_rows_with(s, rop, xp, out, inner, scale, op),
+    )?;
+    reduce_rows_with(strategy, rop, xp, out, inner, scale, op)
+}
+
+/// `gpu_reduce_rows` with `strategy`: one pass, or one per level of partials.
+fn reduce_rows_with(
+    strategy: ReduceStrategy,
+    rop: ReduceOp,
+    xp: &Tensor,
+    out: &Tensor,
+    inner: usize,
+    scale: f32,
+    op: &'static str,
+) -> Result<()> {
+    let rows = out.numel();
     let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
     let (contiguous, shape, strides) = (c.contiguous, &c.shape, &c.strides[0]);
     let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
     // The vec4 form counts in vec4s.
     let unit = if vector { 4 } else { 1 };
-    let first_out = if chunks == 1 { out.dtype } else { DType::F32 };
-    let partial = if chunks == 1 {
+    let chunks = (inner / unit)
+        .div_ceil(strategy.chunk_units())
+        .clamp(1, MAX_CHUNKS);
+    // Partials per row: one per chunk, or (interleaved) one per invocation.
+    let per_row = chunks * strategy.outputs_per_chunk();
+    let first_out = if per_row == 1 { out.dtype } else { DType::F32 };
+    let partial = if per_row == 1 {
         None
     } else {
-        Some(Tensor::empty(&[rows * chunks], DType::F32, xp.device())?)
+        Some(Tensor::empty(&[rows * per_row], DType::F32, xp.device())?)
     };
     let target = partial.as_ref().unwrap_or(out);
-    let scale_bits = if chunks == 1 {
+    let scale_bits = if per_row == 1 {
         scale.to_bits()
     } else {
         1f32.to_bits()
@@ -58,20 +112,34 @@ fn gpu_reduce_rows(
         output: first_out,
         contiguous,
         vector,
+        strategy,
     };
-    let threads = (rows * chunks) as u64 * WORKGROUP as u64;
-    launch(
+    // A workgroup per chunk (tree, subgroup, interleaved) or an invocation per chunk (serial).
+    let threads = (rows * chunks) as u64
+        * match strategy {
+            ReduceStrategy::Serial => 1,
+            s => s.workgroup() as u64,
+        };
+    let workgroup = strategy.workgroup();
+    launch_wg(
         Kernel::Reduce(kernel),
         &[&xp.storage.block, &target.storage.block],
         &imm,
         threads,
+        workgroup,
     )?;
     if let Some(partial) = partial {
         let partial = Tensor {
-            layout: Layout::contiguous(&[rows, chunks]),
+            layout: Layout::contiguous(&[rows, per_row]),
             ..partial
         };
-        gpu_reduce_rows(rop, &partial, out, chunks, scale, op)?;
+        // The interleaved pass leaves 64 partials per chunk; a serial pass merges them (another
+        // interleaved one would leave as many as it read from a short row).
+        let next = match strategy {
+            ReduceStrategy::Interleaved => ReduceStrategy::Serial,
+            s => s,
+        };
+        reduce_rows_with(next, rop, &partial, out, per_row, scale, op)?;
     }
     Ok(())
 }

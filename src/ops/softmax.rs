@@ -2,7 +2,7 @@
 //! on the GPU with an online max and sum; f64 on the CPU reference.
 
 use super::{coalesce_for_kernel, pack_dims, u32_of};
-use crate::kernels::{launch, Kernel, SoftmaxKernel, WORKGROUP};
+use crate::kernels::{launch_wg, tune, Kernel, SoftmaxKernel, WORKGROUP};
 use crate::tensor::{dim, Tensor};
 use crate::{Error, Result};
 
@@ -49,16 +49,29 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                 0,
             ];
             pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
-            let kernel = Kernel::Softmax(SoftmaxKernel {
-                dtype: x.dtype,
-                vector,
-            });
-            launch(
-                kernel,
-                &[&xp.storage.block, &out.storage.block],
-                &imm,
-                rows as u64 * WORKGROUP as u64,
-            )?;
+            let run = |serial: bool| {
+                let kernel = Kernel::Softmax(SoftmaxKernel {
+                    dtype: x.dtype,
+                    vector,
+                    serial,
+                });
+                // An invocation per row (serial) or a workgroup per row.
+                let (threads, workgroup) = match serial {
+                    true => (rows as u64, 64),
+                    false => (rows as u64 * WORKGROUP as u64, WORKGROUP),
+                };
+                let blocks = [&xp.storage.block, &out.storage.block];
+                launch_wg(kernel, &blocks, &imm, threads, workgroup)
+            };
+            let key = || {
+                let layout = if vector { "vec4" } else { "strided" };
+                let (r, n) = (tune::class(rows), tune::class(inner));
+                format!("{} {layout} rows {r} inner {n}", x.dtype)
+            };
+            let candidates = [(false, "tree"), (true, "serial")];
+            let work = out.numel() as u64;
+            let serial = tune::pick(x.device(), "softmax", key, work, &candidates, run)?;
+            run(serial)?;
         }
     }
     // Back to the input's dim order, contiguous as PyTorch returns it.

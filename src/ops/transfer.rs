@@ -73,8 +73,29 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
-        let out = Tensor::empty(self.shape(), self.dtype, device)?;
-        crate::no_grad(|| out.copy_across_devices(self))?;
+        let w = self.dtype.size_bytes();
+        let odd_bytes = !(self.numel() * w).is_multiple_of(4);
+        let out = if odd_bytes && !device.is_cpu() {
+            // A GPU copy moves whole 4-byte words (an odd count of f16s, say): the words go
+            // into a storage one element longer, viewed at the shape. The storage is new, so
+            // the padding belongs to no other tensor; its block was rounded up anyway.
+            let bytes = self.numel() * w;
+            let extra = (bytes.next_multiple_of(4) - bytes).div_ceil(w);
+            let padded = Tensor::empty(&[self.numel() + extra], self.dtype, device)?;
+            let src = self.contiguous()?;
+            src.with_host_bytes(|data| {
+                let mut words = data.to_vec();
+                words.resize((bytes + extra * w).next_multiple_of(4), 0);
+                padded.storage.block.write(0, &words)
+            })?;
+            padded
+                .narrow(0, 0, self.numel())?
+                .reshape(&self.shape().iter().map(|&d| d as isize).collect::<Vec<_>>())?
+        } else {
+            let out = Tensor::empty(self.shape(), self.dtype, device)?;
+            crate::no_grad(|| out.copy_across_devices(self))?;
+            out
+        };
         out.mark_upload();
         Ok(out)
     }

@@ -1,0 +1,316 @@
+//! Kernel variants chosen per adapter by measurement (autotuning).
+//!
+//! An op with several correct kernels (a reduction's strategy, a softmax's row mapping, a
+//! transpose through shared memory or not, a product's tile shape) names them as candidates,
+//! the first being the fixed default. The first time the op meets a size class on a device,
+//! [`pick`] runs every candidate on the op's own operands, times each between two
+//! synchronisations, and keeps the fastest: in memory for the device, and in a JSON file in
+//! the user's cache directory (`autotune.json`, one entry per adapter, driver and kiln
+//! version), so that the next process starts tuned. The op then launches the winner as usual:
+//! its result never comes from a timing run.
+//!
+//! - Small problems are never tuned: below [`MIN_WORK`] launch costs dominate and the default
+//!   runs.
+//! - `KILN_AUTOTUNE=off` (or [`set_autotune`]) picks the defaults everywhere, for runs that
+//!   must be reproducible from machine to machine: the variants differ in summation order.
+//! - Every candidate is a kernel that `tests/autotune.rs` checks against the CPU device
+//!   ([`force_variant`] runs one by name).
+//! - The kernel's name in the profiler's trace carries the variant that ran.
+//! - Tuning one key stops trying candidates after [`BUDGET`] (the default always ran first).
+
+use crate::device::Device;
+use crate::Result;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Work (elements, or multiply-adds for products) below which the default runs untuned.
+pub const MIN_WORK: u64 = 1 << 16;
+
+/// The most time one key's tuning spends before it stops trying candidates.
+pub const BUDGET: Duration = Duration::from_millis(1500);
+
+/// Time one timing sample aims at (repeats of short kernels fill it).
+const SAMPLE: Duration = Duration::from_millis(8);
+
+/// Whether kernels are chosen by measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Autotune {
+    /// Measure on first use of a size class, remember (the default).
+    On,
+    /// The fixed defaults everywhere (`KILN_AUTOTUNE=off`).
+    Off,
+}
+
+/// 0: not read yet, 1: on, 2: off.
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// The mode in force: [`set_autotune`]'s, else `KILN_AUTOTUNE` (`off`, `0` or `false` turn it
+/// off), else on.
+pub fn autotune() -> Autotune {
+    match MODE.load(Ordering::Relaxed) {
+        1 => Autotune::On,
+        2 => Autotune::Off,
+        _ => {
+            let off = std::env::var("KILN_AUTOTUNE")
+                .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
+            let mode = if off { Autotune::Off } else { Autotune::On };
+            set_autotune(mode);
+            mode
+        }
+    }
+}
+
+/// Sets the mode for the whole process (overrides `KILN_AUTOTUNE`).
+pub fn set_autotune(mode: Autotune) {
+    MODE.store(
+        match mode {
+            Autotune::On => 1,
+            Autotune::Off => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+thread_local! {
+    static FORCED: RefCell<BTreeMap<String, String>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// Runs `family`'s ops on this thread with the variant named `variant` wherever it is a
+/// candidate (`None`: back to the normal choice). For tests and for comparing variants by
+/// hand; a name that is not a candidate of some key leaves that key's choice alone.
+pub fn force_variant(family: &str, variant: Option<&str>) {
+    FORCED.with(|f| match variant {
+        Some(v) => {
+            f.borrow_mut().insert(family.to_string(), v.to_string());
+        }
+        None => {
+            f.borrow_mut().remove(family);
+        }
+    });
+}
+
+/// One tuned key, as the bench and the tune-ahead example report it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TuneRecord {
+    /// The op family (`reduce`, `softmax`, `transpose`, `matmul`).
+    pub family: String,
+    /// The size class and operand kinds, e.g. `sum f32 vec4 rows 2^0 inner 2^22`.
+    pub key: String,
+    pub winner: String,
+    /// Seconds per run of every candidate timed (those beyond the budget are absent).
+    pub candidates: Vec<(String, f64)>,
+    /// Wall-clock seconds the tuning took, compilation included.
+    pub tuning_seconds: f64,
+    /// Whether this process read the choice from the cache file instead of measuring.
+    #[serde(skip)]
+    pub from_cache: bool,
+}
+
+/// The file format: every adapter's records.
+#[derive(Default, Serialize, Deserialize)]
+struct CacheFile {
+    format: String,
+    adapters: BTreeMap<String, BTreeMap<String, TuneRecord>>,
+}
+
+const FORMAT: &str = "kiln.autotune.v1";
+
+/// One device's choices: the records by `family/key`, loaded from the cache file on first use.
+pub(crate) struct Tuner {
+    adapter: String,
+    records: BTreeMap<String, TuneRecord>,
+}
+
+impl Tuner {
+    pub(crate) fn new(info: &crate::device::AdapterInfo) -> Self {
+        let adapter = format!(
+            "{} | {:?} | {} | {} | kiln {}",
+            info.name,
+            info.backend,
+            info.driver,
+            info.driver_info,
+            env!("CARGO_PKG_VERSION")
+        );
+        let mut records = read_cache()
+            .and_then(|mut c| c.adapters.remove(&adapter))
+            .unwrap_or_default();
+        for r in records.values_mut() {
+            r.from_cache = true;
+        }
+        Tuner { adapter, records }
+    }
+}
+
+/// The cache file: `KILN_CACHE_DIR`, else the platform's user cache directory, `kiln/` in it.
+pub fn cache_path() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let dir = if let Some(d) = var("KILN_CACHE_DIR") {
+        d
+    } else if cfg!(windows) {
+        var("LOCALAPPDATA")?.join("kiln")
+    } else if cfg!(target_os = "macos") {
+        var("HOME")?.join("Library/Caches/kiln")
+    } else {
+        var("XDG_CACHE_HOME")
+            .or_else(|| var("HOME").map(|h| h.join(".cache")))?
+            .join("kiln")
+    };
+    Some(dir.join("autotune.json"))
+}
+
+/// The cache file's contents; `None` when absent, unreadable or of another format (the file is
+/// a cache: anything wrong with it means measuring again, never an error).
+fn read_cache() -> Option<CacheFile> {
+    let bytes = std::fs::read(cache_path()?).ok()?;
+    let file: CacheFile = serde_json::from_slice(&bytes).ok()?;
+    (file.format == FORMAT).then_some(file)
+}
+
+/// Adds one record to the cache file (read again first: other processes may have added theirs;
+/// written atomically). Failures are logged, not returned: the choice still holds in memory.
+fn persist(adapter: &str, id: &str, record: &TuneRecord) {
+    let Some(path) = cache_path() else { return };
+    let mut file = read_cache().unwrap_or_default();
+    file.format = FORMAT.into();
+    file.adapters
+        .entry(adapter.to_string())
+        .or_default()
+        .insert(id.to_string(), record.clone());
+    let write = || -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| crate::base::io_error("autotune", dir, e))?;
+        }
+        let json = serde_json::to_vec_pretty(&file).map_err(|e| crate::Error::InvalidArgument {
+            op: "autotune",
+            msg: e.to_string(),
+        })?;
+        crate::base::write_atomic("autotune", &path, &json)
+    };
+    if let Err(e) = write() {
+        log::warn!("kiln: could not write the autotune cache: {e}");
+    }
+}
+
+/// Every choice `device` holds (tuned in this process or read from the cache file).
+pub fn tuned(device: &Device) -> Vec<TuneRecord> {
+    match device.gpu() {
+        Some(g) => crate::device::lock(tuner(g))
+            .records
+            .values()
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Forgets `device`'s choices in memory (the cache file stays): the next use measures again.
+pub fn forget(device: &Device) {
+    if let Some(g) = device.gpu() {
+        crate::device::lock(tuner(g)).records.clear();
+    }
+}
+
+fn tuner(g: &crate::device::gpu::GpuDevice) -> &Mutex<Tuner> {
+    &super::launch_state(g).tuner
+}
+
+/// The power-of-two class of `n` (`2^k` for `2^k <= n < 2^(k+1)`), for keys.
+pub(crate) fn class(n: usize) -> String {
+    format!("2^{}", usize::BITS - 1 - n.max(1).leading_zeros())
+}
+
+/// The candidate to run for `key` of `family` on `device`: forced on this thread, the default
+/// when tuning is off or the work is small, the remembered winner, or the fastest of a
+/// measurement now. `candidates[0]` is the default; `run` launches one candidate on the op's
+/// operands (its output is overwritten by the op's own launch afterwards).
+pub(crate) fn pick<V: Copy>(
+    device: &Device,
+    family: &'static str,
+    key: impl FnOnce() -> String,
+    work: u64,
+    candidates: &[(V, &'static str)],
+    mut run: impl FnMut(V) -> Result<()>,
+) -> Result<V> {
+    let default = candidates[0].0;
+    let forced = FORCED.with(|f| f.borrow().get(family).cloned());
+    if let Some(name) = forced {
+        if let Some(&(v, _)) = candidates.iter().find(|(_, n)| *n == name) {
+            return Ok(v);
+        }
+    }
+    let Some(g) = device.gpu() else {
+        return Ok(default);
+    };
+    if candidates.len() == 1 || work < MIN_WORK || autotune() == Autotune::Off {
+        return Ok(default);
+    }
+    let key = key();
+    let id = format!("{family}/{key}");
+    if let Some(r) = crate::device::lock(tuner(g)).records.get(&id) {
+        if let Some(&(v, _)) = candidates.iter().find(|(_, n)| *n == r.winner) {
+            return Ok(v);
+        }
+    }
+    let start = Instant::now();
+    device.synchronize()?;
+    let mut timed = Vec::new();
+    for &(v, name) in candidates {
+        if !timed.is_empty() && start.elapsed() > BUDGET {
+            break;
+        }
+        // A candidate that cannot run here (too large to bind, say) is passed over.
+        match time_one(device, || run(v)) {
+            Ok(secs) => timed.push((name, v, secs)),
+            Err(e) => log::debug!("kiln autotune: {id}: {name} failed: {e}"),
+        }
+    }
+    let Some(&(winner, v, _)) = timed.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else {
+        return Ok(default);
+    };
+    let record = TuneRecord {
+        family: family.to_string(),
+        key,
+        winner: winner.to_string(),
+        candidates: timed.iter().map(|&(n, _, s)| (n.to_string(), s)).collect(),
+        tuning_seconds: start.elapsed().as_secs_f64(),
+        from_cache: false,
+    };
+    let adapter = {
+        let mut t = crate::device::lock(tuner(g));
+        t.records.insert(id.clone(), record.clone());
+        t.adapter.clone()
+    };
+    persist(&adapter, &id, &record);
+    Ok(v)
+}
+
+/// Seconds per run of `run`: one warm-up run (which compiles the pipeline), then the best of
+/// three samples, each repeating `run` to fill [`SAMPLE`].
+fn time_one(device: &Device, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
+    run()?;
+    device.synchronize()?;
+    let t = Instant::now();
+    run()?;
+    device.synchronize()?;
+    let once = t.elapsed().max(Duration::from_micros(1));
+    let reps = (SAMPLE.as_secs_f64() / once.as_secs_f64()).clamp(1.0, 64.0) as u32;
+    let mut best = once.as_secs_f64();
+    for _ in 0..2 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            run()?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(best)
+}

@@ -1,0 +1,316 @@
+//! Autotuning (`kiln::kernels::tune`): every candidate kernel, forced by name, against the CPU
+//! device; the cache file that lets a second process start tuned; `KILN_AUTOTUNE=off`.
+
+use kiln::kernels::tune;
+use kiln::{DType, Device, Tensor};
+use std::process::Command;
+
+fn gpus() -> Vec<Device> {
+    let d = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    d.into_iter().filter(|d| !d.is_cpu()).collect()
+}
+
+/// f32, and f16 where the adapter has it.
+fn dtypes(dev: &Device) -> Vec<DType> {
+    let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+    [DType::F32, DType::F16]
+        .into_iter()
+        .filter(|&d| d == DType::F32 || f16)
+        .collect()
+}
+
+/// Random values made on the CPU (the same on every device), cast to `dtype`, on `dev`.
+fn random(shape: &[usize], dtype: DType, seed: u64, dev: &Device) -> Tensor {
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(seed);
+    Tensor::randn(shape, DType::F32, &cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+/// Values of `t` as f64 (NaN kept).
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// Asserts |got - want| <= tol * (1 + |want|) elementwise, NaN where the reference has NaN.
+fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    for (i, (g, w)) in values(got).iter().zip(values(want)).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}: element {i}: {g} where the CPU has NaN");
+        } else {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}: element {i}: {g} vs the CPU's {w}"
+            );
+        }
+    }
+}
+
+/// Runs `f` with `family`'s variant `name` forced on this thread.
+fn forced<T>(family: &str, name: &str, f: impl FnOnce() -> T) -> T {
+    tune::force_variant(family, Some(name));
+    let out = f();
+    tune::force_variant(family, None);
+    out
+}
+
+#[test]
+fn every_reduction_strategy_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    // Long rows (split over several passes), a row that is not whole vec4s, a strided view
+    // (dims reduced out of order), many short rows.
+    let cases: [(&[usize], &[isize]); 5] = [
+        (&[3, 70001], &[1]),
+        (&[1 << 18], &[]),
+        (&[37, 129, 5], &[0, 2]),
+        (&[1000, 4], &[1]),
+        (&[5, 3000], &[-1]),
+    ];
+    for dev in gpus() {
+        let subgroups = dev.adapter_info().unwrap().features.subgroups;
+        for strategy in ["tree", "subgroup", "serial", "interleaved"] {
+            if strategy == "subgroup" && !subgroups {
+                continue;
+            }
+            for (shape, dims) in cases {
+                for dtype in dtypes(&dev) {
+                    let x = random(shape, dtype, 7, &dev);
+                    let xc = x.to_device(&cpu).unwrap();
+                    let what = |op: &str| {
+                        format!(
+                            "{op} {shape:?} {dims:?} {dtype} {strategy} on {}",
+                            dev.name()
+                        )
+                    };
+                    let n: usize = shape.iter().product();
+                    // Summation order differs from the CPU's f64: a tolerance per element summed.
+                    let tol = if dtype == DType::F16 {
+                        2e-3
+                    } else {
+                        1e-6 * (n as f64).sqrt() + 1e-5
+                    };
+                    forced("reduce", strategy, || {
+                        let got = x.sum(dims, false).unwrap();
+                        assert_close(
+                            &got,
+                            &xc.sum(dims, false).unwrap(),
+                            tol * 30.0,
+                            &what("sum"),
+                        );
+                        let got = x.mean(dims, true).unwrap();
+                        assert_close(&got, &xc.mean(dims, true).unwrap(), tol, &what("mean"));
+                        let got = x.amax(dims, false).unwrap();
+                        assert_close(&got, &xc.amax(dims, false).unwrap(), 0.0, &what("amax"));
+                        let got = x.amin(dims, false).unwrap();
+                        assert_close(&got, &xc.amin(dims, false).unwrap(), 0.0, &what("amin"));
+                    });
+                }
+            }
+            // prod over short rows (long ones overflow), and NaN propagation of max and min.
+            let x = random(&[64, 300], DType::F32, 3, &dev)
+                .mul_scalar(0.05)
+                .unwrap()
+                .add_scalar(1.0)
+                .unwrap();
+            let xc = x.to_device(&cpu).unwrap();
+            forced("reduce", strategy, || {
+                let got = x.prod(&[1], false).unwrap();
+                assert_close(&got, &xc.prod(&[1], false).unwrap(), 1e-4, strategy);
+            });
+            let mut v = vec![1.0f32; 1 << 17];
+            v[77_777] = f32::NAN;
+            let x = Tensor::from_slice(&v, &[1 << 17], &dev).unwrap();
+            forced("reduce", strategy, || {
+                for got in [x.amax(&[], false).unwrap(), x.amin(&[], false).unwrap()] {
+                    assert!(values(&got)[0].is_nan(), "{strategy}: max/min lost a NaN");
+                }
+                assert!(values(&x.sum_all().unwrap())[0].is_nan(), "sum lost a NaN");
+            });
+        }
+    }
+}
+
+#[test]
+fn every_softmax_variant_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for variant in ["tree", "serial"] {
+            for (shape, dim) in [
+                (&[300, 1024][..], -1isize),
+                (&[70, 33][..], 1),
+                (&[16, 40, 12][..], 1),
+            ] {
+                for dtype in dtypes(&dev) {
+                    let x = random(shape, dtype, 11, &dev).mul_scalar(4.0).unwrap();
+                    let xc = x.to_device(&cpu).unwrap();
+                    let tol = if dtype == DType::F16 { 2e-3 } else { 1e-5 };
+                    let what = format!("{shape:?} {dtype} {variant} on {}", dev.name());
+                    forced("softmax", variant, || {
+                        let got = x.softmax(dim).unwrap();
+                        assert_close(&got, &xc.softmax(dim).unwrap(), tol, &what);
+                        let got = x.log_softmax(dim).unwrap();
+                        assert_close(&got, &xc.log_softmax(dim).unwrap(), tol * 4.0, &what);
+                    });
+                }
+            }
+            // PyTorch's extreme rows: all -inf, a NaN, +inf: NaN rows; huge equal values: uniform.
+            let ninf = f32::NEG_INFINITY;
+            let mut rows = vec![ninf; 64];
+            rows.extend([f32::NAN; 1].iter().chain(&[0.5f32; 63]));
+            rows.extend([f32::INFINITY; 1].iter().chain(&[0.5f32; 63]));
+            rows.extend([-3.3e38f32; 64]);
+            let x = Tensor::from_slice(&rows, &[4, 64], &dev).unwrap();
+            let xc = x.to_device(&cpu).unwrap();
+            forced("softmax", variant, || {
+                let got = x.softmax(-1).unwrap();
+                assert_close(&got, &xc.softmax(-1).unwrap(), 1e-6, variant);
+            });
+        }
+    }
+}
+
+#[test]
+fn every_transpose_variant_copies_exactly() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for variant in ["tiled", "strided"] {
+            for dtype in dtypes(&dev) {
+                let x = random(&[300, 517], dtype, 5, &dev);
+                let xc = x.to_device(&cpu).unwrap();
+                forced("transpose", variant, || {
+                    let got = x.t().unwrap().contiguous().unwrap();
+                    let want = xc.t().unwrap().contiguous().unwrap();
+                    assert_close(&got, &want, 0.0, variant);
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn every_matmul_variant_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for variant in ["tile64", "reg4x4"] {
+            // Ragged edges, transposed operands, a broadcast batch.
+            for (m, n, k, ta, tb, batch) in [
+                (37, 45, 19, false, false, 1),
+                (64, 96, 130, true, false, 1),
+                (50, 33, 70, false, true, 1),
+                (40, 40, 40, true, true, 1),
+                (33, 20, 17, false, false, 3),
+            ] {
+                for dtype in dtypes(&dev) {
+                    let a_shape = if ta { [batch, k, m] } else { [batch, m, k] };
+                    let b_shape = if tb { [n, k] } else { [k, n] };
+                    let mut a = random(&a_shape, dtype, 1, &dev);
+                    let mut b = random(&b_shape, dtype, 2, &dev);
+                    if ta {
+                        a = a.transpose(1, 2).unwrap();
+                    }
+                    if tb {
+                        b = b.t().unwrap();
+                    }
+                    let (ac, bc) = (a.to_device(&cpu).unwrap(), b.to_device(&cpu).unwrap());
+                    let tol = if dtype == DType::F16 { 1e-2 } else { 1e-5 };
+                    let what = format!(
+                        "{m}x{n}x{k} a^T {ta} b^T {tb} batch {batch} {dtype} {variant} on {}",
+                        dev.name()
+                    );
+                    forced("matmul", variant, || {
+                        let got = a.matmul(&b).unwrap();
+                        let want = ac.matmul(&bc).unwrap();
+                        assert_close(&got, &want, tol, &what);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The child of `a_second_process_starts_tuned`: a sum big enough to be tuned on the first
+/// GPU, then a report of what the tuner holds (`KILN_EXPECT` says what the parent expects).
+#[test]
+#[ignore = "run by a_second_process_starts_tuned in a child process"]
+fn autotune_child() {
+    let dev = gpus().into_iter().next().unwrap();
+    let expect = std::env::var("KILN_EXPECT").unwrap();
+    let x = random(&[1 << 20], DType::F32, 1, &dev);
+    let got = values(&x.sum_all().unwrap())[0];
+    let want = values(
+        &x.to_device(&Device::cpu().unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap(),
+    )[0];
+    assert!((got - want).abs() < 1e-2, "{got} vs {want}");
+    let tuned = tune::tuned(&dev);
+    let sum = tuned.iter().find(|r| r.family == "reduce");
+    match expect.as_str() {
+        "measured" => {
+            let r = sum.expect("the sum was tuned");
+            assert!(!r.from_cache, "measured, not read");
+            assert!(r.candidates.len() >= 3, "{r:?}");
+            assert!(r.tuning_seconds < 2.0, "tuning took {} s", r.tuning_seconds);
+        }
+        "cached" => {
+            let r = sum.expect("the cache file had the sum");
+            assert!(r.from_cache, "read from the cache file: {r:?}");
+        }
+        "off" => assert!(tuned.is_empty(), "KILN_AUTOTUNE=off tuned {tuned:?}"),
+        other => panic!("KILN_EXPECT={other}"),
+    }
+}
+
+#[test]
+fn a_second_process_starts_tuned() {
+    let dir = std::env::temp_dir().join(format!("kiln-autotune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = |expect: &str, off: bool| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "autotune_child", "--ignored", "--nocapture"])
+            .env("KILN_CACHE_DIR", &dir)
+            .env("KILN_EXPECT", expect)
+            .env_remove("KILN_AUTOTUNE");
+        if off {
+            cmd.env("KILN_AUTOTUNE", "off");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "child expecting {expect}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let file = dir.join("autotune.json");
+    child("off", true);
+    assert!(!file.exists(), "KILN_AUTOTUNE=off wrote {file:?}");
+    child("measured", false);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("kiln.autotune.v1") && text.contains("reduce/sum f32"),
+        "{text}"
+    );
+    assert!(
+        text.contains(env!("CARGO_PKG_VERSION")),
+        "keyed by kiln's version: {text}"
+    );
+    child("cached", false);
+    // A damaged cache is measured again and rewritten, never an error.
+    std::fs::write(&file, b"{ not json").unwrap();
+    child("measured", false);
+    child("cached", false);
+    let _ = std::fs::remove_dir_all(&dir);
+}
