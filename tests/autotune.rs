@@ -314,3 +314,36 @@ fn a_second_process_starts_tuned() {
     child("cached", false);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The profiler's trace names the kernel that ran, variant included.
+#[test]
+fn the_trace_names_the_variant() {
+    let mut checked = 0;
+    for dev in gpus() {
+        if !dev.adapter_info().unwrap().features.timestamp_query {
+            continue;
+        }
+        checked += 1;
+        let x = random(&[1 << 16], DType::F32, 2, &dev);
+        let options = kiln::profiler::ProfileOptions {
+            devices: vec![dev.clone()],
+            profile_memory: false,
+        };
+        for (variant, kernel) in [
+            ("serial", "sum_f32_f32_vec4_serial"),
+            ("tree", "sum_f32_f32_vec4_tree"),
+        ] {
+            let (_, prof) = kiln::profiler::profile(&options, || {
+                forced("reduce", variant, || x.sum_all().unwrap());
+                dev.synchronize()
+            })
+            .unwrap();
+            let trace = prof.chrome_trace_json();
+            assert!(
+                trace.contains(kernel),
+                "{kernel} not in the trace on {}",
+                dev.name()
+            );
+        }
+    }
+}
