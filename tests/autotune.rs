@@ -346,4 +346,8 @@ fn the_trace_names_the_variant() {
             );
         }
     }
+    assert!(
+        checked > 0,
+        "no adapter with timestamps to profile kernels on"
+    );
 }
