@@ -4,28 +4,6 @@
 // owns a 4x4 sub-tile strided by 16 (rows l.y + 16i, columns l.x + 16j), so shared-memory reads
 // are broadcast (a) or consecutive (b), and the stores are coalesced. Built as a trusted
 // module: every index below is guarded explicitly.
-{{ENABLES}}
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    off_a: u32,
-    sab: u32,
-    sam: u32,
-    sak: u32,
-    off_b: u32,
-    sbb: u32,
-    sbk: u32,
-    sbn: u32,
-}
-
-var<immediate> p: Params;
-
-@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
-
 var<workgroup> tile_a: array<array<f32, 64>, 16>;
 var<workgroup> tile_b: array<array<f32, 64>, 16>;
 

@@ -4,28 +4,6 @@
 // from the operands, so there is no staging and no barrier. What a CPU running the shader
 // (lavapipe, llvmpipe) wants; built trusted: loads clamp their row and column into range (the
 // extra rows and columns are computed and never stored), stores are guarded.
-{{ENABLES}}
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    off_a: u32,
-    sab: u32,
-    sam: u32,
-    sak: u32,
-    off_b: u32,
-    sbb: u32,
-    sbk: u32,
-    sbn: u32,
-}
-
-var<immediate> p: Params;
-
-@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
-
 fn store_row(bt: u32, m: u32, n: u32, v: vec4<f32>) {
     if m >= p.m {
         return;

@@ -55,9 +55,10 @@ fn combine(a: {{ACC}}, b: {{ACC}}) -> {{ACC}} {
     return {{COMBINE}};
 }
 
-// Invocation t's partial over chunk w of a 256-wide workgroup: units t, t + 256, ... with four
-// independent accumulators (four loads in flight).
-fn strided_partial(w: u32, t: u32) -> {{ACC}} {
+// The partial over units t, t + step, t + 2 step, ... of chunk w (four independent
+// accumulators: four loads in flight). The tree and subgroup forms read a chunk with 256
+// invocations (step 256), the interleaved form with 64, the serial form with one (t 0, step 1).
+fn partial(w: u32, t: u32, step: u32) -> {{ACC}} {
     let row = w / p.chunks;
     let start = (w % p.chunks) * p.chunk_len;
     let end = min(start + p.chunk_len, p.inner);
@@ -67,13 +68,13 @@ fn strided_partial(w: u32, t: u32) -> {{ACC}} {
     var s2 = s0;
     var s3 = s0;
     var j = start + t;
-    for (; j + 768u < end; j += 1024u) {
+    for (; j + 3u * step < end; j += 4u * step) {
         s0 = combine(s0, load(base + j));
-        s1 = combine(s1, load(base + j + 256u));
-        s2 = combine(s2, load(base + j + 512u));
-        s3 = combine(s3, load(base + j + 768u));
+        s1 = combine(s1, load(base + j + step));
+        s2 = combine(s2, load(base + j + 2u * step));
+        s3 = combine(s3, load(base + j + 3u * step));
     }
-    for (; j < end; j += 256u) {
+    for (; j < end; j += step) {
         s0 = combine(s0, load(base + j));
     }
     return combine(combine(s0, s1), combine(s2, s3));

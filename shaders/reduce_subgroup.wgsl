@@ -10,7 +10,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     if w >= p.rows * p.chunks {
         return;
     }
-    let s = strided_partial(w, t);
+    let s = partial(w, t, 256u);
     let v: f32 = {{HSUM}};
     let r = {{SUBGROUP}};
     if lane == 0u {

@@ -9,7 +9,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     if w >= p.rows * p.chunks {
         return;
     }
-    let s = strided_partial(w, t);
+    let s = partial(w, t, 256u);
     acc[t] = {{HSUM}};
     workgroupBarrier();
     for (var k = 128u; k > 0u; k >>= 1u) {

@@ -320,8 +320,14 @@ impl Kernel {
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
-            Kernel::Matmul(d) => per_dtype(include_str!("../../shaders/matmul.wgsl"), *d),
-            Kernel::MatmulReg(d) => per_dtype(include_str!("../../shaders/matmul_reg.wgsl"), *d),
+            Kernel::Matmul(d) | Kernel::MatmulReg(d) => {
+                let body = match self {
+                    Kernel::Matmul(_) => include_str!("../../shaders/matmul.wgsl"),
+                    _ => include_str!("../../shaders/matmul_reg.wgsl"),
+                };
+                let params = include_str!("../../shaders/matmul_params.wgsl");
+                per_dtype(&format!("{params}{body}"), *d)
+            }
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => {
                 let (d, padded, io) = match *self {
                     Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar),

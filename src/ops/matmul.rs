@@ -567,7 +567,8 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                 candidates.push((Simt::Reg, Simt::Reg.name()));
             }
             let key = || {
-                let major = |k_stride: usize| if k_stride == 1 { "row" } else { "col" };
+                // Row-major where the last dim has unit stride.
+                let major = |last: usize| if last == 1 { "row" } else { "col" };
                 format!(
                     "{} {}x{}x{} batch {} a {} b {}",
                     a.dtype(),
@@ -576,7 +577,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
                     tune::class(k),
                     tune::class(flat.batch),
                     major(sak),
-                    if sbn == 1 { "row" } else { "col" }
+                    major(sbn)
                 )
             };
             let work = (m * n * k * flat.batch) as u64;

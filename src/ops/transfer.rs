@@ -6,7 +6,7 @@
 
 use crate::device::{Device, DeviceBlock, Event, Transfer};
 use crate::host::PinnedKind;
-use crate::tensor::{Element, Tensor};
+use crate::tensor::{Element, Layout, Tensor};
 use crate::{DType, Error, Result};
 use std::sync::Arc;
 
@@ -88,9 +88,10 @@ impl Tensor {
                 words.resize((bytes + extra * w).next_multiple_of(4), 0);
                 padded.storage.block.write(0, &words)
             })?;
-            padded
-                .narrow(0, 0, self.numel())?
-                .reshape(&self.shape().iter().map(|&d| d as isize).collect::<Vec<_>>())?
+            Tensor {
+                layout: Layout::contiguous(self.shape()),
+                ..padded
+            }
         } else {
             let out = Tensor::empty(self.shape(), self.dtype, device)?;
             crate::no_grad(|| out.copy_across_devices(self))?;
