@@ -9,11 +9,16 @@
 //!     cargo run --release --example train -- --data ~/mnist       # MNIST IDX files
 //!     cargo run --release --example train -- --save-checkpoint ck.safetensors --max-steps 100
 //!     cargo run --release --example train -- --save-checkpoint ck.safetensors --resume ck.safetensors
+//!     mpirun -n 2 cargo run --release --features mpi --example train -- --ddp   # one process per GPU
+//!
+//! With `--ddp`, each rank trains a `DistributedDataParallel` model on its `DistributedSampler`
+//! share of every epoch (the batch size is per rank, as in PyTorch), and rank 0 prints.
 
 use clap::{value_parser, Arg, ArgAction, Command};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::amp::{autocast, DeviceType, GradScaler};
 use kiln::data::{read_mnist, synthetic_glyphs, DataLoader, LoaderOptions, Resumable};
+use kiln::distributed::{DistributedDataParallel, InitOptions, ProcessGroup};
 use kiln::nn::{cross_entropy, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use kiln::ops::Conv2dParams;
 use kiln::optim::{Adam, Optimizer, Sgd};
@@ -68,6 +73,12 @@ fn args() -> clap::ArgMatches {
                 .long("amp")
                 .action(ArgAction::SetTrue)
                 .help("mixed precision: forward and loss under autocast(f16), GradScaler"),
+        )
+        .arg(
+            Arg::new("ddp")
+                .long("ddp")
+                .action(ArgAction::SetTrue)
+                .help("data parallel over the ranks mpirun started (build with --features mpi)"),
         )
         .arg(
             Arg::new("train-size")
@@ -206,16 +217,67 @@ fn forward(blocks: &[Arc<Sequential>], x: &Tensor, checkpoint: bool) -> kiln::Re
     Ok(h)
 }
 
+/// The blocks as one module, for `DistributedDataParallel` (which finds the parameters to
+/// reduce through `Module`).
+struct Blocks {
+    blocks: Vec<Arc<Sequential>>,
+    checkpoint: bool,
+}
+
+impl Module for Blocks {
+    fn forward(&self, x: &Tensor) -> kiln::Result<Tensor> {
+        forward(&self.blocks, x, self.checkpoint)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let per_block = self.blocks.iter().enumerate();
+        per_block
+            .flat_map(|(i, b)| {
+                b.named_parameters()
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{i}.{n}"), t))
+            })
+            .collect()
+    }
+    /// The blocks are shared (`Arc`): nothing here moves or replaces their tensors.
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+}
+
+/// Prints on rank 0 only (every rank prints without `--ddp`).
+macro_rules! say {
+    ($main:expr, $($arg:tt)*) => {
+        if $main {
+            println!($($arg)*);
+        }
+    };
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
 fn main() -> kiln::Result<()> {
     let m = args();
-    let device = match m.get_one::<String>("device") {
-        Some(spec) => Device::from_spec(spec)?,
-        None => Device::best()?,
+    let chosen = match m.get_one::<String>("device") {
+        Some(spec) => Some(Device::from_spec(spec)?),
+        None => None,
     };
+    // With --ddp: one process per GPU, the local rank picking the adapter.
+    let group: Option<ProcessGroup> = if m.get_flag("ddp") {
+        Some(kiln::distributed::init_process_group_with(InitOptions {
+            device: chosen.clone(),
+            ..Default::default()
+        })?)
+    } else {
+        None
+    };
+    let device = match (&group, chosen) {
+        (Some(g), _) => g.device().clone(),
+        (None, Some(d)) => d,
+        (None, None) => Device::best()?,
+    };
+    let main_rank = group.as_ref().is_none_or(|g| g.rank() == 0);
     let epochs = *m.get_one::<usize>("epochs").expect("default");
     let batch_size = *m.get_one::<usize>("batch-size").expect("default");
     let kind = m.get_one::<String>("model").expect("default").clone();
@@ -238,7 +300,8 @@ fn main() -> kiln::Result<()> {
             (synthetic_glyphs(n, 1), synthetic_glyphs(n / 5, 2))
         }
     };
-    println!(
+    say!(
+            main_rank,
         "kiln train: {kind} on {} ({} train / {} test images of {}x{}, {} classes), batch {batch_size}, {epochs} epochs, {optimizer} lr {lr}{}{}",
         device.name(),
         train.len(),
@@ -285,9 +348,41 @@ fn main() -> kiln::Result<()> {
             })?;
             kiln::no_grad(|| target.copy_(src))?;
         }
-        println!("loaded {} tensors from {}", loaded.len(), path.display());
+        say!(
+            main_rank,
+            "loaded {} tensors from {}",
+            loaded.len(),
+            path.display()
+        );
     }
-    let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
+    if group.is_some() && use_checkpoint {
+        return Err(kiln::Error::InvalidArgument {
+            op: "train --ddp",
+            msg: "--checkpoint recomputes blocks in a nested backward, where DDP's bucket \
+                  hooks would finish the reduction early; use one or the other"
+                .into(),
+        });
+    }
+    let local = Blocks {
+        blocks: blocks.clone(),
+        checkpoint: use_checkpoint,
+    };
+    // DDP broadcasts rank 0's parameters (they are the same here: every rank seeds alike).
+    let net: Box<dyn Module> = match &group {
+        Some(g) => {
+            let ddp = DistributedDataParallel::new(local, g)?;
+            say!(
+                main_rank,
+                "DistributedDataParallel: {} ranks over {}, buckets of {:?} bytes",
+                g.world_size(),
+                g.backend(),
+                ddp.bucket_sizes()
+            );
+            Box::new(ddp)
+        }
+        None => Box::new(local),
+    };
+    let params: Vec<Tensor> = net.parameters();
     let mut opt: Box<dyn Optimizer> = match optimizer.as_str() {
         "adam" => Box::new(Adam::new(params, lr)?),
         _ => Box::new(Sgd::new(params, lr)?.momentum(0.9)?),
@@ -303,7 +398,7 @@ fn main() -> kiln::Result<()> {
      -> kiln::Result<Tensor> {
         let loss = record_function("## forward ##", || {
             let _amp = autocast(device_type, DType::F16, amp)?;
-            cross_entropy(&forward(&blocks, x, use_checkpoint)?, y)
+            cross_entropy(&net.forward(x)?, y)
         })?;
         opt.zero_grad(true)?;
         record_function("## backward ##", || scaler.scale(&loss)?.backward())?;
@@ -327,6 +422,7 @@ fn main() -> kiln::Result<()> {
             prefetch: 2,
             num_workers: 1,
             seed: 0x5EED,
+            sampler: group.as_ref().map(ProcessGroup::sampler),
         },
     )?;
     let mut test_loader = DataLoader::new(
@@ -360,7 +456,8 @@ fn main() -> kiln::Result<()> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let at = train_loader.loader_state();
-        println!(
+        say!(
+            main_rank,
             "resumed from {} at step {global_step} (epoch {}, batch {} of {})",
             path.display(),
             at.epoch + 1,
@@ -403,9 +500,13 @@ fn main() -> kiln::Result<()> {
         } else {
             "self_cpu_time_total"
         };
-        println!("{}", prof.key_averages().table(sort, 15));
+        say!(main_rank, "{}", prof.key_averages().table(sort, 15));
         prof.export_chrome_trace(path)?;
-        println!("Chrome trace of ten steps written to {}\n", path.display());
+        say!(
+            main_rank,
+            "Chrome trace of ten steps written to {}\n",
+            path.display()
+        );
     }
 
     let first_epoch = train_loader.loader_state().epoch as usize + 1;
@@ -416,7 +517,12 @@ fn main() -> kiln::Result<()> {
         }
         let steps = train_loader.len();
         let done_before = train_loader.loader_state().position;
-        let bar = ProgressBar::new(steps as u64).with_style(
+        let bar = if main_rank {
+            ProgressBar::new(steps as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        let bar = bar.with_style(
             ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
                 .expect("a valid template")
                 .progress_chars("=> "),
@@ -449,7 +555,7 @@ fn main() -> kiln::Result<()> {
         drop(batches);
         if stopped {
             bar.abandon_with_message(format!("stopped at step {global_step} (--max-steps)"));
-            if let Some(path) = &save_path {
+            if let (Some(path), true) = (&save_path, main_rank) {
                 save_checkpoint(
                     path,
                     opt.as_mut(),
@@ -457,7 +563,11 @@ fn main() -> kiln::Result<()> {
                     &mut train_loader,
                     global_step,
                 )?;
-                println!("training checkpoint written to {}", path.display());
+                say!(
+                    main_rank,
+                    "training checkpoint written to {}",
+                    path.display()
+                );
             }
             break;
         }
@@ -477,14 +587,15 @@ fn main() -> kiln::Result<()> {
             }
             Ok(correct.item::<f32>()? as usize)
         })?;
-        println!(
+        say!(
+            main_rank,
             "epoch {epoch}: train loss {train_loss:.4}, test accuracy {:.2}% | memory_allocated {:.2} MiB, max_memory_allocated (training) {:.2} MiB, memory_reserved {:.2} MiB",
             100.0 * correct as f64 / test_len as f64,
             mib(device.memory_allocated()),
             mib(train_peak),
             mib(device.memory_reserved()),
         );
-        if let Some(path) = &save_path {
+        if let (Some(path), true) = (&save_path, main_rank) {
             save_checkpoint(
                 path,
                 opt.as_mut(),
@@ -494,27 +605,32 @@ fn main() -> kiln::Result<()> {
             )?;
         }
     }
-    if let Some(path) = m.get_one::<PathBuf>("save") {
+    if let (Some(path), true) = (m.get_one::<PathBuf>("save"), main_rank) {
         kiln::nn::save_safetensors(path, &named(&blocks))?;
-        println!("saved the state dict to {}", path.display());
+        say!(main_rank, "saved the state dict to {}", path.display());
     }
     device.synchronize()?;
-    println!("trained in {:.1} s", started.elapsed().as_secs_f64());
+    say!(
+        main_rank,
+        "trained in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     if amp {
-        println!("GradScaler: scale {}", scaler.get_scale());
+        say!(main_rank, "GradScaler: scale {}", scaler.get_scale());
     }
     let host = device.host_memory_stats();
     if host.num_host_alloc > 0 {
-        println!(
+        say!(
+            main_rank,
             "pinned memory (host_memory_stats): {} blocks, {:.2} MiB cached, {} cudaHostAlloc-equivalents",
             host.allocations.current,
             mib(host.allocated_bytes.current as u64),
             host.num_host_alloc
         );
     }
-    println!();
-    println!("{}", device.memory_summary(false));
-    if let Some(path) = snapshot {
+    say!(main_rank, "");
+    say!(main_rank, "{}", device.memory_summary(false));
+    if let (Some(path), true) = (snapshot, main_rank) {
         device.dump_snapshot(path)?;
         // The same trace as a picture, next to it.
         let opts = kiln::viz::TimelineOptions {
@@ -522,7 +638,8 @@ fn main() -> kiln::Result<()> {
             ..Default::default()
         };
         kiln::viz::write_timeline(&device.memory_snapshot(), path, &opts)?;
-        println!(
+        say!(
+            main_rank,
             "memory snapshot written to {} (timeline: {}, {})",
             path.display(),
             path.with_extension("svg").display(),

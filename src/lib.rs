@@ -13,6 +13,7 @@ mod cpu;
 pub mod data;
 pub mod debug;
 pub mod device;
+pub mod distributed;
 mod graph;
 pub mod host;
 pub mod kernels;

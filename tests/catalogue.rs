@@ -7,6 +7,7 @@
 
 use kiln::amp::GradScaler;
 use kiln::data::{synthetic_glyphs, DataLoader, LoaderOptions};
+use kiln::distributed::{ProcessGroup, ReduceOp};
 use kiln::nn::{
     cross_entropy, load_safetensors, load_state_dict, mse_loss, save_safetensors, BatchNorm2d,
     Dropout, LayerNorm, Linear, Module,
@@ -40,6 +41,7 @@ fn kind(e: &Error) -> &'static str {
         Error::ModifiedInplace { .. } => "ModifiedInplace",
         Error::Io { .. } => "Io",
         Error::InvalidFile { .. } => "InvalidFile",
+        Error::Distributed { .. } => "Distributed",
         Error::GpuRequired => "GpuRequired",
     }
 }
@@ -910,7 +912,31 @@ fn catalogue() -> Vec<Case> {
             "",
             |d, _| d.set_allocator_settings("max_split_size_mb:abc")
         ),
+        case!(
+            "a broadcast from a rank outside the group",
+            "InvalidArgument",
+            "Invalid rank 1",
+            |d, _| group().broadcast(&f32s(d, &[4]), 1)
+        ),
+        case!(
+            "an all_reduce of a non-contiguous tensor",
+            "InvalidArgument",
+            "Tensors must be contiguous",
+            |d, _| group().all_reduce(&f32s(d, &[2, 3]).transpose(0, 1)?, ReduceOp::Sum)
+        ),
+        case!(
+            "an average of integers across ranks",
+            "UnsupportedDType",
+            "ReduceOp::Avg",
+            |d, _| group().all_reduce(&i32s(d, &[1, 2]), ReduceOp::Avg)
+        ),
     ]
+}
+
+/// This process's group (of one: no mpirun here).
+fn group() -> &'static ProcessGroup {
+    static PG: std::sync::OnceLock<ProcessGroup> = std::sync::OnceLock::new();
+    PG.get_or_init(|| kiln::distributed::init_process_group().unwrap())
 }
 
 #[test]

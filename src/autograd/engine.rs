@@ -9,8 +9,67 @@ use crate::graph::{AutogradMeta, Edge, Node};
 use crate::tensor::GradModeGuard;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+use std::cell::RefCell;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
+
+/// Work queued to run when the current backward pass has finished its graph.
+type Callback = Box<dyn FnOnce() -> Result<()> + Send>;
+
+thread_local! {
+    /// One frame per backward pass running on this thread (a checkpoint's backward runs one
+    /// inside another); `queue_callback` adds to the innermost.
+    static CALLBACKS: RefCell<Vec<Vec<Callback>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Queues `f` to run once the backward pass running on this thread has finished its graph
+/// (PyTorch's `Variable._execution_engine.queue_callback`, which DistributedDataParallel uses to
+/// wait for its last buckets). Only valid while a backward pass runs (from a hook or a backward
+/// formula); an error `f` returns is the error of `backward()`.
+pub fn queue_callback(f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    CALLBACKS.with(|c| match c.borrow_mut().last_mut() {
+        Some(frame) => {
+            frame.push(Box::new(f));
+            Ok(())
+        }
+        None => Err(Error::Autograd {
+            op: "queue_callback",
+            msg: "Final callbacks can only be installed during backward pass.".into(),
+        }),
+    })
+}
+
+/// Pops this pass's callback frame however the pass ends.
+struct CallbackFrame;
+
+impl CallbackFrame {
+    fn push() -> CallbackFrame {
+        CALLBACKS.with(|c| c.borrow_mut().push(Vec::new()));
+        CallbackFrame
+    }
+
+    /// Runs the queued callbacks in order, and any they queue.
+    fn run(&self) -> Result<()> {
+        loop {
+            let next = CALLBACKS.with(|c| {
+                let mut c = c.borrow_mut();
+                let frame = c.last_mut()?;
+                (!frame.is_empty()).then(|| frame.remove(0))
+            });
+            match next {
+                Some(f) => f()?,
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+impl Drop for CallbackFrame {
+    fn drop(&mut self) {
+        let frame = CALLBACKS.with(|c| c.borrow_mut().pop());
+        drop(frame);
+    }
+}
 
 /// Heap entry: the node with the highest sequence number runs first.
 struct Ready(Arc<Node>);
@@ -52,6 +111,18 @@ fn accumulate(meta: &AutogradMeta, g: Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Runs a leaf's post-accumulate hooks on its `.grad`.
+fn run_hooks(meta: &AutogradMeta) -> Result<()> {
+    let hooks = meta.post_accumulate_hooks();
+    if hooks.is_empty() {
+        return Ok(());
+    }
+    let Some(grad) = lock(&meta.grad).clone() else {
+        return Ok(());
+    };
+    hooks.iter().try_for_each(|h| h(&grad))
+}
+
 /// Adds `g` to a node's pending input gradient.
 fn add_pending(pending: &mut HashMap<usize, Tensor>, node: &Arc<Node>, g: Tensor) -> Result<()> {
     let entry = pending.remove(&key(node));
@@ -72,20 +143,30 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
             msg: "element 0 of tensors does not require grad and does not have a grad_fn".into(),
         });
     };
+    let frame = CallbackFrame::push();
     let Some(root_node) = &meta.grad_fn else {
-        return accumulate(meta, grad);
+        accumulate(meta, grad)?;
+        run_hooks(meta)?;
+        return frame.run();
     };
 
-    // How many gradients each node receives from nodes reachable from the root.
+    // How many gradients each node receives from nodes reachable from the root, and each leaf
+    // (its hooks run after the last one, as after PyTorch's AccumulateGrad node).
     let mut deps: HashMap<usize, usize> = HashMap::new();
+    let mut leaf_deps: HashMap<usize, (usize, bool)> = HashMap::new();
     let mut stack = vec![root_node.clone()];
     let mut seen = std::collections::HashSet::from([key(root_node)]);
     while let Some(node) = stack.pop() {
         for edge in node.edges.iter().flatten() {
-            if let Edge::Node(next) = edge {
-                *deps.entry(key(next)).or_insert(0) += 1;
-                if seen.insert(key(next)) {
-                    stack.push(next.clone());
+            match edge {
+                Edge::Node(next) => {
+                    *deps.entry(key(next)).or_insert(0) += 1;
+                    if seen.insert(key(next)) {
+                        stack.push(next.clone());
+                    }
+                }
+                Edge::Leaf(leaf) => {
+                    leaf_deps.entry(Arc::as_ptr(leaf) as usize).or_default().0 += 1;
                 }
             }
         }
@@ -138,11 +219,21 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
         };
         drop(g);
         for (edge, grad) in node.edges.iter().zip(grads) {
-            let (Some(edge), Some(grad)) = (edge, grad) else {
+            let Some(edge) = edge else {
+                continue;
+            };
+            let Some(grad) = grad else {
+                // No gradient flows along this edge: a leaf still counts it as arrived.
+                if let Edge::Leaf(meta) = edge {
+                    leaf_arrived(&mut leaf_deps, meta, false)?;
+                }
                 continue;
             };
             match edge {
-                Edge::Leaf(meta) => accumulate(meta, grad)?,
+                Edge::Leaf(meta) => {
+                    accumulate(meta, grad)?;
+                    leaf_arrived(&mut leaf_deps, meta, true)?;
+                }
                 Edge::Node(next) => {
                     add_pending(&mut pending, next, grad)?;
                     let d = deps.get_mut(&key(next)).expect("counted above");
@@ -153,6 +244,24 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                 }
             }
         }
+    }
+    frame.run()
+}
+
+/// Counts one more edge into a leaf (`added`: it carried a gradient); after its last one, the
+/// leaf's hooks run if any of them carried a gradient.
+fn leaf_arrived(
+    leaf_deps: &mut HashMap<usize, (usize, bool)>,
+    meta: &Arc<AutogradMeta>,
+    added: bool,
+) -> Result<()> {
+    let (left, got) = leaf_deps
+        .get_mut(&(Arc::as_ptr(meta) as usize))
+        .expect("counted above");
+    *left -= 1;
+    *got |= added;
+    if *left == 0 && *got {
+        run_hooks(meta)?;
     }
     Ok(())
 }

@@ -12,6 +12,9 @@ mod checkpoint;
 mod engine;
 
 pub use checkpoint::checkpoint;
+pub use engine::queue_callback;
+
+pub use crate::graph::RemovableHandle;
 
 pub use crate::tensor::mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,

@@ -101,6 +101,12 @@ pub enum Error {
     #[error("{op}: {msg}")]
     Autograd { op: &'static str, msg: String },
 
+    /// A collective or process-group failure (`kiln::distributed`): MPI missing or failing, a
+    /// rank that did not answer within the group's timeout, a group broken by an earlier
+    /// timeout, or ranks that disagree on a tensor's size.
+    #[error("{op}: {msg}")]
+    Distributed { op: &'static str, msg: String },
+
     /// A tensor saved for backward was modified in place before `backward()` (PyTorch's
     /// "modified by an inplace operation").
     #[error("one of the variables needed for gradient computation has been modified by an inplace operation: [{dtype} {shape:?}]{}, is at version {version}; expected version {expected} instead. Hint: the backtrace further above can point to the operation that failed to compute its gradient; find where this tensor was modified in place (an `_` op) and use the out-of-place op, or clone it first.", creator.map(|c| format!(", which is output 0 of {c}")).unwrap_or_default())]

@@ -55,6 +55,66 @@ pub struct LoaderOptions {
     /// batch: one loader thread hands batches out in order, its helpers split the samples).
     pub num_workers: usize,
     pub seed: u64,
+    /// This process's share of each epoch (PyTorch's `sampler=DistributedSampler(...)`); `None`:
+    /// every sample.
+    pub sampler: Option<DistributedSampler>,
+}
+
+/// PyTorch's `DistributedSampler`: rank `rank` of `num_replicas` takes every
+/// `num_replicas`-th sample of the epoch's order, starting at its rank. The order is the
+/// loader's (shuffled with its seed and epoch when `shuffle` is on, so every rank draws the same
+/// permutation and the shards are disjoint); it is padded by repeating its first samples until
+/// every rank gets `ceil(n / num_replicas)` samples, or with `drop_last` cut so every rank gets
+/// the same whole number. The loader counts its epochs itself, so there is no `set_epoch` to
+/// forget: each epoch's shuffle differs as it does after PyTorch's `sampler.set_epoch(epoch)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DistributedSampler {
+    pub num_replicas: usize,
+    pub rank: usize,
+    pub drop_last: bool,
+}
+
+impl DistributedSampler {
+    pub fn new(num_replicas: usize, rank: usize) -> Result<DistributedSampler> {
+        if num_replicas == 0 || rank >= num_replicas {
+            return Err(Error::InvalidArgument {
+                op: "DistributedSampler",
+                msg: format!(
+                    "Invalid rank {rank}, rank should be in the interval [0, {}]",
+                    num_replicas as i64 - 1
+                ),
+            });
+        }
+        Ok(DistributedSampler {
+            num_replicas,
+            rank,
+            drop_last: false,
+        })
+    }
+
+    /// Samples this rank draws from a dataset of `len` per epoch (PyTorch's `num_samples`).
+    pub fn num_samples(&self, len: usize) -> usize {
+        let r = self.num_replicas;
+        if self.drop_last && !len.is_multiple_of(r) {
+            len.saturating_sub(r).div_ceil(r)
+        } else {
+            len.div_ceil(r)
+        }
+    }
+
+    /// This rank's indices out of one epoch's `order` of the whole dataset.
+    pub fn shard(&self, order: &[usize]) -> Vec<usize> {
+        let total = self.num_samples(order.len()) * self.num_replicas;
+        let mut all: Vec<usize> = order.iter().copied().take(total).collect();
+        while all.len() < total && !order.is_empty() {
+            let more = (total - all.len()).min(order.len());
+            all.extend_from_slice(&order[..more]);
+        }
+        all.into_iter()
+            .skip(self.rank)
+            .step_by(self.num_replicas)
+            .collect()
+    }
 }
 
 impl Default for LoaderOptions {
@@ -67,6 +127,7 @@ impl Default for LoaderOptions {
             prefetch: 2,
             num_workers: 1,
             seed: 0x5EED,
+            sampler: None,
         }
     }
 }
@@ -183,9 +244,15 @@ impl<D: Dataset> DataLoader<D> {
         })
     }
 
+    /// Samples this process draws per epoch (its sampler's share).
+    fn samples_per_epoch(&self) -> usize {
+        let n = self.dataset.len();
+        self.options.sampler.map_or(n, |s| s.num_samples(n))
+    }
+
     /// Batches per epoch.
     pub fn len(&self) -> usize {
-        let (n, b) = (self.dataset.len(), self.options.batch_size);
+        let (n, b) = (self.samples_per_epoch(), self.options.batch_size);
         if self.options.drop_last {
             n / b
         } else {
@@ -210,7 +277,10 @@ impl<D: Dataset> DataLoader<D> {
             }
         }
         self.epoch += 1;
-        order
+        match self.options.sampler {
+            Some(s) => s.shard(&order),
+            None => order,
+        }
     }
 
     /// One epoch's batches, in order, on the device (after `load_loader_state`, the rest of

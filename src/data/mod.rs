@@ -4,7 +4,9 @@
 
 mod loader;
 
-pub use loader::{Batch, Batches, DataLoader, Dataset, LoaderOptions, LoaderState, Resumable};
+pub use loader::{
+    Batch, Batches, DataLoader, Dataset, DistributedSampler, LoaderOptions, LoaderState, Resumable,
+};
 
 use crate::{Error, Result};
 use std::path::Path;

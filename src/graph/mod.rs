@@ -25,13 +25,53 @@ use std::sync::{Arc, Mutex, Weak};
 pub(crate) type BackwardFn =
     Box<dyn FnMut(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
+/// A hook that runs after a leaf's gradient has been accumulated in a backward pass (PyTorch's
+/// `register_post_accumulate_grad_hook`); it receives the leaf's `.grad`.
+pub(crate) type PostAccumulateHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
+
 /// The autograd state of a tensor that requires grad.
 pub(crate) struct AutogradMeta {
     /// `None` for a leaf.
     pub(crate) grad_fn: Option<Arc<Node>>,
     pub(crate) grad: Mutex<Option<Tensor>>,
     retains_grad: AtomicBool,
+    /// Post-accumulate-grad hooks of a leaf, with the ids their handles remove them by.
+    pub(crate) hooks: Mutex<Vec<(u64, PostAccumulateHook)>>,
 }
+
+impl AutogradMeta {
+    fn new(grad_fn: Option<Arc<Node>>) -> AutogradMeta {
+        AutogradMeta {
+            grad_fn,
+            grad: Mutex::new(None),
+            retains_grad: AtomicBool::new(false),
+            hooks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The leaf's post-accumulate hooks, in registration order (cloned: a hook may register or
+    /// remove hooks).
+    pub(crate) fn post_accumulate_hooks(&self) -> Vec<PostAccumulateHook> {
+        lock(&self.hooks).iter().map(|(_, h)| h.clone()).collect()
+    }
+}
+
+/// Removes the hook it was returned for (PyTorch's `RemovableHandle`); dropping it keeps the
+/// hook.
+pub struct RemovableHandle {
+    meta: Weak<AutogradMeta>,
+    id: u64,
+}
+
+impl RemovableHandle {
+    pub fn remove(&self) {
+        if let Some(meta) = self.meta.upgrade() {
+            lock(&meta.hooks).retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+static NEXT_HOOK: AtomicU64 = AtomicU64::new(0);
 
 /// Where a gradient flows: into another node, or into a leaf's `.grad`.
 #[derive(Clone)]
@@ -196,11 +236,7 @@ pub(crate) fn attach(out: &mut Tensor, name: &'static str, inputs: &[&Tensor], f
         dtype: out.dtype(),
         saved: SAVED_FOR_NODE.with(|v| std::mem::take(&mut *v.borrow_mut())),
     });
-    let meta = Arc::new(AutogradMeta {
-        grad_fn: Some(node),
-        grad: Mutex::new(None),
-        retains_grad: AtomicBool::new(false),
-    });
+    let meta = Arc::new(AutogradMeta::new(Some(node)));
     register_graph(&meta, out);
     out.autograd = Some(meta);
 }
@@ -283,11 +319,7 @@ impl Tensor {
                 self.storage
                     .block
                     .set_category(crate::alloc::MemoryCategory::Parameter);
-                Some(Arc::new(AutogradMeta {
-                    grad_fn: None,
-                    grad: Mutex::new(None),
-                    retains_grad: AtomicBool::new(false),
-                }))
+                Some(Arc::new(AutogradMeta::new(None)))
             }
             (false, _) => None,
         };
@@ -298,6 +330,36 @@ impl Tensor {
     /// one, as in PyTorch).
     pub fn is_leaf(&self) -> bool {
         self.meta().is_none_or(|m| m.grad_fn.is_none())
+    }
+
+    /// Registers `hook` to run each time a backward pass has finished accumulating this leaf's
+    /// gradient (PyTorch's `register_post_accumulate_grad_hook`): once per backward, after every
+    /// contribution of that pass has been added, on the thread running backward. The hook gets
+    /// the leaf's `.grad` (PyTorch passes the leaf itself, whose `.grad` is the same tensor); an
+    /// error it returns ends the backward pass with that error.
+    pub fn register_post_accumulate_grad_hook(
+        &self,
+        hook: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<RemovableHandle> {
+        let meta = match self.meta_arc() {
+            Some(m) if m.grad_fn.is_none() => m,
+            _ => {
+                return Err(Error::Autograd {
+                    op: "register_post_accumulate_grad_hook",
+                    msg: if self.requires_grad() {
+                        "post accumulate grad hooks cannot be registered on non-leaf tensors".into()
+                    } else {
+                        "cannot register a hook on a tensor that doesn't require gradient".into()
+                    },
+                })
+            }
+        };
+        let id = NEXT_HOOK.fetch_add(1, Ordering::Relaxed);
+        lock(&meta.hooks).push((id, Arc::new(hook)));
+        Ok(RemovableHandle {
+            meta: Arc::downgrade(&meta),
+            id,
+        })
     }
 
     /// The accumulated gradient of a leaf (or of a non-leaf after `retain_grad()`).

@@ -171,9 +171,22 @@ impl Tensor {
         f: impl FnOnce(&mut [T]) -> R,
     ) -> Result<R> {
         crate::base::expect_dtype("with_host_data_mut", T::DTYPE, self.dtype)?;
+        // Host memory is at least 4-byte aligned (blocks start at aligned offsets, elements at
+        // multiples of their size), so the cast cannot fail.
+        self.host_bytes_mut("with_host_data_mut", |b| f(bytemuck::cast_slice_mut(b)))
+    }
+
+    /// Runs `f` on the bytes of a contiguous CPU tensor (pinned or not) in place, waiting for a
+    /// copy in flight first (the untyped `with_host_data_mut`, for transports that move bytes of
+    /// any dtype); bumps the version.
+    pub(crate) fn with_host_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+        self.host_bytes_mut("with_host_bytes_mut", f)
+    }
+
+    fn host_bytes_mut<R>(&self, op: &'static str, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
         if !self.device().is_cpu() || !self.is_contiguous() {
             return Err(Error::InvalidArgument {
-                op: "with_host_data_mut",
+                op,
                 msg: format!(
                     "needs a contiguous CPU tensor, got {:?} on {}",
                     self.strides(),
@@ -181,19 +194,15 @@ impl Tensor {
                 ),
             });
         }
-        self.check_inplace("with_host_data_mut")?;
-        let n = self.numel();
+        self.check_inplace(op)?;
+        let w = self.dtype.size_bytes();
         let Some(ptr) = self.storage.block.host_address()? else {
             return Ok(f(&mut []));
         };
-        // SAFETY: the contiguous tensor covers n elements of its block from its offset, and
-        // host memory is at least 4-byte aligned (blocks start at aligned offsets, elements at
-        // multiples of their size).
+        // SAFETY: the contiguous tensor covers numel * w bytes of its block from its offset;
+        // the storage lives as long as `self`.
         let data = unsafe {
-            std::slice::from_raw_parts_mut(
-                ptr.add(self.layout.offset * self.dtype.size_bytes()) as *mut T,
-                n,
-            )
+            std::slice::from_raw_parts_mut(ptr.add(self.layout.offset * w), self.numel() * w)
         };
         let r = f(data);
         self.bump_version();

@@ -1,0 +1,441 @@
+//! `DistributedDataParallel`, after PyTorch's `torch/nn/parallel/distributed.py` and its C++
+//! `Reducer` (`torch/csrc/distributed/c10d/reducer.cpp`): parameters in buckets (reverse
+//! registration order, one dtype each, the first capped at 1 MiB so that communication starts
+//! early and the rest at 25 MiB); a post-accumulate-grad hook per parameter copies its gradient,
+//! scaled by 1/world, into its bucket; a full bucket is all-reduced on the communication thread
+//! while backward goes on, buckets always launched in index order so that every rank issues the
+//! same collectives in the same order; a callback at the end of backward waits for them and
+//! copies the averaged gradients back into `.grad`.
+
+use super::{ProcessGroup, ReduceOp, Work};
+use crate::autograd::{queue_callback, RemovableHandle};
+use crate::base::lock;
+use crate::nn::Module;
+use crate::tensor::{DType, Tensor};
+use crate::{Device, Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// `DistributedDataParallel`'s arguments that kiln has.
+#[derive(Clone, Debug)]
+pub struct DdpOptions {
+    /// Bucket size in MiB (PyTorch's `bucket_cap_mb`, 25).
+    pub bucket_cap_mb: f64,
+    /// Broadcast rank 0's buffers (BatchNorm's running statistics) before each forward.
+    pub broadcast_buffers: bool,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_cap_mb: 25.0,
+            broadcast_buffers: true,
+        }
+    }
+}
+
+/// PyTorch's `_DEFAULT_FIRST_BUCKET_BYTES`: the first bucket (the last layers' gradients, which
+/// backward produces first) is small so that the first all-reduce starts early.
+const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// One bucket: its parameters (indices into the reducer's), where each starts in `flat`, and
+/// the flat buffer the reduction runs on.
+struct Bucket {
+    params: Vec<usize>,
+    offsets: Vec<usize>,
+    flat: Tensor,
+}
+
+/// The state of one backward pass.
+struct Pass {
+    /// Whether this pass reduces (`no_sync` was off at the forward).
+    sync: bool,
+    ready: Vec<bool>,
+    /// Parameters each bucket still waits for.
+    pending: Vec<usize>,
+    /// The next bucket to launch.
+    next: usize,
+    work: Vec<Option<Work<()>>>,
+    finalize_queued: bool,
+}
+
+struct Reducer {
+    group: ProcessGroup,
+    params: Vec<Tensor>,
+    buckets: Vec<Bucket>,
+    /// Each parameter's (bucket, position in the bucket).
+    slot: Vec<(usize, usize)>,
+    pass: Mutex<Pass>,
+    /// Cleared inside `no_sync`.
+    require_sync: AtomicBool,
+}
+
+/// PyTorch's `DistributedDataParallel`: wraps a module whose parameters are on this rank's
+/// device; after `backward()` every parameter's `.grad` holds the average over ranks.
+///
+/// Construct it after moving the module to its device and before building the optimizer, as in
+/// PyTorch (its parameters' hooks are registered on the tensors it finds). Its parameter names
+/// carry PyTorch's `module.` prefix; `module()` reaches the wrapped model.
+pub struct DistributedDataParallel<M: Module> {
+    module: M,
+    reducer: Arc<Reducer>,
+    hooks: Vec<RemovableHandle>,
+    options: DdpOptions,
+}
+
+fn bytes_of(t: &Tensor) -> usize {
+    t.numel() * t.dtype().size_bytes()
+}
+
+/// Parameter indices per bucket: reverse order, one dtype per bucket, the first capped at 1 MiB
+/// and the others at `cap` bytes (PyTorch's `compute_bucket_assignment_by_size`).
+fn assign_buckets(params: &[Tensor], cap: usize) -> Vec<Vec<usize>> {
+    let mut done: Vec<Vec<usize>> = Vec::new();
+    let mut open: Vec<(DType, Vec<usize>, usize)> = Vec::new();
+    for i in (0..params.len()).rev() {
+        let dtype = params[i].dtype();
+        let limit = if done.is_empty() {
+            FIRST_BUCKET_BYTES.min(cap)
+        } else {
+            cap
+        };
+        let at = match open.iter().position(|(d, _, _)| *d == dtype) {
+            Some(at) => at,
+            None => {
+                open.push((dtype, Vec::new(), 0));
+                open.len() - 1
+            }
+        };
+        let entry = &mut open[at];
+        entry.1.push(i);
+        entry.2 += bytes_of(&params[i]);
+        if entry.2 >= limit {
+            done.push(std::mem::take(&mut entry.1));
+            entry.2 = 0;
+        }
+    }
+    done.extend(
+        open.into_iter()
+            .map(|(_, b, _)| b)
+            .filter(|b| !b.is_empty()),
+    );
+    done
+}
+
+impl Reducer {
+    fn new(group: &ProcessGroup, params: Vec<Tensor>, cap: usize) -> Result<Reducer> {
+        let device = group.device().clone();
+        let _scope = crate::alloc::kiln_scope(
+            || "DistributedDataParallel.bucket".into(),
+            "kiln distributed",
+        );
+        let mut slot = vec![(0, 0); params.len()];
+        let mut buckets = Vec::new();
+        for (b, idx) in assign_buckets(&params, cap).into_iter().enumerate() {
+            let mut offsets = Vec::with_capacity(idx.len());
+            let mut n = 0;
+            for (k, &i) in idx.iter().enumerate() {
+                slot[i] = (b, k);
+                offsets.push(n);
+                n += params[i].numel();
+            }
+            let flat = Tensor::empty(&[n], params[idx[0]].dtype(), &device)?;
+            buckets.push(Bucket {
+                params: idx,
+                offsets,
+                flat,
+            });
+        }
+        let pass = Pass {
+            sync: true,
+            ready: vec![false; params.len()],
+            pending: buckets.iter().map(|b| b.params.len()).collect(),
+            next: 0,
+            work: buckets.iter().map(|_| None).collect(),
+            finalize_queued: false,
+        };
+        Ok(Reducer {
+            group: group.clone(),
+            params,
+            buckets,
+            slot,
+            pass: Mutex::new(pass),
+            require_sync: AtomicBool::new(true),
+        })
+    }
+
+    /// Parameter `i`'s place in its bucket's buffer.
+    fn view(&self, i: usize) -> Result<Tensor> {
+        let (b, k) = self.slot[i];
+        let bucket = &self.buckets[b];
+        bucket
+            .flat
+            .narrow(0, bucket.offsets[k], self.params[i].numel())
+    }
+
+    /// Rank 0's parameters and buffers everywhere (PyTorch's `_sync_module_states`), a bucket
+    /// per broadcast.
+    fn sync_states(&self, buffers: &[Tensor]) -> Result<()> {
+        if self.group.world_size() == 1 {
+            return Ok(());
+        }
+        crate::no_grad(|| {
+            for bucket in &self.buckets {
+                for &i in &bucket.params {
+                    self.view(i)?.copy_(&self.params[i].reshape(&[-1])?)?;
+                }
+                self.group.broadcast(&bucket.flat, 0)?;
+                for &i in &bucket.params {
+                    let shape: Vec<isize> =
+                        self.params[i].shape().iter().map(|&d| d as isize).collect();
+                    self.params[i].copy_(&self.view(i)?.reshape(&shape)?)?;
+                }
+            }
+            broadcast_buffers(&self.group, buffers)
+        })
+    }
+
+    /// A parameter's gradient is complete for this pass (its hook).
+    fn mark_ready(self: &Arc<Self>, i: usize, grad: &Tensor) -> Result<()> {
+        let mut pass = lock(&self.pass);
+        if !pass.sync {
+            return Ok(());
+        }
+        if pass.ready[i] {
+            return Err(Error::Autograd {
+                op: "DistributedDataParallel",
+                msg: format!(
+                    "Expected to mark a variable ready only once (parameter {i} got its \
+                     gradient twice in one backward pass; reentrant backward or a parameter \
+                     used in two graphs)"
+                ),
+            });
+        }
+        if !pass.finalize_queued {
+            let weak = Arc::downgrade(self);
+            queue_callback(move || finalize(&weak))?;
+            pass.finalize_queued = true;
+        }
+        pass.ready[i] = true;
+        self.view(i)?.copy_(&grad.reshape(&[-1])?)?;
+        let b = self.slot[i].0;
+        pass.pending[b] -= 1;
+        self.launch_ready(&mut pass)
+    }
+
+    /// Launches the complete buckets at the head of the order.
+    fn launch_ready(&self, pass: &mut Pass) -> Result<()> {
+        while pass.next < self.buckets.len() && pass.pending[pass.next] == 0 {
+            let flat = &self.buckets[pass.next].flat;
+            let world = self.group.world_size();
+            if world > 1 {
+                flat.mul_scalar_(1.0 / world as f64)?;
+            }
+            pass.work[pass.next] = Some(self.group.all_reduce_async(flat, ReduceOp::Sum)?);
+            pass.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Back to the start of a pass; returns the work still in flight.
+    fn reset(&self, pass: &mut Pass) -> Vec<Work<()>> {
+        pass.ready.iter_mut().for_each(|r| *r = false);
+        for (p, b) in pass.pending.iter_mut().zip(&self.buckets) {
+            *p = b.params.len();
+        }
+        pass.next = 0;
+        pass.finalize_queued = false;
+        pass.work.iter_mut().filter_map(Option::take).collect()
+    }
+}
+
+/// At the end of backward: buckets whose parameters got no gradient in this pass are reduced
+/// with zeros in their place (every rank launches every bucket, in order); then waits for every
+/// reduction and copies the averages back into `.grad`.
+fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
+    let Some(r) = reducer.upgrade() else {
+        return Ok(());
+    };
+    let work = {
+        let mut pass = lock(&r.pass);
+        for b in pass.next..r.buckets.len() {
+            for &i in &r.buckets[b].params {
+                if !pass.ready[i] {
+                    r.view(i)?.zero_()?;
+                    pass.ready[i] = true;
+                }
+            }
+            pass.pending[b] = 0;
+        }
+        r.launch_ready(&mut pass)?;
+        r.reset(&mut pass)
+    };
+    for w in work {
+        w.wait()?;
+    }
+    for (i, p) in r.params.iter().enumerate() {
+        let shape: Vec<isize> = p.shape().iter().map(|&d| d as isize).collect();
+        let avg = r.view(i)?.reshape(&shape)?;
+        match p.grad() {
+            Some(g) => g.copy_(&avg)?,
+            None => p.set_grad(Some(crate::ops::copy(&avg)?))?,
+        }
+    }
+    Ok(())
+}
+
+fn broadcast_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<()> {
+    buffers.iter().try_for_each(|b| group.broadcast(b, 0))
+}
+
+impl<M: Module> DistributedDataParallel<M> {
+    /// Wraps `module` with the default options: rank 0's parameters and buffers are broadcast
+    /// to every rank, buckets are allocated, hooks registered.
+    pub fn new(module: M, group: &ProcessGroup) -> Result<Self> {
+        Self::with_options(module, group, DdpOptions::default())
+    }
+
+    pub fn with_options(module: M, group: &ProcessGroup, options: DdpOptions) -> Result<Self> {
+        let bad = |msg: String| Error::InvalidArgument {
+            op: "DistributedDataParallel",
+            msg,
+        };
+        if !(options.bucket_cap_mb > 0.0 && options.bucket_cap_mb.is_finite()) {
+            return Err(bad(format!(
+                "bucket_cap_mb must be positive, got {}",
+                options.bucket_cap_mb
+            )));
+        }
+        let named = module.named_parameters();
+        let params: Vec<Tensor> = named
+            .iter()
+            .filter(|(_, p)| p.requires_grad())
+            .map(|(_, p)| p.clone())
+            .collect();
+        if params.is_empty() {
+            return Err(bad(
+                "DistributedDataParallel is not needed when a module doesn't have any \
+                 parameter that requires a gradient."
+                    .into(),
+            ));
+        }
+        let device: &Device = group.device();
+        if let Some((name, p)) = named.iter().find(|(_, p)| p.device() != device) {
+            return Err(Error::DeviceMismatch {
+                op: "DistributedDataParallel",
+                expected: format!("rank {}'s device {}", group.rank(), device.name()),
+                got: format!("parameter {name} on {}", p.device().name()),
+            });
+        }
+        let cap = (options.bucket_cap_mb * (1 << 20) as f64) as usize;
+        let reducer = Arc::new(Reducer::new(group, params, cap.max(1))?);
+        let buffers: Vec<Tensor> = module.named_buffers().into_iter().map(|(_, b)| b).collect();
+        reducer.sync_states(&buffers)?;
+        let mut hooks = Vec::new();
+        for (i, p) in reducer.params.iter().enumerate() {
+            let weak = Arc::downgrade(&reducer);
+            hooks.push(
+                p.register_post_accumulate_grad_hook(move |g| match weak.upgrade() {
+                    Some(r) => r.mark_ready(i, g),
+                    None => Ok(()),
+                })?,
+            );
+        }
+        Ok(DistributedDataParallel {
+            module,
+            reducer,
+            hooks,
+            options,
+        })
+    }
+
+    /// The wrapped module (PyTorch's `ddp.module`).
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    pub fn module_mut(&mut self) -> &mut M {
+        &mut self.module
+    }
+
+    pub fn process_group(&self) -> &ProcessGroup {
+        &self.reducer.group
+    }
+
+    /// Bytes of each bucket, in launch order.
+    pub fn bucket_sizes(&self) -> Vec<usize> {
+        self.reducer
+            .buckets
+            .iter()
+            .map(|b| bytes_of(&b.flat))
+            .collect()
+    }
+
+    /// Runs `f` (forward and backward passes) without reducing gradients: they accumulate
+    /// locally until a pass outside `no_sync` reduces the total (gradient accumulation).
+    /// As in PyTorch, what counts is whether the forward ran inside.
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        struct Restore<'a>(&'a AtomicBool, bool);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Release);
+            }
+        }
+        let flag = &self.reducer.require_sync;
+        let _restore = Restore(flag, flag.swap(false, Ordering::AcqRel));
+        f()
+    }
+}
+
+impl<M: Module> Drop for DistributedDataParallel<M> {
+    fn drop(&mut self) {
+        self.hooks.iter().for_each(RemovableHandle::remove);
+    }
+}
+
+impl<M: Module> Module for DistributedDataParallel<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let r = &self.reducer;
+        let stale = {
+            let mut pass = lock(&r.pass);
+            // A backward that failed half way leaves launched buckets: finish them, so that
+            // every rank's collectives stay in step, and start over.
+            let stale = if pass.next > 0 || pass.finalize_queued {
+                r.reset(&mut pass)
+            } else {
+                Vec::new()
+            };
+            pass.sync = r.require_sync.load(Ordering::Acquire);
+            stale
+        };
+        for w in stale {
+            w.wait()?;
+        }
+        if self.options.broadcast_buffers && r.group.world_size() > 1 {
+            let buffers: Vec<Tensor> = self
+                .module
+                .named_buffers()
+                .into_iter()
+                .map(|(_, b)| b)
+                .collect();
+            crate::no_grad(|| broadcast_buffers(&r.group, &buffers))?;
+        }
+        self.module.forward(x)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        crate::nn::prefixed("module", self.module.named_parameters())
+    }
+
+    fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        crate::nn::prefixed("module", self.module.tensors_mut())
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        crate::nn::prefixed("module", self.module.named_buffers())
+    }
+
+    fn train(&mut self, mode: bool) {
+        self.module.train(mode)
+    }
+}

@@ -1,0 +1,413 @@
+//! Data parallelism in the image of `torch.distributed`: one process per GPU, a process group
+//! over MPI, collectives on tensors, and `DistributedDataParallel`.
+//!
+//! Note [Distributed]: wgpu has no collectives and no peer access between devices, so kiln
+//! leaves the wire to MPI, which runs on every cluster and on one host alike. A GPU tensor
+//! travels through kiln's pinned pool: chunks are copied device to pinned memory, the transport
+//! works on the pinned memory in place, and the result is copied back, several chunks in flight
+//! (`staging.rs`). MPI is called from one thread only, the communication thread (`comm.rs`):
+//! collectives are handed to it in order, so that DDP's bucket reductions run while backward
+//! goes on on the caller's thread, and every wait has the group's timeout, so that a rank that
+//! fails makes the others fail instead of hang. Across hosts nothing in kiln changes: MPI picks
+//! the network; the host staging bandwidth (GPU to pinned memory and back) then bounds the
+//! collectives. See ARCHITECTURE.md.
+//!
+//! Launch with `mpirun -n 2 cargo run --release --features mpi --example train -- --ddp`.
+//! Without the `mpi` feature, or run without `mpirun`, a group has one process and every
+//! collective is a copy (PyTorch's world of one).
+
+mod comm;
+mod ddp;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod staging;
+
+pub use crate::data::DistributedSampler;
+pub use comm::Work;
+pub use ddp::{DdpOptions, DistributedDataParallel};
+
+use crate::base::lock;
+use crate::device::Device;
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+use comm::{Comm, Transport};
+use staging::Staged;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// `torch.distributed.ReduceOp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the world size (floating-point tensors).
+    Avg,
+    Product,
+    Min,
+    Max,
+}
+
+/// `init_process_group`'s arguments.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    /// How long a collective may wait for the other ranks before it fails and breaks the group
+    /// (PyTorch's `timeout`; default 600 s, or `KILN_DIST_TIMEOUT` seconds).
+    pub timeout: Duration,
+    /// This rank's device; by default `KILN_DEVICE`, else the local rank's adapter among this
+    /// host's best ones (PyTorch's `torch.cuda.set_device(local_rank)`).
+    pub device: Option<Device>,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        let secs = std::env::var("KILN_DIST_TIMEOUT")
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(600.0);
+        InitOptions {
+            timeout: Duration::from_secs_f64(secs),
+            device: None,
+        }
+    }
+}
+
+/// The processes training together (PyTorch's default process group). Clones share it; when
+/// the last goes, MPI is finalised. One per process.
+#[derive(Clone)]
+pub struct ProcessGroup(Arc<Group>);
+
+struct Group {
+    comm: Comm,
+    device: Device,
+}
+
+/// The group `init_process_group` made, for the free functions (weak: the user's handles own
+/// it).
+static DEFAULT: Mutex<Weak<Group>> = Mutex::new(Weak::new());
+
+/// Initialises the process group from MPI's environment (`mpirun` sets rank and size; the
+/// local rank picks the adapter), with the default options.
+pub fn init_process_group() -> Result<ProcessGroup> {
+    init_process_group_with(InitOptions::default())
+}
+
+/// `init_process_group` with options.
+pub fn init_process_group_with(options: InitOptions) -> Result<ProcessGroup> {
+    let mut default = lock(&DEFAULT);
+    if default.upgrade().is_some() {
+        return Err(Error::Distributed {
+            op: "init_process_group",
+            msg: "trying to initialize the default process group twice!".into(),
+        });
+    }
+    let comm = Comm::start(options.timeout, make_transport)?;
+    let device = match options.device {
+        Some(d) => d,
+        None => device_for_local_rank(comm.local_rank)?,
+    };
+    let group = Arc::new(Group { comm, device });
+    *default = Arc::downgrade(&group);
+    Ok(ProcessGroup(group))
+}
+
+/// MPI when `mpirun` (or another MPI launcher) started this process, else a group of one (MPI
+/// is not initialised then: a singleton MPI start needs a launcher daemon that a bare process
+/// may not have).
+fn make_transport() -> Result<Box<dyn Transport>> {
+    let launched = [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok());
+    #[cfg(feature = "mpi")]
+    if launched.is_some() {
+        return Ok(Box::new(mpi::MpiTransport::init()?));
+    }
+    match launched {
+        Some(n) if n > 1 => Err(Error::Distributed {
+            op: "init_process_group",
+            msg: format!(
+                "launched as one of {n} MPI ranks, but kiln was built without its `mpi` \
+                 feature: build with `--features mpi` (needs Open MPI: libopenmpi-dev)"
+            ),
+        }),
+        _ => Ok(Box::new(comm::SelfTransport)),
+    }
+}
+
+/// `KILN_DEVICE`, else adapter `local_rank` (modulo their number) among this host's best
+/// adapters: discrete GPUs if any, else integrated, ..., GL only where nothing else drives them.
+/// Several ranks share an adapter when there are fewer (a software adapter in tests).
+fn device_for_local_rank(local_rank: usize) -> Result<Device> {
+    if let Ok(spec) = std::env::var("KILN_DEVICE") {
+        return Device::from_spec(&spec);
+    }
+    let all = crate::device::adapters();
+    let native: Vec<_> = all
+        .iter()
+        .filter(|a| a.backend != wgpu::Backend::Gl)
+        .collect();
+    let pool = if native.is_empty() {
+        all.iter().collect()
+    } else {
+        native
+    };
+    let Some(best) = pool.iter().map(|a| a.rank().0).min() else {
+        return Device::cpu();
+    };
+    let candidates: Vec<_> = pool.into_iter().filter(|a| a.rank().0 == best).collect();
+    Device::from_spec(&candidates[local_rank % candidates.len()].spec)
+}
+
+/// The group `init_process_group` made, while some handle keeps it.
+pub fn default_group() -> Result<ProcessGroup> {
+    lock(&DEFAULT)
+        .upgrade()
+        .map(ProcessGroup)
+        .ok_or_else(|| Error::Distributed {
+            op: "default_group",
+            msg: "Default process group has not been initialized, please make sure to call \
+                  init_process_group."
+                .into(),
+        })
+}
+
+/// Whether a process group is alive.
+pub fn is_initialized() -> bool {
+    lock(&DEFAULT).strong_count() > 0
+}
+
+/// `all_reduce` on the default group.
+pub fn all_reduce(t: &Tensor, op: ReduceOp) -> Result<()> {
+    default_group()?.all_reduce(t, op)
+}
+
+/// `broadcast` on the default group.
+pub fn broadcast(t: &Tensor, src: usize) -> Result<()> {
+    default_group()?.broadcast(t, src)
+}
+
+/// `all_gather` on the default group.
+pub fn all_gather(t: &Tensor) -> Result<Vec<Tensor>> {
+    default_group()?.all_gather(t)
+}
+
+/// `barrier` on the default group.
+pub fn barrier() -> Result<()> {
+    default_group()?.barrier()
+}
+
+/// This process's rank in the default group.
+pub fn get_rank() -> Result<usize> {
+    Ok(default_group()?.rank())
+}
+
+/// The default group's size.
+pub fn get_world_size() -> Result<usize> {
+    Ok(default_group()?.world_size())
+}
+
+/// Multiplies host elements by `factor` (an average's division).
+fn scale_host(dtype: DType, bytes: &mut [u8], factor: f64) {
+    match dtype {
+        DType::F32 => {
+            for x in bytes.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor as f32;
+                x.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for x in bytes.chunks_exact_mut(2) {
+                let v = half::f16::from_le_bytes([x[0], x[1]]).to_f32() * factor as f32;
+                x.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        _ => {}
+    }
+}
+
+impl ProcessGroup {
+    pub fn rank(&self) -> usize {
+        self.0.comm.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.0.comm.size
+    }
+
+    /// Rank among the processes on this host.
+    pub fn local_rank(&self) -> usize {
+        self.0.comm.local_rank
+    }
+
+    /// This rank's device (see `InitOptions::device`).
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// What carries the collectives: "MPI (Open MPI v4.1.4)", or a single process.
+    pub fn backend(&self) -> &str {
+        &self.0.comm.transport
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.0.comm.timeout
+    }
+
+    /// A sampler that gives this rank its share of each epoch.
+    pub fn sampler(&self) -> DistributedSampler {
+        DistributedSampler {
+            num_replicas: self.world_size(),
+            rank: self.rank(),
+            drop_last: false,
+        }
+    }
+
+    /// A contiguous, flat handle on `t` for the collectives (a view: it shares `t`'s memory).
+    fn flat(op: &'static str, t: &Tensor) -> Result<Tensor> {
+        if !t.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "Tensors must be contiguous (got shape {:?}, strides {:?})",
+                    t.shape(),
+                    t.strides()
+                ),
+            });
+        }
+        crate::no_grad(|| t.detach().reshape(&[-1]))
+    }
+
+    fn check_dtype(op: &'static str, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        let ok = match reduce {
+            Some(ReduceOp::Avg) => matches!(dtype, DType::F32 | DType::F16),
+            Some(_) => matches!(dtype, DType::F32 | DType::F16 | DType::I32 | DType::U32),
+            None => dtype != DType::F64,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            why: match reduce {
+                Some(ReduceOp::Avg) => "ReduceOp::Avg averages f32 and f16 tensors".into(),
+                Some(_) => "reductions take f32, f16, i32 and u32 tensors".into(),
+                None => "f64 exists on the CPU device only; collectives move GPU dtypes".into(),
+            },
+        })
+    }
+
+    /// Reduces `t` across ranks in place (every rank ends with the result), returning at once
+    /// with the `Work` to wait on.
+    pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work<()>> {
+        Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
+        let flat = Self::flat("all_reduce", t)?;
+        let size = self.world_size();
+        self.0.comm.submit("all_reduce", move |tr| {
+            let dtype = flat.dtype();
+            Staged {
+                device: flat.device(),
+                dtype,
+                numel: flat.numel(),
+                src: Some(&flat),
+                dsts: std::slice::from_ref(&flat),
+                parts: 1,
+            }
+            .run(|s, r| {
+                tr.all_reduce(dtype, op, s, r)?;
+                if op == ReduceOp::Avg && size > 1 {
+                    scale_host(dtype, r, 1.0 / size as f64);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// `torch.distributed.all_reduce`: `t` becomes `op` over every rank's `t`.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.all_reduce_async(t, op)?.wait()
+    }
+
+    /// `torch.distributed.broadcast`: every rank's `t` becomes rank `src`'s.
+    pub fn broadcast(&self, t: &Tensor, src: usize) -> Result<()> {
+        if src >= self.world_size() {
+            return Err(Error::InvalidArgument {
+                op: "broadcast",
+                msg: format!(
+                    "Invalid rank {src}, rank should be in the interval [0, {}]",
+                    self.world_size() - 1
+                ),
+            });
+        }
+        Self::check_dtype("broadcast", t.dtype(), None)?;
+        let flat = Self::flat("broadcast", t)?;
+        let root = self.rank() == src;
+        self.0.comm.call("broadcast", move |tr| {
+            let dsts = if root { Vec::new() } else { vec![flat.clone()] };
+            Staged {
+                device: flat.device(),
+                dtype: flat.dtype(),
+                numel: flat.numel(),
+                src: root.then_some(&flat),
+                dsts: &dsts,
+                parts: 1,
+            }
+            .run(|s, r| {
+                if root {
+                    r.copy_from_slice(s);
+                }
+                tr.broadcast(r, src)
+            })
+        })
+    }
+
+    /// `torch.distributed.all_gather`: every rank's `t`, in rank order (views of one new
+    /// tensor on `t`'s device).
+    pub fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        Self::check_dtype("all_gather", t.dtype(), None)?;
+        let flat = Self::flat("all_gather", t)?;
+        let world = self.world_size();
+        let n = flat.numel();
+        let out = Tensor::empty(&[world * n], t.dtype(), t.device())?;
+        let parts = (0..world)
+            .map(|r| out.narrow(0, r * n, n))
+            .collect::<Result<Vec<_>>>()?;
+        let dsts = parts.clone();
+        self.0.comm.call("all_gather", move |tr| {
+            Staged {
+                device: flat.device(),
+                dtype: flat.dtype(),
+                numel: n,
+                src: Some(&flat),
+                dsts: &dsts,
+                parts: world,
+            }
+            .run(|s, r| tr.all_gather(s, r))
+        })?;
+        let shape: Vec<isize> = t.shape().iter().map(|&d| d as isize).collect();
+        parts.iter().map(|p| p.reshape(&shape)).collect()
+    }
+
+    /// `torch.distributed.barrier`: returns when every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.0.comm.call("barrier", |tr| tr.barrier())
+    }
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ProcessGroup(rank {} of {}, local rank {}, {}, on {})",
+            self.rank(),
+            self.world_size(),
+            self.local_rank(),
+            self.backend(),
+            self.device().name()
+        )
+    }
+}
