@@ -503,6 +503,7 @@ fn a_rank_that_does_not_answer_makes_the_others_fail_not_hang() {
 }
 
 /// The body of every MPI test, run by each rank under `mpirun`.
+#[cfg(feature = "mpi")]
 #[test]
 #[ignore = "run by the MPI tests under mpirun"]
 fn mpi_child() {
