@@ -395,6 +395,47 @@ fn ddp_in_a_group_of_one_matches_plain_training() {
     assert_eq!(names[0], "module.0.weight", "PyTorch's DDP prefix");
 }
 
+#[test]
+fn ddp_buckets_show_in_snapshots_under_their_own_frame() {
+    let pg = group();
+    let dev = pg.device().clone();
+    let net = model(&dev, 3);
+    dev.record_memory_history(
+        Some(kiln::alloc::HistoryEnabled::All),
+        kiln::alloc::HistoryContext::All,
+        kiln::alloc::HistoryStacks::Kiln,
+        1000,
+    );
+    let before = dev.memory_allocated();
+    let ddp = DistributedDataParallel::new(net, pg).unwrap();
+    let snap = dev.memory_snapshot();
+    dev.record_memory_history(
+        None,
+        kiln::alloc::HistoryContext::All,
+        kiln::alloc::HistoryStacks::Kiln,
+        0,
+    );
+    let buckets: Vec<u64> = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| {
+            b.frames
+                .first()
+                .is_some_and(|f| f.name == "DistributedDataParallel.bucket")
+        })
+        .map(|b| b.requested_size)
+        .collect();
+    // One bucket (the model is under 1 MiB) as large as every parameter together, and the
+    // device's statistics count it.
+    let params: usize = ddp.parameters().iter().map(|p| p.numel() * 4).sum();
+    assert_eq!(buckets, vec![params as u64], "{buckets:?}");
+    assert_eq!(
+        dev.memory_allocated() - before,
+        512 * (params as u64).div_ceil(512)
+    );
+}
+
 /// Runs this test binary's `mpi_child` under `mpirun -n ranks` with `KILN_DIST_CASE=case`;
 /// returns (exit status success, output). Fails the test if the run takes over `limit_s`.
 #[cfg(feature = "mpi")]

@@ -307,6 +307,10 @@ impl ProcessGroup {
         Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
         let flat = Self::flat("all_reduce", t)?;
         let size = self.world_size();
+        if size == 1 {
+            // Every op of one operand is the operand: nothing to move.
+            return Ok(self.0.comm.done("all_reduce", ()));
+        }
         self.0.comm.submit("all_reduce", move |tr| {
             let dtype = flat.dtype();
             Staged {
@@ -345,6 +349,9 @@ impl ProcessGroup {
         }
         Self::check_dtype("broadcast", t.dtype(), None)?;
         let flat = Self::flat("broadcast", t)?;
+        if self.world_size() == 1 {
+            return Ok(());
+        }
         let root = self.rank() == src;
         self.0.comm.call("broadcast", move |tr| {
             let dsts = if root { Vec::new() } else { vec![flat.clone()] };
