@@ -44,7 +44,7 @@ fn measure<M: Module>(
 ) -> kiln::Result<Figures> {
     let dev = pg.device();
     let mut opt = Sgd::new(ddp.parameters(), 0.01)?.momentum(0.9)?;
-    let mut step = |opt: &mut Sgd| -> kiln::Result<()> {
+    let step = |opt: &mut Sgd| -> kiln::Result<()> {
         ddp.zero_grad(true)?;
         cross_entropy(&ddp.forward(x)?, y)?.backward()?;
         opt.step()
