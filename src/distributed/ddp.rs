@@ -198,7 +198,8 @@ impl Reducer {
     /// A parameter's gradient is complete for this pass (its hook).
     fn mark_ready(self: &Arc<Self>, i: usize, grad: &Tensor) -> Result<()> {
         let mut pass = lock(&self.pass);
-        if !pass.sync {
+        // In a group of one, the average is the gradient: nothing to copy or wait for.
+        if !pass.sync || self.group.world_size() == 1 {
             return Ok(());
         }
         if pass.ready[i] {

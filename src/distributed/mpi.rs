@@ -146,6 +146,41 @@ impl Transport for MpiTransport {
     }
 
     fn all_reduce(&self, dtype: DType, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        // MPI works on the pinned mapping itself: a copy to heap memory first measured five
+        // times slower on the H100 machine (fresh pages per chunk).
+        self.all_reduce_mapped(dtype, op, send, recv)
+    }
+
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+        Ok(())
+    }
+
+    fn all_gather(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.world.all_gather_into(send, recv);
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.world.barrier();
+        Ok(())
+    }
+
+    fn name(&self) -> String {
+        let v = mpi::environment::library_version().unwrap_or_default();
+        let first = v.split([',', '\n']).next().unwrap_or("").trim();
+        format!("MPI ({first})")
+    }
+}
+
+impl MpiTransport {
+    fn all_reduce_mapped(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<()> {
         let w = &self.world;
         match dtype {
             DType::F32 => {
@@ -175,26 +210,5 @@ impl Transport for MpiTransport {
             }
         }
         Ok(())
-    }
-
-    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
-        self.world.process_at_rank(root as i32).broadcast_into(buf);
-        Ok(())
-    }
-
-    fn all_gather(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
-        self.world.all_gather_into(send, recv);
-        Ok(())
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.world.barrier();
-        Ok(())
-    }
-
-    fn name(&self) -> String {
-        let v = mpi::environment::library_version().unwrap_or_default();
-        let first = v.split([',', '\n']).next().unwrap_or("").trim();
-        format!("MPI ({first})")
     }
 }

@@ -7,11 +7,30 @@ use crate::device::Device;
 use crate::host::PinnedKind;
 use crate::tensor::{DType, Tensor};
 use crate::Result;
+use std::time::{Duration, Instant};
 
-/// Bytes per chunk: large enough that a copy's fixed cost (a submission, a map) is small beside
-/// it, small enough that three in flight stay a few MiB of pinned memory.
-pub(super) const CHUNK_BYTES: usize = 4 << 20;
+/// Bytes per chunk (`KILN_DIST_CHUNK_MB` overrides it): large enough that a copy's fixed cost (a
+/// submission, a map) and MPI's per-call cost are small beside it, small enough that three in
+/// flight stay a few MiB of pinned memory.
+fn chunk_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("KILN_DIST_CHUNK_MB")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|mb| mb.is_finite() && *mb >= 0.0625)
+            .map_or(4 << 20, |mb| {
+                ((mb * (1 << 20) as f64) as usize).next_multiple_of(4)
+            })
+    })
+}
 const SLOTS: usize = 3;
+
+/// `KILN_DIST_PROFILE=1`: each staged collective prints where its time went (stderr).
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_DIST_PROFILE").is_ok_and(|v| v == "1"))
+}
 
 /// What moves through one collective: `src` (flat, contiguous; `None` where this rank sends
 /// nothing, as a broadcast's receivers) goes to the host; `exchange(send, recv)` fills `recv`,
@@ -53,7 +72,7 @@ impl Staged<'_> {
     }
 
     fn run_pinned(&self, mut exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
-        let ce = (CHUNK_BYTES / self.dtype.size_bytes()).min(self.numel);
+        let ce = (chunk_bytes() / self.dtype.size_bytes()).min(self.numel);
         let chunks: Vec<(usize, usize)> = (0..self.numel)
             .step_by(ce)
             .map(|a| (a, (self.numel - a).min(ce)))
@@ -80,11 +99,21 @@ impl Staged<'_> {
             }
             Ok(())
         };
+        let start = Instant::now();
+        let mut times = [Duration::ZERO; 3];
         (0..slots).try_for_each(fetch)?;
         for (c, &(a, l)) in chunks.iter().enumerate() {
             let slot = c % slots;
             // Host access waits for this slot's copies in flight (its last upload included).
             let recv = up[slot].narrow(0, 0, self.parts * l)?;
+            let t0 = Instant::now();
+            let mut exchange = |s: &[u8], r: &mut [u8]| {
+                let t1 = Instant::now();
+                times[0] += t1 - t0;
+                let done = exchange(s, r);
+                times[1] += t1.elapsed();
+                done
+            };
             match self.src {
                 Some(_) => {
                     let send = down[slot].narrow(0, 0, l)?;
@@ -92,6 +121,7 @@ impl Staged<'_> {
                 }
                 None => recv.with_host_bytes_mut(|r| exchange(&[], r))??,
             }
+            let t2 = Instant::now();
             for (i, d) in self.dsts.iter().enumerate() {
                 d.narrow(0, a, l)?
                     .copy_non_blocking_(&recv.narrow(0, i * l, l)?)?;
@@ -99,6 +129,20 @@ impl Staged<'_> {
             if c + slots < chunks.len() {
                 fetch(c + slots)?;
             }
+            times[2] += t2.elapsed();
+        }
+        if profiling() {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            eprintln!(
+                "kiln distributed: {} bytes in {} chunks: {:.2} ms (waiting for copies {:.2}, \
+                 exchange {:.2}, queueing copies {:.2})",
+                self.numel * self.dtype.size_bytes(),
+                chunks.len(),
+                ms(start.elapsed()),
+                ms(times[0]),
+                ms(times[1]),
+                ms(times[2])
+            );
         }
         Ok(())
     }
