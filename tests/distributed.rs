@@ -558,6 +558,7 @@ fn mpi_child() {
     match case.as_str() {
         "collectives" => collectives(pg),
         "ddp" => {
+            buffers_follow_rank_0(pg);
             for accumulate in [false, true] {
                 let (got, want) = ddp_against_one_process(pg, 3, 4, accumulate);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -583,6 +584,41 @@ fn mpi_child() {
     }
     pg.barrier().unwrap();
     println!("rank {rank}/{world}: {case} ok");
+}
+
+/// BatchNorm's running statistics: rank 0's at construction and before every forward.
+#[cfg(feature = "mpi")]
+fn buffers_follow_rank_0(pg: &ProcessGroup) {
+    let dev = pg.device().clone();
+    let rank = pg.rank() as f64;
+    let net = Sequential::new()
+        .push(Linear::new(12, 16, true, &dev).unwrap())
+        .push(kiln::nn::BatchNorm::new(16, &dev).unwrap());
+    let set = |m: &dyn Module, v: f64| {
+        for (_, b) in m.named_buffers() {
+            if b.dtype() == DType::F32 {
+                kiln::no_grad(|| b.fill_(v)).unwrap();
+            }
+        }
+    };
+    let check = |m: &dyn Module, v: f32, when: &str| {
+        let mut seen = 0;
+        for (name, b) in m.named_buffers() {
+            if b.dtype() == DType::F32 {
+                assert!(values(&b).iter().all(|&x| x == v), "{when}: {name}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 2, "{when}: running_mean and running_var");
+    };
+    set(&net, 10.0 + rank);
+    let mut ddp = DistributedDataParallel::new(net, pg).unwrap();
+    check(&ddp, 10.0, "after construction");
+    ddp.eval();
+    set(&ddp, 20.0 + rank);
+    let (x, _) = batch(4, 5);
+    kiln::no_grad(|| ddp.forward(&x.to_device(&dev).unwrap())).unwrap();
+    check(&ddp, 20.0, "after an eval forward");
 }
 
 #[cfg(feature = "mpi")]

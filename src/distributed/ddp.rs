@@ -285,8 +285,34 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
     Ok(())
 }
 
+/// Rank 0's buffers everywhere, one broadcast per dtype (PyTorch's coalesced broadcast): a
+/// ResNet's BatchNorm statistics are a hundred small tensors, each a collective otherwise.
 fn broadcast_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<()> {
-    buffers.iter().try_for_each(|b| group.broadcast(b, 0))
+    let mut dtypes: Vec<DType> = buffers.iter().map(Tensor::dtype).collect();
+    dtypes.dedup();
+    dtypes.sort_by_key(|d| format!("{d:?}"));
+    dtypes.dedup();
+    for dtype in dtypes {
+        let group_of: Vec<&Tensor> = buffers.iter().filter(|b| b.dtype() == dtype).collect();
+        let n: usize = group_of.iter().map(|b| b.numel()).sum();
+        let Some(first) = group_of.first() else {
+            continue;
+        };
+        let flat = Tensor::empty(&[n], dtype, first.device())?;
+        let mut at = 0;
+        for b in &group_of {
+            flat.narrow(0, at, b.numel())?.copy_(&b.reshape(&[-1])?)?;
+            at += b.numel();
+        }
+        group.broadcast(&flat, 0)?;
+        let mut at = 0;
+        for b in &group_of {
+            let shape: Vec<isize> = b.shape().iter().map(|&d| d as isize).collect();
+            b.copy_(&flat.narrow(0, at, b.numel())?.reshape(&shape)?)?;
+            at += b.numel();
+        }
+    }
+    Ok(())
 }
 
 impl<M: Module> DistributedDataParallel<M> {
