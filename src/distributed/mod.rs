@@ -72,7 +72,9 @@ impl Default for InitOptions {
 }
 
 /// The processes training together (PyTorch's default process group). Clones share it; when
-/// the last goes, MPI is finalised. One per process.
+/// the last goes, MPI is finalised (PyTorch's `destroy_process_group`). One per process. Keep
+/// it in `main`, not in a static: a rank that exits without finalising MPI is reported by
+/// `mpirun` as a failure.
 #[derive(Clone)]
 pub struct ProcessGroup(Arc<Group>);
 
