@@ -99,16 +99,16 @@ impl Timeline {
             let net: i64 = trace
                 .iter()
                 .map(|e| match e.action {
-                    TraceAction::SegmentAlloc => e.size as i64,
-                    TraceAction::SegmentFree => -(e.size as i64),
+                    TraceAction::SegmentAlloc | TraceAction::SegmentMap => e.size as i64,
+                    TraceAction::SegmentFree | TraceAction::SegmentUnmap => -(e.size as i64),
                     _ => 0,
                 })
                 .sum();
             let mut r = now as i64 - net;
             for e in trace {
                 match e.action {
-                    TraceAction::SegmentAlloc => r += e.size as i64,
-                    TraceAction::SegmentFree => r -= e.size as i64,
+                    TraceAction::SegmentAlloc | TraceAction::SegmentMap => r += e.size as i64,
+                    TraceAction::SegmentFree | TraceAction::SegmentUnmap => r -= e.size as i64,
                     TraceAction::Alloc | TraceAction::FreeCompleted => {
                         reserved_at.push(r.max(0) as u64)
                     }

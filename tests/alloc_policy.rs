@@ -287,3 +287,80 @@ fn history_ring_is_bounded_and_records_pytorch_actions() {
     a.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
     assert!(a.snapshot(0).device_traces[0].is_empty());
 }
+
+/// Spec §5 [obs]: 3 MiB, 25 MiB, 1000 B and 700 KiB with expandable_segments:True make one
+/// large range with 40 MiB mapped (two 20 MiB maps: 3 | 25 | 12 free) and a small range with
+/// 2 MiB; reserved 42 MiB, no segment counted, three maps; freeing the 25 MiB block and
+/// emptying the cache unmaps the one page wholly inside free space (42 -> 22 MiB).
+#[test]
+fn expandable_segments_map_pages_as_pytorch_does() {
+    let mut a = allocator("expandable_segments:True", None);
+    a.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::All,
+        HistoryStacks::Kiln,
+        1000,
+    );
+    let three = a.malloc(3 * MIB, 0).unwrap().unwrap();
+    let big = a.malloc(25 * MIB, 0).unwrap().unwrap();
+    a.malloc(1000, 0).unwrap().unwrap();
+    a.malloc(700 << 10, 0).unwrap().unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (42 * MIB) as i64);
+    assert_eq!(stat(&a, "segment.all.current"), 0);
+    assert_eq!(stat(&a, "num_device_alloc"), 3);
+    assert_eq!(
+        big.addr,
+        three.addr + 3 * MIB,
+        "the 25 MiB block follows in the same range"
+    );
+    let snap = a.snapshot(0);
+    let maps: Vec<u64> = snap.device_traces[0]
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentMap)
+        .map(|e| e.size)
+        .collect();
+    assert_eq!(maps, vec![20 * MIB, 20 * MIB, 2 * MIB]);
+    let mut segs: Vec<(String, u64, Vec<u64>, bool)> = snap
+        .segments
+        .iter()
+        .map(|s| {
+            let sizes = s.blocks.iter().map(|b| b.size).collect();
+            (
+                s.segment_type.to_string(),
+                s.total_size,
+                sizes,
+                s.is_expandable,
+            )
+        })
+        .collect();
+    segs.sort();
+    assert_eq!(
+        segs,
+        vec![
+            (
+                "large".into(),
+                40 * MIB,
+                vec![3 * MIB, 25 * MIB, 12 * MIB],
+                true
+            ),
+            (
+                "small".into(),
+                2 * MIB,
+                vec![1024, 700 << 10, 2 * MIB - 1024 - (700 << 10)],
+                true
+            ),
+        ]
+    );
+    a.free(big.addr).unwrap();
+    a.empty_cache();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (22 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    a.check_invariants().unwrap();
+
+    // A source without virtual memory (the CPU device's) keeps ordinary segments.
+    let host = CachingAllocator::new(
+        HostSource::new(None, "CPU"),
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+    );
+    assert!(!host.config().expandable_segments);
+}

@@ -37,6 +37,9 @@ fn conf() -> impl Strategy<Value = &'static str> {
         Just("max_split_size_mb:40"),
         Just("roundup_power2_divisions:4"),
         Just("max_split_size_mb:20,roundup_power2_divisions:[1:2,64:8,>:1]"),
+        Just("expandable_segments:True"),
+        Just("expandable_segments:True,roundup_power2_divisions:4"),
+        Just("expandable_segments:True,max_split_size_mb:40"),
     ]
 }
 

@@ -67,3 +67,46 @@ fn recorded_cases_replay_exactly() {
         "every configuration of both recording modes"
     );
 }
+
+/// `expandable_segments:True` (issue 23), recorded by `tools/record_trace_in_torch.py
+/// --expandable` on the H100 (PyTorch 2.11, 2026-11-24): alone, under a memory limit, with
+/// roundup_power2_divisions, garbage collection and max_split_size; large and small events.
+/// Every statistic after every event, the errors, the final mapped runs and the summary.
+#[test]
+fn expandable_segments_replay_exactly() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/expandable");
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 10);
+    let mut failures = Vec::new();
+    let mut total_maps = 0;
+    for path in names {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        let trace = AllocTrace::from_json(&text).unwrap();
+        // The layout is compared too: the map/unmap sequence and every mapped run's blocks.
+        let maps = trace.segment_maps.as_ref().map_or(0, Vec::len);
+        let runs = trace.expected.segments.as_ref().map_or(0, Vec::len);
+        assert!(
+            maps >= 1 && runs >= 1,
+            "{}: {maps} maps, {runs} runs",
+            path.display()
+        );
+        total_maps += maps;
+        let n = trace.events.len();
+        let got = trace.replay().unwrap();
+        if got != Ok(n) {
+            failures.push(format!("{}: {got:?}", path.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        total_maps > 50,
+        "{total_maps} map and unmap entries compared"
+    );
+}

@@ -3,7 +3,8 @@
 # a fresh process under its alloc_conf and memory limit, with memory_stats() after every event,
 # the final memory_summary() and the final segments. Run on a CUDA machine:
 #   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS] [FIRST_SEED] [--small]
-# (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/)
+# (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/; issue 23's
+# `OUT 10 300 500 --expandable`)
 # --small (issue 17): many small blocks (under 1 MiB, most under 64 KiB) freed and reallocated
 # across several 2 MiB segments under roundup_power2_divisions, where best-fit ties between
 # segments are decided by address; each recording also keeps the driver's segment addresses
@@ -27,6 +28,18 @@ SMALL_CONFIGS = [
     ("roundup_power2_divisions:8", None),
     ("roundup_power2_divisions:[256:4,>:2]", None),
     ("roundup_power2_divisions:2,max_split_size_mb:20", None),
+]
+
+
+# --expandable (issue 23): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, alone and with the
+# other settings, large and small events (seeds alternate), with the layout of every mapped run
+# (snapshot segments with their addresses and blocks) and the segment_map / segment_unmap trace.
+EXPANDABLE_CONFIGS = [
+    ("expandable_segments:True", None),
+    ("expandable_segments:True", 300 * MB),
+    ("expandable_segments:True,roundup_power2_divisions:4", None),
+    ("expandable_segments:True,garbage_collection_threshold:0.6", 400 * MB),
+    ("expandable_segments:True,max_split_size_mb:40", None),
 ]
 
 
@@ -67,15 +80,20 @@ def events(seed, count):
     return evs
 
 
-def record(seed, count, small=False):
+def record(seed, count, small=False, expandable=False):
     from replay_trace_in_torch import configure, run_event
-    configs = SMALL_CONFIGS if small else CONFIGS
-    conf, limit = configs[seed % len(configs)]
-    name = f"recorded_small_{seed}" if small else f"recorded_{seed}"
+    if expandable:
+        conf, limit = EXPANDABLE_CONFIGS[seed % len(EXPANDABLE_CONFIGS)]
+        small = seed % 2 == 1
+        name = f"recorded_expandable_{seed}"
+    else:
+        configs = SMALL_CONFIGS if small else CONFIGS
+        conf, limit = configs[seed % len(configs)]
+        name = f"recorded_small_{seed}" if small else f"recorded_{seed}"
     d = {"name": name, "alloc_conf": conf, "memory_limit_bytes": limit,
          "events": (small_events if small else events)(seed, count)}
     torch = configure(d)
-    if small:
+    if small or expandable:
         torch.cuda.memory._record_memory_history(max_entries=1000000)
     live, steps = {}, []
     for ev in d["events"]:
@@ -90,18 +108,31 @@ def record(seed, count, small=False):
     segs.sort(key=lambda s: s["total_size"])
     d["expected"] = {"steps": steps, "summary": torch.cuda.memory_summary(),
                      "segments_sorted_by_size": segs}
-    if small:
+    if small and not expandable:
         trace = torch.cuda.memory._snapshot()["device_traces"][0]
         d["segment_addresses"] = [(t["action"], t["addr"], t["size"]) for t in trace
                                   if t["action"] in ("segment_alloc", "segment_free")]
+    if expandable:
+        snap = torch.cuda.memory._snapshot()
+        d["segment_maps"] = [(t["action"], t["addr"], t["size"]) for t in snap["device_traces"][0]
+                             if t["action"] in ("segment_map", "segment_unmap",
+                                                "segment_alloc", "segment_free")]
+        d["expected"]["segments"] = [
+            {k: s[k] for k in ("address", "total_size", "allocated_size", "active_size",
+                               "requested_size", "segment_type", "is_expandable")}
+            | {"blocks": [{k: b[k] for k in ("address", "size", "requested_size", "state")}
+                          for b in s["blocks"]]}
+            for s in sorted(snap["segments"], key=lambda s: s["address"])]
     return d
 
 
 if __name__ == "__main__":
     small = "--small" in sys.argv
-    sys.argv = [a for a in sys.argv if a != "--small"]
+    expandable = "--expandable" in sys.argv
+    flags = ["--small"] * small + ["--expandable"] * expandable
+    sys.argv = [a for a in sys.argv if a not in ("--small", "--expandable")]
     if sys.argv[1] == "--one":
-        print(json.dumps(record(int(sys.argv[2]), int(sys.argv[3]), small)))
+        print(json.dumps(record(int(sys.argv[2]), int(sys.argv[3]), small, expandable)))
         sys.exit(0)
     out = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 14
@@ -110,7 +141,7 @@ if __name__ == "__main__":
     os.makedirs(out, exist_ok=True)
     for seed in range(first, first + count):
         o = subprocess.run([sys.executable, __file__, "--one", str(seed), str(n_events)]
-                           + (["--small"] if small else []),
+                           + flags,
                            capture_output=True, text=True, check=True)
         d = json.loads(o.stdout)
         with open(os.path.join(out, d["name"] + ".json"), "w") as f:

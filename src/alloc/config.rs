@@ -22,8 +22,9 @@ pub struct AllocatorConfig {
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
     /// Segment size for large-pool requests below 10 MiB (PyTorch's kLargeBuffer, 20 MiB).
     pub large_segment_size: u64,
-    /// `expandable_segments` is accepted for compatibility and must be false: wgpu has no
-    /// virtual-memory mapping, so kiln cannot grow a buffer in place.
+    /// PyTorch's `expandable_segments`: one reserved range per pool with pages mapped on
+    /// demand (`caching/expandable.rs`), where the segment source can map pages; elsewhere the
+    /// allocator warns once and uses ordinary segments.
     pub expandable_segments: bool,
     /// The last configuration string parsed, as `allocator_settings` reports it.
     pub source: String,
@@ -147,15 +148,7 @@ impl AllocatorConfig {
                     cfg.garbage_collection_threshold = t;
                 }
                 "roundup_power2_divisions" => cfg.parse_roundup(value)?,
-                "expandable_segments" => {
-                    if parse_bool(key, value)? {
-                        return Err(bad(
-                            "expandable_segments:True is not supported: wgpu cannot map \
-                             physical pages into a reserved range"
-                                .into(),
-                        ));
-                    }
-                }
+                "expandable_segments" => cfg.expandable_segments = parse_bool(key, value)?,
                 // Accepted and without effect in kiln (no CUDA driver lock, no cudaHostRegister).
                 "release_lock_on_cudamalloc"
                 | "pinned_use_cuda_host_register"
@@ -262,7 +255,11 @@ mod tests {
         assert!(e.contains("0.0~1.0"), "{e}");
         assert!(AllocatorConfig::parse("roundup_power2_divisions:3").is_err());
         assert!(AllocatorConfig::parse("max_split_size_mb:abc").is_err());
-        assert!(AllocatorConfig::parse("expandable_segments:True").is_err());
+        assert!(
+            AllocatorConfig::parse("expandable_segments:True")
+                .unwrap()
+                .expandable_segments
+        );
         assert!(AllocatorConfig::parse("max_split_size_mb").is_err());
         assert_eq!(AllocatorConfig::parse("").unwrap().max_split_size, u64::MAX);
     }

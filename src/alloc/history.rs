@@ -141,6 +141,9 @@ pub enum TraceAction {
     FreeCompleted,
     SegmentAlloc,
     SegmentFree,
+    /// Expandable segments: pages mapped into / unmapped from a reserved range.
+    SegmentMap,
+    SegmentUnmap,
     Oom,
     Snapshot,
 }

@@ -44,6 +44,89 @@ pub struct Expected {
     pub steps: Vec<ExpectedStep>,
     pub summary: String,
     pub segments_sorted_by_size: Vec<ExpectedSegment>,
+    /// The final segments with addresses (expandable recordings): their layout is compared
+    /// relative to the range each lies in.
+    #[serde(default)]
+    pub segments: Option<Vec<LaidOutSegment>>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct LaidOutBlock {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: String,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct LaidOutSegment {
+    pub address: u64,
+    pub total_size: u64,
+    pub segment_type: String,
+    pub is_expandable: bool,
+    pub blocks: Vec<LaidOutBlock>,
+}
+
+/// A segment as its pool, its range, its offset in the range, its size, whether it is
+/// expandable, and its blocks as (offset in the segment, size, requested size, state).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Relative {
+    segment_type: String,
+    range: usize,
+    offset: u64,
+    total_size: u64,
+    is_expandable: bool,
+    blocks: Vec<(u64, u64, u64, String)>,
+}
+
+fn relative(segs: &[LaidOutSegment], ranges: &mut Ranges) -> Vec<Relative> {
+    let mut out: Vec<Relative> = segs
+        .iter()
+        .map(|s| {
+            let (range, offset) = ranges.offset(s.address);
+            Relative {
+                segment_type: s.segment_type.clone(),
+                range,
+                offset,
+                total_size: s.total_size,
+                is_expandable: s.is_expandable,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        (
+                            b.address - s.address,
+                            b.size,
+                            b.requested_size,
+                            b.state.clone(),
+                        )
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Addresses as (range, offset): a new range starts at an address no known range holds
+/// (ranges lie further apart than this, and no trace maps this far into one).
+struct Ranges(Vec<u64>);
+
+const RANGE_WINDOW: u64 = 64 << 30;
+
+impl Ranges {
+    fn offset(&mut self, addr: u64) -> (usize, u64) {
+        if let Some(i) = self
+            .0
+            .iter()
+            .position(|&b| addr >= b && addr - b < RANGE_WINDOW)
+        {
+            return (i, addr - self.0[i]);
+        }
+        self.0.push(addr);
+        (self.0.len() - 1, 0)
+    }
 }
 
 /// One recorded case.
@@ -54,6 +137,10 @@ pub struct AllocTrace {
     pub memory_limit_bytes: Option<u64>,
     pub events: Vec<TraceEvent>,
     pub expected: Expected,
+    /// `segment_map`/`segment_unmap` (and `segment_alloc`/`segment_free`) trace entries as
+    /// (action, address, size), where recorded.
+    #[serde(default)]
+    pub segment_maps: Option<Vec<(String, u64, u64)>>,
 }
 
 /// The first difference between kiln and PyTorch: `event K: key: got X, expected Y`.
@@ -96,6 +183,14 @@ impl AllocTrace {
         };
         let mut alloc = CachingAllocator::new(SimulatedSource::new(None), config);
         alloc.set_memory_limit(self.memory_limit_bytes);
+        if self.segment_maps.is_some() {
+            alloc.record_memory_history(
+                Some(super::HistoryEnabled::All),
+                super::HistoryContext::All,
+                super::HistoryStacks::Kiln,
+                usize::MAX,
+            );
+        }
         let mut live: HashMap<u64, u64> = HashMap::new();
         let mismatch = |event, key: &str, got: String, expected: String| Mismatch {
             event,
@@ -225,9 +320,82 @@ impl AllocTrace {
                 self.expected.summary.lines().count().to_string(),
             )));
         }
+        if let Some(m) = self.layout_mismatch(&mut alloc) {
+            return Ok(Err(m));
+        }
         alloc
             .check_invariants()
             .map_err(|msg| Error::InvalidArgument { op: "replay", msg })?;
         Ok(Ok(self.events.len()))
+    }
+
+    /// Where recorded: the map/unmap sequence and the final segments' layout, each address as
+    /// an offset into its range (kiln's addresses are its own, PyTorch's the driver's).
+    fn layout_mismatch(&self, alloc: &mut CachingAllocator<SimulatedSource>) -> Option<Mismatch> {
+        let mismatch = |key: String, got: String, expected: String| Mismatch {
+            event: None,
+            key,
+            got,
+            expected,
+        };
+        let (mut theirs, mut ours) = (Ranges(Vec::new()), Ranges(Vec::new()));
+        let snap = alloc.snapshot(0);
+        if let Some(maps) = &self.segment_maps {
+            let want: Vec<(String, (usize, u64), u64)> = maps
+                .iter()
+                .map(|(a, addr, size)| (a.clone(), theirs.offset(*addr), *size))
+                .collect();
+            let got: Vec<(String, (usize, u64), u64)> = snap.device_traces[0]
+                .iter()
+                .filter_map(|e| {
+                    let action = serde_json::to_value(e.action).ok()?.as_str()?.to_string();
+                    action
+                        .starts_with("segment_")
+                        .then(|| (action, ours.offset(e.addr.unwrap_or(0)), e.size))
+                })
+                .collect();
+            if let Some(i) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) {
+                return Some(mismatch(
+                    format!(
+                        "segment trace entry {i} (of {} vs {})",
+                        got.len(),
+                        want.len()
+                    ),
+                    format!("{:?}", got.get(i)),
+                    format!("{:?}", want.get(i)),
+                ));
+            }
+        }
+        let want = relative(self.expected.segments.as_ref()?, &mut theirs);
+        let laid: Vec<LaidOutSegment> = snap
+            .segments
+            .iter()
+            .map(|s| LaidOutSegment {
+                address: s.address,
+                total_size: s.total_size,
+                segment_type: s.segment_type.to_string(),
+                is_expandable: s.is_expandable,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| LaidOutBlock {
+                        address: b.address,
+                        size: b.size,
+                        requested_size: b.requested_size,
+                        state: serde_json::to_value(b.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let got = relative(&laid, &mut ours);
+        let i = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i))?;
+        Some(mismatch(
+            format!("laid-out segment {i} (of {} vs {})", got.len(), want.len()),
+            format!("{:?}", got.get(i)),
+            format!("{:?}", want.get(i)),
+        ))
     }
 }

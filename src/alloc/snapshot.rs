@@ -87,8 +87,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub fn segments_snapshot(&self, device: u32) -> Vec<SegmentInfo> {
         let frames_of =
             |f: &Option<super::history::Frames>| f.as_deref().cloned().unwrap_or_default();
-        self.segment_blocks()
+        // An expandable segment shows as one segment per run of mapped blocks, as PyTorch
+        // reports it (and draws it in memory_viz).
+        let runs: Vec<(usize, Vec<usize>)> = self
+            .segment_blocks()
             .into_iter()
+            .flat_map(|(sid, ids)| {
+                let mut runs: Vec<Vec<usize>> = vec![Vec::new()];
+                for id in ids {
+                    if self.blocks[id].mapped {
+                        runs.last_mut().expect("one run").push(id);
+                    } else if runs.last().is_some_and(|r| !r.is_empty()) {
+                        runs.push(Vec::new());
+                    }
+                }
+                runs.into_iter()
+                    .filter(|r| !r.is_empty())
+                    .map(move |r| (sid, r))
+            })
+            .collect();
+        runs.into_iter()
             .map(|(sid, ids)| {
                 let seg = &self.segments[sid];
                 let blocks: Vec<BlockInfo> = ids
@@ -126,17 +144,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 } else {
                     Vec::new()
                 };
+                let (address, total_size) = (
+                    blocks.first().map_or(seg.base, |b| b.address),
+                    blocks.iter().map(|b| b.size).sum(),
+                );
                 SegmentInfo {
                     device,
-                    address: seg.base,
-                    total_size: seg.size,
+                    address,
+                    total_size,
                     allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated, &|b| b.size),
                     active_size: sum(&active, &|b| b.size),
                     requested_size: sum(&active, &|b| b.requested_size),
                     stream: seg.stream,
                     segment_type: seg.pool.name(),
                     segment_pool_id: (0, 0),
-                    is_expandable: false,
+                    is_expandable: seg.expandable,
                     frames: head_frames,
                     blocks,
                 }
@@ -169,7 +191,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     c.max_split_size as i64
                 },
                 garbage_collection_threshold: c.garbage_collection_threshold,
-                expandable_segments: false,
+                expandable_segments: self.config.expandable_segments,
                 pinned_num_register_threads: 1,
                 release_lock_on_cudamalloc: false,
                 pinned_use_cuda_host_register: false,

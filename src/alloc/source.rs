@@ -47,6 +47,33 @@ pub trait SegmentSource: Send {
     fn describe(&self) -> String {
         "device 0".to_string()
     }
+
+    /// Why this source cannot back expandable segments (`None`: it can). PyTorch's
+    /// `expandable_segments:True` needs a reserved range with pages mapped on demand.
+    fn expandable_unsupported(&self) -> Option<String> {
+        Some(format!("{} has no virtual memory", self.describe()))
+    }
+    /// Reserves `size_bytes` of address space with no memory behind it (`cuMemAddressReserve`).
+    fn reserve(&mut self, size_bytes: u64) -> Result<Self::Handle, SourceError> {
+        let _ = size_bytes;
+        Err(SourceError::Other(
+            "this source cannot reserve address space".into(),
+        ))
+    }
+    /// Backs `len` bytes at `offset` of a reservation with memory (`cuMemCreate` + `cuMemMap`);
+    /// all or nothing.
+    fn map(&mut self, handle: &Self::Handle, offset: u64, len: u64) -> Result<(), SourceError> {
+        let _ = (handle, offset, len);
+        Err(SourceError::OutOfMemory)
+    }
+    /// Gives the memory behind `len` bytes at `offset` back (`cuMemUnmap` + `cuMemRelease`).
+    fn unmap(&mut self, handle: &Self::Handle, offset: u64, len: u64) {
+        let _ = (handle, offset, len);
+    }
+    /// Gives a reservation with nothing mapped back (`cuMemAddressFree`).
+    fn release_reservation(&mut self, handle: Self::Handle) {
+        let _ = handle;
+    }
 }
 
 /// A source of host memory with an optional capacity: the CPU device's memory.
@@ -189,4 +216,27 @@ impl SegmentSource for SimulatedSource {
     fn describe(&self) -> String {
         "simulated device 0".to_string()
     }
+
+    fn expandable_unsupported(&self) -> Option<String> {
+        None
+    }
+
+    /// Address space costs nothing; only mapped pages count against the capacity.
+    fn reserve(&mut self, size_bytes: u64) -> Result<u64, SourceError> {
+        Ok(size_bytes)
+    }
+
+    fn map(&mut self, _: &u64, _: u64, len: u64) -> Result<(), SourceError> {
+        if self.capacity.is_some_and(|cap| self.in_use + len > cap) {
+            return Err(SourceError::OutOfMemory);
+        }
+        self.in_use += len;
+        Ok(())
+    }
+
+    fn unmap(&mut self, _: &u64, _: u64, len: u64) {
+        self.in_use -= len;
+    }
+
+    fn release_reservation(&mut self, _: u64) {}
 }

@@ -82,4 +82,12 @@ impl SegmentSource for WgpuSource {
     fn describe(&self) -> String {
         self.name.clone()
     }
+
+    fn expandable_unsupported(&self) -> Option<String> {
+        Some(format!(
+            "{}: kiln does not yet bind device memory pages into a reserved wgpu buffer \
+             (Vulkan sparse binding)",
+            self.name
+        ))
+    }
 }

@@ -40,9 +40,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 return Err(format!("segment {:#x} overlaps the one below", seg.base));
             }
             prev_end = seg.base + seg.size;
-            reserved[idx(seg.pool)] += seg.size;
             let mut addr = seg.base;
-            let mut prev_free = false;
+            // Free and mapped or not; neighbours of the same kind must have merged.
+            let mut prev_free = None;
             for &id in &ids {
                 let b = &self.blocks[id];
                 if b.addr != addr {
@@ -52,17 +52,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     ));
                 }
                 addr += b.size;
-                let free = !b.allocated && b.event_count == 0;
-                if free && prev_free {
+                if b.mapped {
+                    reserved[idx(seg.pool)] += b.size;
+                }
+                let free = (!b.allocated && b.event_count == 0).then_some(b.mapped);
+                if free.is_some() && free == prev_free {
                     return Err(format!("two free neighbours unmerged at {:#x}", b.addr));
                 }
                 prev_free = free;
+                if b.expandable != seg.expandable || (!b.mapped && !seg.expandable) {
+                    return Err(format!("block {:#x} does not fit its segment", b.addr));
+                }
+                if !b.mapped {
+                    continue;
+                }
                 if b.allocated {
                     allocated[idx(b.pool)] += b.size;
                 }
                 if b.allocated || b.event_count > 0 {
                     active[idx(b.pool)] += b.size;
-                } else if ids.len() > 1 {
+                } else if ids.len() > 1 && !b.expandable {
                     inactive_split[idx(b.pool)] += b.size;
                 }
             }

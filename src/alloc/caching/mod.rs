@@ -3,6 +3,7 @@
 //! release-and-retry cascade and the out-of-memory report. It talks to memory only through a
 //! `SegmentSource`. See Note [Caching allocator] in ARCHITECTURE.md.
 
+mod expandable;
 mod invariants;
 mod release;
 mod slab;
@@ -59,6 +60,10 @@ pub(crate) struct Block {
     pub frames: Option<Frames>,
     /// What the allocated block holds (for the categorised memory timeline).
     pub category: MemoryCategory,
+    /// Backed by memory; false only for the unmapped stretches of an expandable segment.
+    pub mapped: bool,
+    /// Part of an expandable segment (a reserved range with pages mapped on demand).
+    pub expandable: bool,
 }
 
 impl Block {
@@ -79,11 +84,17 @@ pub(crate) struct Segment<H> {
     /// The block at the lowest address.
     pub head: BlockId,
     pub frames: Option<Frames>,
+    /// An expandable segment: a reserved range, `size` bytes of address space of which only
+    /// the mapped blocks have memory.
+    pub expandable: bool,
 }
 
 #[derive(Default)]
 struct BlockPool {
+    /// Free mapped blocks.
     free: BTreeMap<FreeKey, BlockId>,
+    /// Unmapped stretches of expandable segments, by (stream, address).
+    unmapped: BTreeMap<(u64, u64), BlockId>,
     get_free_blocks_call_count: u64,
 }
 
@@ -140,6 +151,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             },
             ..Default::default()
         };
+        let config = Self::checked_config(&source, config);
         CachingAllocator {
             source,
             config,
@@ -164,7 +176,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Replaces the settings at run time, as `_set_allocator_settings` does. As in PyTorch,
     /// `max_split_size` in the statistics keeps the value the allocator was created with.
     pub fn set_config(&mut self, config: AllocatorConfig) {
-        self.config = config;
+        self.config = Self::checked_config(&self.source, config);
+    }
+
+    /// `expandable_segments:True` where the source cannot back it falls back to ordinary
+    /// segments with one warning naming the device and the missing feature, as PyTorch does on
+    /// platforms without virtual memory management.
+    fn checked_config(source: &S, mut config: AllocatorConfig) -> AllocatorConfig {
+        if config.expandable_segments {
+            if let Some(why) = source.expandable_unsupported() {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "kiln: expandable_segments:True is not supported here ({why}); \
+                         using ordinary segments"
+                    )
+                });
+                config.expandable_segments = false;
+            }
+        }
+        config
     }
 
     pub fn stats(&self) -> &DeviceStats {
@@ -208,6 +239,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.config.large_segment_size
         } else {
             rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
+    }
+
+    fn pool(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
         }
     }
 
@@ -255,13 +293,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if self.gc_armed() {
                 self.garbage_collect_cached_blocks();
             }
-            found = self.alloc_block(pool, stream, alloc_size, false, &frames)?;
+            let sizes = (rounded, alloc_size);
+            found = self.alloc_block(pool, stream, sizes, false, &frames)?;
             if found.is_none() && self.release_available_cached_blocks(pool, stream, rounded) {
-                found = self.alloc_block(pool, stream, alloc_size, false, &frames)?;
+                found = self.alloc_block(pool, stream, sizes, false, &frames)?;
             }
             if found.is_none() {
                 self.release_cached_blocks();
-                found = self.alloc_block(pool, stream, alloc_size, true, &frames)?;
+                found = self.alloc_block(pool, stream, sizes, true, &frames)?;
             }
         }
         let Some(block) = found else {
@@ -286,19 +325,45 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.config.max_split_size,
             self.config.max_non_split_rounding,
         );
-        let p = self.pool_mut(pool);
+        let expandable = self.config.expandable_segments;
         if gc {
-            p.get_free_blocks_call_count += 1;
+            self.pool_mut(pool).get_free_blocks_call_count += 1;
         }
-        let (&key, &id) = p.free.range((stream, size, 0)..).next()?;
+        let mut it = self
+            .pool(pool)
+            .free
+            .range((stream, size, 0)..)
+            .take_while(|(k, _)| k.0 == stream)
+            .peekable();
+        let (mut key, mut id) = it.next().map(|(&k, &id)| (k, id))?;
+        if self.blocks[id].expandable {
+            if expandable {
+                // Best fit counts the unmapped space after an expandable block as its own: a
+                // block that can grow less is preferred (PyTorch's expandable_size).
+                while let Some((&k, &next)) = it.peek() {
+                    if !self.blocks[id].expandable
+                        || self.expandable_size(next) >= self.expandable_size(id)
+                    {
+                        break;
+                    }
+                    (key, id) = (k, next);
+                    it.next();
+                }
+            } else {
+                // Expandable segments turned off since: only ordinary blocks qualify.
+                let (k, next) = it
+                    .find(|(_, &b)| !self.blocks[b].expandable)
+                    .map(|(&k, &b)| (k, b))?;
+                (key, id) = (k, next);
+            }
+        }
         let block_size = key.1;
-        if key.0 != stream
-            || (size < max_split && block_size >= max_split)
+        if (size < max_split && block_size >= max_split)
             || (size >= max_split && block_size >= size.saturating_add(rounding))
         {
             return None;
         }
-        p.free.remove(&key);
+        self.pool_mut(pool).free.remove(&key);
         Some(id)
     }
 
@@ -308,7 +373,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         &mut self,
         pool: PoolKind,
         stream: u64,
-        size: u64,
+        (rounded, size): (u64, u64),
         is_retry: bool,
         frames: &Option<Frames>,
     ) -> Result<Option<BlockId>> {
@@ -318,6 +383,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let reserved = self.stats.reserved_bytes.all().current as u64;
         if self.limit.is_some_and(|limit| reserved + size > limit) {
             return Ok(None);
+        }
+        if self.config.expandable_segments {
+            return self.try_allocate_expandable_block(pool, stream, rounded, frames);
         }
         let handle = match self.source.allocate(size) {
             Ok(h) => h,
@@ -333,6 +401,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stream,
             head: 0,
             frames: frames.clone(),
+            expandable: false,
         });
         let id = self.blocks.insert(Block {
             stream,
@@ -349,6 +418,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             gc_count_base: 0,
             frames: None,
             category: MemoryCategory::Unknown,
+            mapped: true,
+            expandable: false,
         });
         self.segments[segment].head = id;
         self.stats.segment.increase(pool, 1);
@@ -370,10 +441,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn should_split(&self, id: BlockId, size: u64) -> bool {
         let b = &self.blocks[id];
         let remaining = b.size - size;
-        match b.pool {
-            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
-            PoolKind::Large => size < self.config.max_split_size && remaining > SMALL_SIZE,
+        if b.pool == PoolKind::Small || self.config.expandable_segments {
+            return remaining >= MIN_BLOCK_SIZE;
         }
+        size < self.config.max_split_size && remaining > SMALL_SIZE
     }
 
     /// Hands out `id` (splitting off the tail when worth it) and counts the allocation.
@@ -387,6 +458,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let split = self.should_split(id, size);
         let already_split = self.blocks[id].is_split();
         let pool = self.blocks[id].pool;
+        // PyTorch leaves expandable blocks out of inactive_split: their free pages can always
+        // be given back.
+        let counts_split = !self.blocks[id].expandable;
         let id = if split {
             // The found block stays as the free remainder; a new block takes the front.
             let remaining = id;
@@ -406,6 +480,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 gc_count_base: 0,
                 frames: None,
                 category: MemoryCategory::Unknown,
+                mapped: true,
+                expandable: r.expandable,
             });
             match self.blocks[front].prev {
                 Some(p) => self.blocks[p].next = Some(front),
@@ -420,9 +496,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             r.size -= size;
             let remaining_size = r.size;
             self.insert_free(remaining);
-            if already_split {
+            if counts_split && already_split {
                 self.stats.inactive_split_bytes.decrease(pool, size);
-            } else {
+            } else if counts_split {
                 self.stats
                     .inactive_split_bytes
                     .increase(pool, remaining_size);
@@ -430,7 +506,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             front
         } else {
-            if already_split {
+            if already_split && counts_split {
                 let bsize = self.blocks[id].size;
                 self.stats.inactive_split_bytes.decrease(pool, bsize);
                 self.stats.inactive_split.decrease(pool, 1);
@@ -555,6 +631,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             net_blocks += 1;
             net_bytes += self.blocks[id].size as i64;
         }
+        if self.blocks[id].expandable {
+            (net_blocks, net_bytes) = (0, 0);
+        }
         let s = &mut self.stats;
         match net_blocks.signum() {
             1 => s.inactive_split.increase(pool, net_blocks as u64),
@@ -577,12 +656,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
         let Some(src) = src else { return 0 };
         let s = &self.blocks[src];
-        if s.allocated || s.event_count > 0 {
+        if s.allocated || s.event_count > 0 || s.mapped != self.blocks[dst].mapped {
             return 0;
         }
-        let key = s.free_key();
-        let pool = s.pool;
-        self.pool_mut(pool).free.remove(&key);
+        let (key, pool, mapped, at) = (s.free_key(), s.pool, s.mapped, (s.stream, s.addr));
+        if mapped {
+            self.pool_mut(pool).free.remove(&key);
+        } else {
+            self.pool_mut(pool).unmapped.remove(&at);
+        }
         let s = self.blocks.remove(src);
         if self.blocks[dst].prev == Some(src) {
             // [src dst]: dst takes over src's start.

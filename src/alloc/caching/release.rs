@@ -38,19 +38,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    /// Releases every wholly free segment of one pool, in free-set order.
+    /// Releases every wholly free segment of one pool, in free-set order; in expandable
+    /// segments, unmaps the pages wholly inside free blocks, and gives back a range left with
+    /// nothing mapped.
     fn release_blocks(&mut self, pool: PoolKind) {
-        let whole: Vec<BlockId> = self
-            .pool_mut(pool)
-            .free
-            .values()
-            .copied()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter(|&id| !self.blocks[id].is_split())
-            .collect();
-        for id in whole {
-            self.release_block(id);
+        let free: Vec<BlockId> = self.pool_mut(pool).free.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in free {
+            let b = &self.blocks[id];
+            if b.expandable {
+                to_unmap.push(id);
+            } else if !b.is_split() {
+                self.release_block(id);
+            }
+        }
+        for id in to_unmap {
+            if let Some(u) = self.unmap_block(id) {
+                if !self.blocks[u].is_split() {
+                    self.release_expandable_segment(u);
+                }
+            }
         }
     }
 
@@ -81,7 +88,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .next()
             .filter(|(k, _)| k.0 == stream)
             .map(|(_, &id)| id);
-        if let Some(id) = hit {
+        if let Some(id) = hit.filter(|&id| !self.blocks[id].expandable) {
             // Oversize blocks are never split, so a free one is a whole segment.
             if self.blocks[id].is_split() {
                 return false;
@@ -89,6 +96,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.release_block(id);
             return true;
         }
+        let p = self.pool_mut(pool);
         let candidates: Vec<(u64, BlockId)> = p
             .free
             .range(..(stream, key_size, 0))
@@ -101,7 +109,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if released >= key_size {
                 break;
             }
-            if !self.blocks[id].is_split() {
+            let b = &self.blocks[id];
+            if !b.is_split() && !b.expandable {
                 self.release_block(id);
                 released += bsize;
             }
@@ -142,7 +151,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 .copied()
                 .filter(|&id| {
                     let b = &self.blocks[id];
-                    !b.is_split() && age(b) as f64 >= mean
+                    !b.is_split() && !b.expandable && age(b) as f64 >= mean
                 })
                 .collect();
             for id in old {
