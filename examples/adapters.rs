@@ -17,8 +17,8 @@ fn main() {
         return;
     }
     println!(
-        "{:<9} {:<40} {:<12} {:<28} {:>4} {:>4} {:>4} {:>4} {:>4} {:>4} {:>10} {:>11} {:>5} {:>5} {:>5}",
-        "spec", "name", "type", "driver", "f16", "ts", "tsip", "sg", "imm", "coop",
+        "{:<9} {:<40} {:<12} {:<28} {:>4} {:>4} {:>4} {:>4} {:>4} {:>4} {:>6} {:>10} {:>11} {:>5} {:>5} {:>5}",
+        "spec", "name", "type", "driver", "f16", "ts", "tsip", "sg", "imm", "coop", "sparse",
         "memory", "max bind", "align", "sbufs", "imm B"
     );
     for a in adapters {
@@ -29,7 +29,7 @@ fn main() {
             .map_or("unknown".to_string(), kiln::alloc::format_size);
         let driver = format!("{} {}", a.driver, a.driver_info);
         println!(
-            "{:<9} {:<40} {:<12} {:<28} {:>4} {:>4} {:>4} {:>4} {:>4} {:>4} {:>10} {:>11} {:>5} {:>5} {:>5}",
+            "{:<9} {:<40} {:<12} {:<28} {:>4} {:>4} {:>4} {:>4} {:>4} {:>4} {:>6} {:>10} {:>11} {:>5} {:>5} {:>5}",
             a.spec,
             a.name.chars().take(40).collect::<String>(),
             format!("{:?}", a.device_type),
@@ -40,6 +40,7 @@ fn main() {
             yes(f.subgroups),
             yes(f.immediates),
             yes(f.cooperative_matrix),
+            yes(f.sparse_binding),
             mem,
             l.max_storage_buffer_binding_size,
             l.min_storage_buffer_offset_alignment,
@@ -47,5 +48,5 @@ fn main() {
             l.max_immediate_size,
         );
     }
-    println!("\nf16 shader-f16, ts timestamp queries, tsip timestamps inside passes, sg subgroups, imm immediates, coop cooperative matrix");
+    println!("\nf16 shader-f16, ts timestamp queries, tsip timestamps inside passes, sg subgroups, imm immediates, coop cooperative matrix, sparse Vulkan sparse buffer binding (expandable segments on GPU memory)");
 }

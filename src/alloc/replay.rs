@@ -2,7 +2,7 @@
 //! `../shared/alloc-traces/README.md`) and compares every statistic after every event, the
 //! error of every event, the final segments and the rows of the final `memory_summary()`.
 
-use super::{memory_summary, AllocatorConfig, CachingAllocator, SimulatedSource};
+use super::{memory_summary, AllocatorConfig, CachingAllocator, SegmentSource, SimulatedSource};
 use crate::{Error, Result};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -175,13 +175,30 @@ impl AllocTrace {
         })
     }
 
-    /// Replays the events through a fresh allocator; `Ok(events)` when everything matches.
+    /// Replays the events through a fresh allocator on the simulated source; `Ok(events)` when
+    /// everything matches.
     pub fn replay(&self) -> Result<std::result::Result<usize, Mismatch>> {
+        self.replay_on(SimulatedSource::new(None))
+    }
+
+    /// The same on any source: a device's real memory (`Device::replay_trace`).
+    pub fn replay_on<S: SegmentSource>(
+        &self,
+        source: S,
+    ) -> Result<std::result::Result<usize, Mismatch>> {
         let config = match &self.alloc_conf {
             Some(c) => AllocatorConfig::parse(c)?,
             None => AllocatorConfig::default(),
         };
-        let mut alloc = CachingAllocator::new(SimulatedSource::new(None), config);
+        if config.expandable_segments {
+            if let Some(why) = source.expandable_unsupported() {
+                return Err(Error::AllocConfig(format!(
+                    "{}: expandable_segments:True cannot be replayed here: {why}",
+                    self.name
+                )));
+            }
+        }
+        let mut alloc = CachingAllocator::new(source, config);
         alloc.set_memory_limit(self.memory_limit_bytes);
         if self.segment_maps.is_some() {
             alloc.record_memory_history(
@@ -331,7 +348,10 @@ impl AllocTrace {
 
     /// Where recorded: the map/unmap sequence and the final segments' layout, each address as
     /// an offset into its range (kiln's addresses are its own, PyTorch's the driver's).
-    fn layout_mismatch(&self, alloc: &mut CachingAllocator<SimulatedSource>) -> Option<Mismatch> {
+    fn layout_mismatch<S: SegmentSource>(
+        &self,
+        alloc: &mut CachingAllocator<S>,
+    ) -> Option<Mismatch> {
         let mismatch = |key: String, got: String, expected: String| Mismatch {
             event: None,
             key,

@@ -60,8 +60,8 @@ pub trait SegmentSource: Send {
             "this source cannot reserve address space".into(),
         ))
     }
-    /// Backs `len` bytes at `offset` of a reservation with memory (`cuMemCreate` + `cuMemMap`);
-    /// all or nothing.
+    /// Backs one page, `len` bytes at `offset` of a reservation, with memory (`cuMemCreate` +
+    /// `cuMemMap`); the allocator maps and unmaps whole pages, one call each.
     fn map(&mut self, handle: &Self::Handle, offset: u64, len: u64) -> Result<(), SourceError> {
         let _ = (handle, offset, len);
         Err(SourceError::OutOfMemory)

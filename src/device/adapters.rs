@@ -11,6 +11,9 @@ pub struct KilnFeatures {
     pub subgroups: bool,
     pub immediates: bool,
     pub cooperative_matrix: bool,
+    /// Vulkan sparse buffer binding (sparseBinding and sparseResidencyBuffer): what
+    /// `expandable_segments:True` maps pages with.
+    pub sparse_binding: bool,
 }
 
 impl KilnFeatures {
@@ -23,6 +26,7 @@ impl KilnFeatures {
             subgroups: f.contains(wgpu::Features::SUBGROUP),
             immediates: f.contains(wgpu::Features::IMMEDIATES),
             cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            sparse_binding: false,
         }
     }
 
@@ -152,7 +156,11 @@ pub(crate) fn enumerate() -> Vec<(AdapterInfo, wgpu::Adapter)> {
                         device_type: info.device_type,
                         driver: info.driver,
                         driver_info: info.driver_info,
-                        features: KilnFeatures::of(a.features()),
+                        features: KilnFeatures {
+                            #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+                            sparse_binding: super::sparse::supported(&a),
+                            ..KilnFeatures::of(a.features())
+                        },
                         limits: KilnLimits::of(&a.limits()),
                         memory_bytes,
                     };

@@ -111,18 +111,40 @@ impl GpuDevice {
         };
         let gl = GlSerial::for_backend(info.backend);
         let opening = gl.guard();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        let desc = wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
             required_limits: limits.clone(),
             experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::RequestDevice {
-            adapter: info.name.clone(),
-            msg: e.to_string(),
-        })?;
+        };
+        // Vulkan devices with sparse buffer binding are opened with it on, for expandable
+        // segments (`sparse.rs`); if that fails, as wgpu opens them.
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        let sparse_device = super::sparse::supported(&adapter)
+            .then(|| super::sparse::open_device(&adapter, &desc))
+            .and_then(|r| {
+                r.map_err(|e| {
+                    eprintln!(
+                        "kiln: {}: opening with sparse binding failed ({e}); opening without",
+                        info.name
+                    )
+                })
+                .ok()
+            });
+        #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
+        let sparse_device: Option<(wgpu::Device, wgpu::Queue)> = None;
+        let sparse_opened = sparse_device.is_some();
+        let (device, queue) = match sparse_device {
+            Some(dq) => dq,
+            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+                Error::RequestDevice {
+                    adapter: info.name.clone(),
+                    msg: e.to_string(),
+                }
+            })?,
+        };
         let troubled = Arc::new(AtomicBool::new(false));
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let (sink, flag) = (errors.clone(), troubled.clone());
@@ -151,6 +173,10 @@ impl GpuDevice {
         let stream = Arc::new(Mutex::new(Stream::new(gl)));
         let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
         let source = WgpuSource {
+            #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+            sparse: sparse_opened
+                .then(|| super::sparse::SparseMemory::new(&device, &adapter))
+                .flatten(),
             device: device.clone(),
             queue: queue.clone(),
             adapter,
@@ -189,6 +215,28 @@ impl GpuDevice {
             troubled,
             gl,
         })
+    }
+
+    /// A new segment source on this device's memory (with its own sparse-binding state), for
+    /// an allocator beside the device's own: trace replays on real memory.
+    pub(crate) fn fresh_source(&self) -> WgpuSource {
+        let alloc = lock(&self.alloc);
+        let s = alloc.source();
+        WgpuSource {
+            #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+            sparse: s
+                .sparse
+                .as_ref()
+                .and_then(|_| super::sparse::SparseMemory::new(&s.device, &s.adapter)),
+            device: s.device.clone(),
+            queue: s.queue.clone(),
+            adapter: s.adapter.clone(),
+            stream: s.stream.clone(),
+            bind_groups: s.bind_groups.clone(),
+            name: s.name.clone(),
+            max_buffer_size: s.max_buffer_size,
+            gl: s.gl,
+        }
     }
 
     /// Device loss or a wgpu error since the last check, as a `kiln::Error`.

@@ -9,6 +9,8 @@ pub(crate) mod kernel_timer;
 mod memory;
 pub(crate) mod pinned;
 pub(crate) mod serial;
+#[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+mod sparse;
 pub(crate) mod stream;
 mod timer;
 pub(crate) mod transfer;
@@ -270,6 +272,24 @@ impl Device {
         match &self.0.backend {
             Backend::Cpu(_) => None,
             Backend::Gpu(g) => Some(&g.info),
+        }
+    }
+
+    /// Replays a trace recorded from PyTorch through a fresh allocator on this device's real
+    /// memory (GPU devices; expandable segments through Vulkan sparse binding where the device
+    /// has it), comparing what `AllocTrace::replay` compares. The CPU device replays on the
+    /// simulated source.
+    pub fn replay_trace(
+        &self,
+        trace: &crate::alloc::replay::AllocTrace,
+    ) -> Result<std::result::Result<usize, crate::alloc::replay::Mismatch>> {
+        match self.gpu() {
+            Some(g) => {
+                let out = trace.replay_on(g.fresh_source());
+                g.check("replay_trace")?;
+                out
+            }
+            None => trace.replay(),
         }
     }
 

@@ -9,6 +9,10 @@ use crate::alloc::{MemInfo, SegmentSource, SourceError};
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct WgpuSource {
+    /// Expandable segments' pages (Vulkan sparse binding), where the device has it. First, so
+    /// that it is dropped (its memory freed) before the device handle below.
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    pub sparse: Option<super::sparse::SparseMemory>,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub adapter: wgpu::Adapter,
@@ -84,10 +88,58 @@ impl SegmentSource for WgpuSource {
     }
 
     fn expandable_unsupported(&self) -> Option<String> {
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        if self.sparse.is_some() {
+            return None;
+        }
         Some(format!(
-            "{}: kiln does not yet bind device memory pages into a reserved wgpu buffer \
-             (Vulkan sparse binding)",
+            "{} has no Vulkan sparse buffer binding (sparseBinding and sparseResidencyBuffer \
+             on its first queue family), which kiln maps pages with",
             self.name
         ))
+    }
+
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    fn reserve(&mut self, size_bytes: u64) -> Result<wgpu::Buffer, SourceError> {
+        let sparse = self
+            .sparse
+            .as_mut()
+            .ok_or_else(|| SourceError::Other("no sparse binding".into()))?;
+        sparse
+            .reserve(&self.device, size_bytes, SEGMENT_USAGE)
+            .map_err(SourceError::Other)
+    }
+
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    fn map(&mut self, handle: &wgpu::Buffer, offset: u64, len: u64) -> Result<(), SourceError> {
+        let sparse = self
+            .sparse
+            .as_mut()
+            .ok_or_else(|| SourceError::Other("no sparse binding".into()))?;
+        sparse.map(&self.stream, handle, offset, len)
+    }
+
+    /// Waits for the device first: a page is never unbound while queued work may read it.
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    fn unmap(&mut self, handle: &wgpu::Buffer, offset: u64, len: u64) {
+        let started = std::time::Instant::now();
+        self.synchronize();
+        if std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "kiln sparse: unmap waits for the device: {:.1} us",
+                started.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        if let Some(sparse) = self.sparse.as_mut() {
+            sparse.unmap(&self.stream, handle, offset, len);
+        }
+    }
+
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    fn release_reservation(&mut self, handle: wgpu::Buffer) {
+        if let Some(sparse) = self.sparse.as_mut() {
+            sparse.release(&handle);
+        }
+        self.release(handle);
     }
 }

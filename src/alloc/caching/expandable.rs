@@ -133,8 +133,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Maps the pages that cover the first `size` bytes of unmapped block `id`, which becomes a
     /// free block merged with its free neighbours (the merged block's id is returned); any rest
-    /// stays unmapped after it. `None` when the memory is not there (all or nothing).
-    fn map_block(&mut self, id: BlockId, size: u64) -> Option<BlockId> {
+    /// stays unmapped after it. `None` when the memory is not there (all or nothing); other
+    /// failures of the source are errors.
+    fn map_block(&mut self, id: BlockId, size: u64) -> Result<Option<BlockId>> {
         let b = &self.blocks[id];
         debug_assert!(!b.mapped && size <= b.size);
         let (pool, stream, addr, seg) = (b.pool, b.stream, b.addr, b.segment);
@@ -146,14 +147,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // request 16 MiB under the limit fails when it needs a 20 MiB page).
         let reserved = self.stats.reserved_bytes.all().current as u64;
         if self.limit.is_some_and(|limit| reserved + len > limit) {
-            return None;
+            return Ok(None);
         }
-        if self
-            .source
-            .map(&self.segments[seg].handle, offset, len)
-            .is_err()
-        {
-            return None;
+        // One source call per page (one `cuMemCreate` handle each in PyTorch), so that any page
+        // can be unmapped alone later; all or nothing.
+        let handle = self.segments[seg].handle.clone();
+        for k in 0..len / page {
+            if let Err(e) = self.source.map(&handle, offset + k * page, page) {
+                for j in 0..k {
+                    self.source.unmap(&handle, offset + j * page, page);
+                }
+                return match e {
+                    SourceError::OutOfMemory => Ok(None),
+                    SourceError::Other(msg) => Err(Error::Wgpu { op: "malloc", msg }),
+                };
+            }
         }
         self.pool_mut(pool).unmapped.remove(&(stream, addr));
         self.blocks[id].mapped = true;
@@ -193,7 +201,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.reserved_bytes.increase(pool, len);
         self.stats.num_device_alloc += 1;
         self.trace(TraceAction::SegmentMap, Some(addr), len, stream, None);
-        Some(id)
+        Ok(Some(id))
     }
 
     /// PyTorch's `try_allocate_expandable_block`: a free block of at least `size` bytes made by
@@ -210,7 +218,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut candidate = self.find_expandable_block(pool, stream, size, frames)?;
         if !self.blocks[candidate].mapped {
             let want = self.blocks[candidate].size.min(size);
-            match self.map_block(candidate, want) {
+            match self.map_block(candidate, want)? {
                 Some(id) => candidate = id,
                 None => return Ok(None),
             }
@@ -219,7 +227,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let remaining = size - self.blocks[candidate].size;
             let next = self.blocks[candidate].next.expect("unmapped space follows");
             let want = self.blocks[next].size.min(remaining);
-            match self.map_block(next, want) {
+            match self.map_block(next, want)? {
                 Some(id) => candidate = id,
                 None => return Ok(None),
             }
@@ -244,7 +252,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if lo >= hi {
             return None;
         }
-        self.source.unmap(&self.segments[seg].handle, lo, hi - lo);
+        let handle = self.segments[seg].handle.clone();
+        for p in (lo..hi).step_by(page as usize) {
+            self.source.unmap(&handle, p, page);
+        }
         let key = self.blocks[id].free_key();
         self.pool_mut(pool).free.remove(&key);
         let before = base + lo - addr;

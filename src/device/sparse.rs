@@ -1,0 +1,390 @@
+//! Expandable segments on real GPU memory: Vulkan sparse buffers. A reserved range is a
+//! `VkBuffer` created with `SPARSE_BINDING | SPARSE_RESIDENCY` and no memory; a page is a
+//! `VkDeviceMemory` bound into it with `vkQueueBindSparse` (PyTorch's `cuMemCreate` +
+//! `cuMemMap`), unbound and freed on unmap. wgpu adopts the buffer (`Buffer::from_raw` +
+//! `Device::create_buffer_from_hal`), so tensors bind their sub-ranges as in any segment.
+//!
+//! Ordering with kiln's submissions, on the one queue: every bind runs under the stream's lock
+//! (no submission can interleave) and signals a timeline semaphore. A map waits for its value
+//! on the host before returning, so work submitted after it sees the page. An unmap first submits what is recorded
+//! and waits for the device to go idle, so a page is never unbound while a queued kernel may
+//! still read it; the page's memory is freed once the unbind has signalled.
+//!
+//! wgpu creates the Vulkan device itself and enables no sparse features, so on adapters that
+//! have them kiln creates the device through wgpu-hal (`device_from_raw`) with wgpu's own
+//! extensions and features plus `sparseBinding` and `sparseResidencyBuffer`.
+
+#![cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+
+use super::stream::Stream;
+use ash::vk;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use wgpu::hal::api::Vulkan;
+
+/// `KILN_SPARSE_PROFILE=1`: each map and unmap prints where its time went (stderr).
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1"))
+}
+
+/// Whether the adapter's Vulkan device can back sparse, partially resident buffers on the
+/// queue family wgpu uses (family 0).
+pub(crate) fn supported(adapter: &wgpu::Adapter) -> bool {
+    if adapter.get_info().backend != wgpu::Backend::Vulkan
+        || std::env::var("KILN_DISABLE_SPARSE").is_ok()
+    {
+        return false;
+    }
+    // SAFETY: only properties of the physical device are read.
+    let Some(hal) = (unsafe { adapter.as_hal::<Vulkan>() }) else {
+        return false;
+    };
+    let instance = hal.shared_instance().raw_instance();
+    let physical = hal.raw_physical_device();
+    // SAFETY: valid handles owned by wgpu-hal.
+    let (features, families) = unsafe {
+        (
+            instance.get_physical_device_features(physical),
+            instance.get_physical_device_queue_family_properties(physical),
+        )
+    };
+    features.sparse_binding == vk::TRUE
+        && features.sparse_residency_buffer == vk::TRUE
+        && families
+            .first()
+            .is_some_and(|f| f.queue_flags.contains(vk::QueueFlags::SPARSE_BINDING))
+}
+
+/// Opens the device as `Adapter::request_device` would, with the sparse features on.
+pub(crate) fn open_device(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+) -> Result<(wgpu::Device, wgpu::Queue), String> {
+    let open = {
+        // SAFETY: the hal adapter is used only to create the device below.
+        let hal = unsafe { adapter.as_hal::<Vulkan>() }.ok_or("not a Vulkan adapter")?;
+        let features = desc.required_features;
+        let extensions = hal.required_device_extensions(features);
+        let mut phd = hal.physical_device_features(&extensions, features);
+        let priorities = [1.0f32];
+        let family = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(0)
+            .queue_priorities(&priorities)];
+        let names: Vec<*const std::ffi::c_char> = extensions.iter().map(|e| e.as_ptr()).collect();
+        let info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&family)
+            .enabled_extension_names(&names);
+        let mut info = phd.add_to_device_create(info);
+        // wgpu's core features, plus the two sparse ones.
+        // SAFETY: `add_to_device_create` points `p_enabled_features` at `phd`'s core features,
+        // which live until the end of this block.
+        let mut core = unsafe { *info.p_enabled_features };
+        core.sparse_binding = vk::TRUE;
+        core.sparse_residency_buffer = vk::TRUE;
+        info.p_enabled_features = &core;
+        let instance = hal.shared_instance().raw_instance();
+        // SAFETY: the create info is wgpu-hal's own (extensions, features, queue family 0) with
+        // two features the adapter reports (`supported`).
+        let raw = unsafe { instance.create_device(hal.raw_physical_device(), &info, None) }
+            .map_err(|e| format!("vkCreateDevice with sparse binding: {e}"))?;
+        // SAFETY: `raw` was created from this adapter with wgpu-hal's extensions; wgpu-hal owns
+        // and destroys it (no drop callback).
+        unsafe {
+            hal.device_from_raw(
+                raw,
+                None,
+                &extensions,
+                features,
+                &desc.required_limits,
+                &desc.memory_hints,
+                0,
+                0,
+            )
+        }
+        .map_err(|e| format!("{e}"))?
+    };
+    // SAFETY: `open` comes from this adapter, with exactly the requested features.
+    unsafe { adapter.create_device_from_hal(open, desc) }.map_err(|e| e.to_string())
+}
+
+/// The Vulkan side of a device's expandable segments.
+pub(crate) struct SparseMemory {
+    device: ash::Device,
+    queue: vk::Queue,
+    /// Counts binds: bind n signals value n.
+    timeline: vk::Semaphore,
+    binds: u64,
+    /// Device-local memory types the sparse buffers accept, per range.
+    memory_type: HashMap<vk::Buffer, u32>,
+    /// Memory bound at (range, offset), one page each.
+    pages: HashMap<(vk::Buffer, u64), vk::DeviceMemory>,
+    memory_properties: vk::PhysicalDeviceMemoryProperties,
+}
+
+// SAFETY: the Vulkan handles are plain identifiers; every use is behind the allocator's mutex
+// and, for the queue, the stream's.
+unsafe impl Send for SparseMemory {}
+
+fn raw_buffer(buffer: &wgpu::Buffer) -> Option<vk::Buffer> {
+    // SAFETY: only the handle is read.
+    unsafe { buffer.as_hal::<Vulkan>() }.map(|b| unsafe { b.raw_handle() })
+}
+
+impl SparseMemory {
+    pub(crate) fn new(device: &wgpu::Device, adapter: &wgpu::Adapter) -> Option<SparseMemory> {
+        // SAFETY: the device's raw handles are cloned for calls kiln makes itself; they stay
+        // valid while the wgpu device lives, which the source holding this outlives.
+        let hal = unsafe { device.as_hal::<Vulkan>() }?;
+        let raw = hal.raw_device().clone();
+        let raw_queue = hal.raw_queue();
+        let hal_adapter = unsafe { adapter.as_hal::<Vulkan>() }?;
+        let instance = hal_adapter.shared_instance().raw_instance();
+        // SAFETY: valid handles owned by wgpu-hal.
+        let memory_properties = unsafe {
+            instance.get_physical_device_memory_properties(hal_adapter.raw_physical_device())
+        };
+        let mut kind = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        // SAFETY: a timeline semaphore on this device (wgpu-hal enables timeline semaphores
+        // where the device has them; without them, no expandable segments), destroyed in Drop.
+        let timeline = unsafe {
+            raw.create_semaphore(
+                &vk::SemaphoreCreateInfo::default().push_next(&mut kind),
+                None,
+            )
+        }
+        .ok()?;
+        Some(SparseMemory {
+            device: raw,
+            queue: raw_queue,
+            timeline,
+            binds: 0,
+            memory_type: HashMap::new(),
+            pages: HashMap::new(),
+            memory_properties,
+        })
+    }
+
+    /// A sparse buffer of `size` bytes with nothing bound, adopted by wgpu.
+    pub(crate) fn reserve(
+        &mut self,
+        device: &wgpu::Device,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer, String> {
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .flags(vk::BufferCreateFlags::SPARSE_BINDING | vk::BufferCreateFlags::SPARSE_RESIDENCY)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: the device enabled sparseBinding and sparseResidencyBuffer (`open_device`).
+        let raw = unsafe { self.device.create_buffer(&info, None) }
+            .map_err(|e| format!("creating a {size}-byte sparse buffer: {e}"))?;
+        // SAFETY: `raw` was just created on this device.
+        let req = unsafe { self.device.get_buffer_memory_requirements(raw) };
+        let props = &self.memory_properties;
+        let Some(index) = (0..props.memory_type_count).find(|&i| {
+            req.memory_type_bits & (1 << i) != 0
+                && props.memory_types[i as usize]
+                    .property_flags
+                    .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+        }) else {
+            // SAFETY: nothing uses the buffer yet.
+            unsafe { self.device.destroy_buffer(raw, None) };
+            return Err("no device-local memory type for sparse buffers".into());
+        };
+        self.memory_type.insert(raw, index);
+        // SAFETY: created on this device with the usage below; wgpu-hal destroys it when the
+        // wgpu buffer goes (`from_raw`), after every page was unbound and freed here.
+        let hal = unsafe { wgpu::hal::vulkan::Buffer::from_raw(raw) };
+        Ok(unsafe {
+            device.create_buffer_from_hal::<Vulkan>(
+                hal,
+                &wgpu::BufferDescriptor {
+                    label: Some("kiln expandable segment"),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                },
+            )
+        })
+    }
+
+    /// Queues the bind of `memory` (or nothing) at `offset..offset + len` of `buffer`; it
+    /// signals the returned timeline value when done.
+    fn bind(
+        &mut self,
+        stream: &Mutex<Stream>,
+        buffer: vk::Buffer,
+        offset: u64,
+        len: u64,
+        memory: vk::DeviceMemory,
+    ) -> Result<u64, vk::Result> {
+        // Under the stream's lock: no submission interleaves with the bind on the queue.
+        let _stream = super::lock(stream);
+        let binds = [vk::SparseMemoryBind::default()
+            .resource_offset(offset)
+            .size(len)
+            .memory(memory)
+            .memory_offset(0)];
+        let buffers = [vk::SparseBufferMemoryBindInfo::default()
+            .buffer(buffer)
+            .binds(&binds)];
+        let value = self.binds + 1;
+        let (sems, values) = ([self.timeline], [value]);
+        let mut timeline =
+            vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+        let info = [vk::BindSparseInfo::default()
+            .buffer_binds(&buffers)
+            .signal_semaphores(&sems)
+            .push_next(&mut timeline)];
+        // SAFETY: the queue is not used by anyone else while the stream's lock is held; the
+        // semaphore is ours.
+        unsafe {
+            self.device
+                .queue_bind_sparse(self.queue, &info, vk::Fence::null())?
+        };
+        self.binds = value;
+        Ok(value)
+    }
+
+    /// Allocates one page of device memory and binds it at `offset`, waiting for the bind.
+    pub(crate) fn map(
+        &mut self,
+        stream: &Mutex<Stream>,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), crate::alloc::SourceError> {
+        use crate::alloc::SourceError;
+        let raw = raw_buffer(buffer).ok_or(SourceError::Other("not a Vulkan buffer".into()))?;
+        let index = *self
+            .memory_type
+            .get(&raw)
+            .ok_or(SourceError::Other("not a reserved range".into()))?;
+        let info = vk::MemoryAllocateInfo::default()
+            .allocation_size(len)
+            .memory_type_index(index);
+        let started = std::time::Instant::now();
+        let allocate = || {
+            // SAFETY: a plain allocation on this device, freed after its unbind or in `Drop`.
+            unsafe { self.device.allocate_memory(&info, None) }
+        };
+        let out_of_memory = |e: vk::Result| {
+            matches!(
+                e,
+                vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY
+            )
+        };
+        let memory = match allocate() {
+            Ok(m) => m,
+            Err(e) if out_of_memory(e) => return Err(SourceError::OutOfMemory),
+            Err(e) => return Err(SourceError::Other(format!("vkAllocateMemory: {e}"))),
+        };
+        let allocated = started.elapsed();
+        let value = match self.bind(stream, raw, offset, len, memory) {
+            Ok(v) => v,
+            Err(e) => {
+                // SAFETY: the memory was never bound.
+                unsafe { self.device.free_memory(memory, None) };
+                return Err(SourceError::Other(format!("vkQueueBindSparse: {e}")));
+            }
+        };
+        // The host waits for the bind. (Making wgpu's next submission wait on the GPU instead,
+        // with wgpu-hal's `Queue::add_wait_semaphore`, lost the device on the H100 after a few
+        // dozen maps with no work submitted between them.)
+        let (sems, values) = ([self.timeline], [value]);
+        let wait = vk::SemaphoreWaitInfo::default()
+            .semaphores(&sems)
+            .values(&values);
+        // SAFETY: the semaphore is ours; `value` was just submitted for signalling.
+        if let Err(e) = unsafe { self.device.wait_semaphores(&wait, u64::MAX) } {
+            return Err(SourceError::Other(format!(
+                "waiting for vkQueueBindSparse: {e}"
+            )));
+        }
+        if profiling() {
+            eprintln!(
+                "kiln sparse: map {len} bytes at {offset}: vkAllocateMemory {:.1} us, \
+                 vkQueueBindSparse + wait {:.1} us",
+                allocated.as_secs_f64() * 1e6,
+                (started.elapsed() - allocated).as_secs_f64() * 1e6
+            );
+        }
+        self.pages.insert((raw, offset), memory);
+        Ok(())
+    }
+
+    /// Unbinds the page at `offset` (the caller has waited for the device) and frees it once
+    /// the unbind has run.
+    pub(crate) fn unmap(
+        &mut self,
+        stream: &Mutex<Stream>,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        len: u64,
+    ) {
+        let Some(raw) = raw_buffer(buffer) else {
+            return;
+        };
+        let Some(memory) = self.pages.remove(&(raw, offset)) else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        match self.bind(stream, raw, offset, len, vk::DeviceMemory::null()) {
+            Ok(value) => {
+                let (sems, values) = ([self.timeline], [value]);
+                let wait = vk::SemaphoreWaitInfo::default()
+                    .semaphores(&sems)
+                    .values(&values);
+                // SAFETY: once `value` is signalled the page is unbound, and no submitted work
+                // uses it (the caller waited for idle). Freed here, on this thread: freeing on
+                // another thread while binds went on lost the device on the H100 within a few
+                // dozen maps.
+                unsafe {
+                    if self.device.wait_semaphores(&wait, u64::MAX).is_ok() {
+                        self.device.free_memory(memory, None);
+                    }
+                }
+                if profiling() {
+                    eprintln!(
+                        "kiln sparse: unmap {len} bytes at {offset}: vkQueueBindSparse, wait and \
+                         vkFreeMemory {:.1} us",
+                        started.elapsed().as_secs_f64() * 1e6
+                    );
+                }
+            }
+            // Still bound: keep it alive rather than free memory the buffer may touch.
+            Err(_) => {
+                self.pages.insert((raw, offset), memory);
+            }
+        }
+    }
+
+    /// Forgets a range with nothing bound.
+    pub(crate) fn release(&mut self, buffer: &wgpu::Buffer) {
+        if let Some(raw) = raw_buffer(buffer) {
+            self.memory_type.remove(&raw);
+        }
+    }
+}
+
+impl Drop for SparseMemory {
+    fn drop(&mut self) {
+        // SAFETY: the device is idle or being torn down with its source; nothing is queued
+        // that uses these pages any more.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            for (_, memory) in self.pages.drain() {
+                self.device.free_memory(memory, None);
+            }
+            self.device.destroy_semaphore(self.timeline, None);
+        }
+    }
+}
