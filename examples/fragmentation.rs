@@ -11,7 +11,7 @@
 //! run prints one warning and uses ordinary segments, so both runs read alike.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::alloc::{format_size, BlockState, HistoryContext, HistoryEnabled, HistoryStacks};
+use kiln::alloc::{format_size, HistoryContext, HistoryEnabled, HistoryStacks};
 use kiln::nn::{cross_entropy, mse_loss, Linear, LstmCell, Module, Relu, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
@@ -23,25 +23,18 @@ fn arg(name: &str) -> Option<String> {
     args.get(at + 1).cloned()
 }
 
-/// The largest free block the cache holds (what a request can get without new memory).
-fn largest_free(dev: &Device) -> u64 {
-    dev.memory_snapshot()
-        .segments
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state == BlockState::Inactive)
-        .map(|b| b.size)
-        .max()
-        .unwrap_or(0)
-}
-
 struct Outcome {
     peak_reserved: u64,
     peak_allocated: u64,
     losses: Vec<f32>,
 }
 
-fn run(dev: &Device, expandable: bool, steps: usize, out: &std::path::Path) -> kiln::Result<Outcome> {
+fn run(
+    dev: &Device,
+    expandable: bool,
+    steps: usize,
+    out: &std::path::Path,
+) -> kiln::Result<Outcome> {
     dev.set_allocator_settings(if expandable {
         "expandable_segments:True"
     } else {
@@ -79,7 +72,7 @@ fn run(dev: &Device, expandable: bool, steps: usize, out: &std::path::Path) -> k
             "  {what:<14} reserved {:>10}  allocated {:>10}  largest free {:>10}",
             format_size(dev.memory_reserved()),
             format_size(dev.memory_allocated()),
-            format_size(largest_free(dev)),
+            format_size(dev.largest_free_block()),
         );
         bar.suspend(|| println!("{line}"));
         bar.inc(1);

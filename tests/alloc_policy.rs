@@ -180,6 +180,16 @@ fn oom_releases_cache_retries_once_and_reports_pytorch_facts() {
         msg.contains("fragmentation.  See documentation for Memory Management  (https://"),
         "{msg}"
     );
+    // Beyond PyTorch's message: the fragmentation, and whether expandable segments would help
+    // (17 MiB cached free + 60 MiB free on the device >= 70 MiB).
+    assert!(
+        msg.contains("the largest free cached block is 17.00 MiB, so the 17.00 MiB reserved but unallocated is free but unusable"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("With KILN_ALLOC_CONF=expandable_segments:True this request would have fit."),
+        "{msg}"
+    );
     // The allocator is intact: the live block is still there and new allocations work.
     a.check_invariants().unwrap();
     a.free(keep.addr).unwrap();

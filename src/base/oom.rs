@@ -19,6 +19,14 @@ pub struct OutOfMemory {
     pub allocated: u64,
     pub reserved: u64,
     pub more_than_1eb: bool,
+    /// kiln's, beyond PyTorch's message (its issue #29554): the largest free block the cache
+    /// holds, so that fragmentation shows (reserved but unallocated memory is free, but no
+    /// single block of it fits the request).
+    pub largest_free_block: u64,
+    /// Whether `expandable_segments:True` would have made the request fit: its pages can be
+    /// unmapped from free blocks and mapped again contiguously. `None` where it is already on
+    /// or where the device's free memory is unknown.
+    pub expandable_would_fit: Option<bool>,
 }
 
 impl OutOfMemory {
@@ -33,6 +41,8 @@ impl OutOfMemory {
             allocated: 0,
             reserved: 0,
             more_than_1eb: true,
+            largest_free_block: 0,
+            expandable_would_fit: None,
         }
     }
 }
@@ -70,6 +80,27 @@ impl std::fmt::Display for OutOfMemory {
              Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
             format_size(self.allocated),
             format_size(self.reserved.saturating_sub(self.allocated)),
-        )
+        )?;
+        let cached_free = self.reserved.saturating_sub(self.allocated);
+        if cached_free > 0 {
+            write!(
+                f,
+                " kiln: the largest free cached block is {}, so the {} reserved but unallocated \
+                 is free but unusable for this request (fragmentation).",
+                format_size(self.largest_free_block),
+                format_size(cached_free),
+            )?;
+        }
+        match self.expandable_would_fit {
+            Some(true) => write!(
+                f,
+                " With KILN_ALLOC_CONF=expandable_segments:True this request would have fit."
+            ),
+            Some(false) => write!(
+                f,
+                " Even with KILN_ALLOC_CONF=expandable_segments:True this request would not fit."
+            ),
+            None => Ok(()),
+        }
     }
 }

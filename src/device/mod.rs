@@ -386,6 +386,13 @@ impl Device {
         }
     }
 
+    /// The largest free block the cache holds (kiln's, beyond PyTorch's API): with
+    /// `memory_reserved() - memory_allocated()`, how fragmented the cache is. The OOM error
+    /// reports it too.
+    pub fn largest_free_block(&self) -> u64 {
+        with_alloc!(self, a => a.largest_free_block())
+    }
+
     /// Bytes in blocks handed out to tensors (`allocated_bytes.all.current`).
     pub fn memory_allocated(&self) -> u64 {
         with_alloc!(self, a => a.stats().allocated_bytes.all().current as u64)

@@ -727,6 +727,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.num_ooms += 1;
         let allocated = self.stats.allocated_bytes.all().current as u64;
         let reserved = self.stats.reserved_bytes.all().current as u64;
+        let largest_free_block = self.largest_free_block();
+        // Expandable segments could unmap the cached free memory and map it again in one run,
+        // next to what the device (or the limit) still has.
+        let headroom = match (info.free, self.limit) {
+            (Some(free), Some(limit)) => Some(free.min(limit.saturating_sub(reserved))),
+            (Some(free), None) => Some(free),
+            (None, Some(limit)) => Some(limit.saturating_sub(reserved)),
+            (None, None) => None,
+        };
+        let expandable_would_fit = (!self.config.expandable_segments)
+            .then_some(headroom)
+            .flatten()
+            .map(|h| reserved - allocated + h >= rounded);
         Error::OutOfMemory(Box::new(OutOfMemory {
             device: self.source.describe(),
             requested,
@@ -737,7 +750,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
             allocated,
             reserved,
             more_than_1eb: false,
+            largest_free_block,
+            expandable_would_fit,
         }))
+    }
+
+    /// The largest free block the cache holds, in either pool: the most a request can get
+    /// without new memory.
+    pub fn largest_free_block(&self) -> u64 {
+        [&self.small, &self.large]
+            .iter()
+            .flat_map(|p| p.free.keys().map(|k| k.1))
+            .max()
+            .unwrap_or(0)
     }
 
     /// `empty_cache`: waits for outstanding events, then releases every wholly free segment.
