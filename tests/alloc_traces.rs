@@ -10,6 +10,15 @@ fn replay(name: &str) -> Result<usize, Mismatch> {
     AllocTrace::from_json(&text).unwrap().replay().unwrap()
 }
 
+/// A gzipped trace.
+fn read_gz(path: &std::path::Path) -> AllocTrace {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    AllocTrace::from_json(&text).unwrap()
+}
+
 macro_rules! trace_test {
     ($($name:ident => $events:expr),* $(,)?) => {$(
         #[test]
@@ -49,11 +58,7 @@ fn recorded_cases_replay_exactly() {
     assert_eq!(names.len(), 14);
     let mut confs = std::collections::BTreeSet::new();
     for path in names {
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
-            .read_to_string(&mut text)
-            .unwrap();
-        let trace = AllocTrace::from_json(&text).unwrap();
+        let trace = read_gz(&path);
         confs.insert(format!(
             "{:?} {:?}",
             trace.alloc_conf, trace.memory_limit_bytes
@@ -84,11 +89,7 @@ fn expandable_segments_replay_exactly() {
     let mut failures = Vec::new();
     let mut total_maps = 0;
     for path in names {
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
-            .read_to_string(&mut text)
-            .unwrap();
-        let trace = AllocTrace::from_json(&text).unwrap();
+        let trace = read_gz(&path);
         // The layout is compared too: the map/unmap sequence and every mapped run's blocks.
         let maps = trace.segment_maps.as_ref().map_or(0, Vec::len);
         let runs = trace.expected.segments.as_ref().map_or(0, Vec::len);

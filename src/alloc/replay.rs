@@ -109,6 +109,14 @@ fn relative(segs: &[LaidOutSegment], ranges: &mut Ranges) -> Vec<Relative> {
     out
 }
 
+/// A block state as PyTorch's snapshot spells it (`active_allocated`, ...).
+fn state_name(state: super::BlockState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// Addresses as (range, offset): a new range starts at an address no known range holds
 /// (ranges lie further apart than this, and no trace maps this far into one).
 struct Ranges(Vec<u64>);
@@ -289,10 +297,7 @@ impl AllocTrace {
                     .map(|b| ExpectedBlock {
                         size: b.size,
                         requested_size: b.requested_size,
-                        state: serde_json::to_value(b.state)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default(),
+                        state: state_name(b.state),
                     })
                     .collect(),
             })
@@ -402,10 +407,7 @@ impl AllocTrace {
                         address: b.address,
                         size: b.size,
                         requested_size: b.requested_size,
-                        state: serde_json::to_value(b.state)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default(),
+                        state: state_name(b.state),
                     })
                     .collect(),
             })

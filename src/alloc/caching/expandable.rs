@@ -8,7 +8,6 @@
 //! See `../shared/spec/pytorch-allocator.md` §5.
 
 use super::{Block, BlockId, CachingAllocator, Segment};
-use crate::alloc::category::MemoryCategory;
 use crate::alloc::config::MIB;
 use crate::alloc::history::{Frames, TraceAction};
 use crate::alloc::source::{SegmentSource, SourceError};
@@ -108,24 +107,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             frames: frames.clone(),
             expandable: true,
         });
-        let id = self.blocks.insert(Block {
+        let id = self.blocks.insert(Block::new(
             stream,
-            size: range,
-            requested_size: 0,
             pool,
-            addr: base,
-            allocated: false,
-            prev: None,
-            next: None,
             segment,
-            event_count: 0,
-            uses: Vec::new(),
-            gc_count_base: 0,
-            frames: None,
-            category: MemoryCategory::Unknown,
-            mapped: false,
-            expandable: true,
-        });
+            base,
+            range,
+            (None, None),
+            false,
+            true,
+        ));
         self.segments[segment].head = id;
         self.pool_mut(pool).unmapped.insert((stream, base), id);
         Ok(id)
@@ -168,24 +159,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if len < self.blocks[id].size {
             let rest = self.blocks[id].size - len;
             let next = self.blocks[id].next;
-            let r = self.blocks.insert(Block {
+            let r = self.blocks.insert(Block::new(
                 stream,
-                size: rest,
-                requested_size: 0,
                 pool,
-                addr: addr + len,
-                allocated: false,
-                prev: Some(id),
-                next,
-                segment: seg,
-                event_count: 0,
-                uses: Vec::new(),
-                gc_count_base: 0,
-                frames: None,
-                category: MemoryCategory::Unknown,
-                mapped: false,
-                expandable: true,
-            });
+                seg,
+                addr + len,
+                rest,
+                (Some(id), next),
+                false,
+                true,
+            ));
             if let Some(n) = next {
                 self.blocks[n].prev = Some(r);
             }
@@ -312,24 +295,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
     ) -> BlockId {
         let b = &self.blocks[of];
         let (stream, pool, segment) = (b.stream, b.pool, b.segment);
-        self.blocks.insert(Block {
+        self.blocks.insert(Block::new(
             stream,
-            size,
-            requested_size: 0,
             pool,
-            addr,
-            allocated: false,
-            prev,
-            next,
             segment,
-            event_count: 0,
-            uses: Vec::new(),
-            gc_count_base: 0,
-            frames: None,
-            category: MemoryCategory::Unknown,
-            mapped: true,
-            expandable: true,
-        })
+            addr,
+            size,
+            (prev, next),
+            true,
+            true,
+        ))
     }
 
     /// Gives back a range whose every page is unmapped (`id` is its one block).

@@ -67,6 +67,38 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A free block with no history: a new segment's, a split's front, an unmapped stretch.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        stream: u64,
+        pool: PoolKind,
+        segment: SegmentId,
+        addr: u64,
+        size: u64,
+        (prev, next): (Option<BlockId>, Option<BlockId>),
+        mapped: bool,
+        expandable: bool,
+    ) -> Block {
+        Block {
+            stream,
+            size,
+            requested_size: 0,
+            pool,
+            addr,
+            allocated: false,
+            prev,
+            next,
+            segment,
+            event_count: 0,
+            uses: Vec::new(),
+            gc_count_base: 0,
+            frames: None,
+            category: MemoryCategory::Unknown,
+            mapped,
+            expandable,
+        }
+    }
+
     fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
     }
@@ -403,24 +435,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             frames: frames.clone(),
             expandable: false,
         });
-        let id = self.blocks.insert(Block {
+        let id = self.blocks.insert(Block::new(
             stream,
-            size,
-            requested_size: 0,
             pool,
-            addr: base,
-            allocated: false,
-            prev: None,
-            next: None,
             segment,
-            event_count: 0,
-            uses: Vec::new(),
-            gc_count_base: 0,
-            frames: None,
-            category: MemoryCategory::Unknown,
-            mapped: true,
-            expandable: false,
-        });
+            base,
+            size,
+            (None, None),
+            true,
+            false,
+        ));
         self.segments[segment].head = id;
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
@@ -465,24 +489,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             // The found block stays as the free remainder; a new block takes the front.
             let remaining = id;
             let r = &self.blocks[remaining];
-            let front = self.blocks.insert(Block {
-                stream: r.stream,
-                size,
-                requested_size: 0,
+            let front = self.blocks.insert(Block::new(
+                r.stream,
                 pool,
-                addr: r.addr,
-                allocated: false,
-                prev: r.prev,
-                next: Some(remaining),
-                segment: r.segment,
-                event_count: 0,
-                uses: Vec::new(),
-                gc_count_base: 0,
-                frames: None,
-                category: MemoryCategory::Unknown,
-                mapped: true,
-                expandable: r.expandable,
-            });
+                r.segment,
+                r.addr,
+                size,
+                (r.prev, Some(remaining)),
+                true,
+                r.expandable,
+            ));
             match self.blocks[front].prev {
                 Some(p) => self.blocks[p].next = Some(front),
                 None => {
