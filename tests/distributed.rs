@@ -393,6 +393,11 @@ fn ddp_in_a_group_of_one_matches_plain_training() {
         .map(|(n, _)| n)
         .collect();
     assert_eq!(names[0], "module.0.weight", "PyTorch's DDP prefix");
+    // Moving a wrapped module would strand its hooks: refused, as PyTorch users move first.
+    let mut wrapped = DistributedDataParallel::new(model(pg.device(), 2), pg).unwrap();
+    let e = wrapped.to_device(&Device::cpu().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("before wrapping"), "{e}");
+    wrapped.to_device(&pg.device().clone()).unwrap();
 }
 
 #[test]

@@ -465,4 +465,22 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     fn train(&mut self, mode: bool) {
         self.module.train(mode)
     }
+
+    /// Moving would replace the parameters that the reducer and its hooks hold: as in
+    /// PyTorch, move the module before wrapping it. A move to the device it is on is a no-op.
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        if device == self.reducer.group.device() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            op: "DistributedDataParallel.to",
+            msg: format!(
+                "the module is on rank {}'s device {}; move it to {} before wrapping it in \
+                 DistributedDataParallel",
+                self.reducer.group.rank(),
+                self.reducer.group.device().name(),
+                device.name()
+            ),
+        })
+    }
 }
