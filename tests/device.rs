@@ -176,6 +176,13 @@ fn memory_numbers_match_pytorch() {
             ),
             "{summary}"
         );
+        // kiln's line after PyTorch's table: the cache holds one free 20 MiB block.
+        assert!(
+            summary.ends_with(
+                "kiln: largest free cached block 20.00 MiB of 20.00 MiB reserved but unallocated\n"
+            ),
+            "{summary}"
+        );
         assert_eq!(dev.memory_allocated(), 0);
         assert_eq!(dev.memory_reserved(), 20 * MIB);
         assert_eq!(dev.max_memory_allocated(), 4_000_256);

@@ -449,9 +449,27 @@ impl Device {
     }
 
     /// PyTorch's `memory_summary` table, titled with kiln and the adapter.
+    /// After PyTorch's table, one line of kiln's: the largest free cached block beside the
+    /// reserved but unallocated bytes, so that fragmentation shows (PyTorch issue #29554).
     pub fn memory_summary(&self, abbreviated: bool) -> String {
         let title = format!("kiln memory summary, device {}", self.name());
-        with_alloc!(self, a => memory_summary(a.stats(), &title, abbreviated))
+        with_alloc!(self, a => {
+            let mut out = memory_summary(a.stats(), &title, abbreviated);
+            let s = a.stats();
+            let cached = (s.reserved_bytes.all().current - s.allocated_bytes.all().current) as u64;
+            let largest = a.largest_free_block();
+            out.push_str(&format!(
+                "kiln: largest free cached block {} of {} reserved but unallocated{}\n",
+                crate::alloc::format_size(largest),
+                crate::alloc::format_size(cached),
+                if cached > largest {
+                    " (fragmented: larger requests need new memory; see expandable_segments)"
+                } else {
+                    ""
+                }
+            ));
+            out
+        })
     }
 
     /// Segments, blocks, the trace ring and the settings (`torch.cuda.memory._snapshot()`).
