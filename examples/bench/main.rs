@@ -112,6 +112,30 @@ fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
             );
         }
     }
+    // The same pair with expandable segments (issue 23), where the adapter maps pages: blocks
+    // of a mapped range, cached as any other.
+    if dev
+        .set_allocator_settings("expandable_segments:True")
+        .is_ok()
+        && dev.memory_snapshot().allocator_settings.expandable_segments
+    {
+        for size in [4096u64, 4 << 20, 64 << 20] {
+            drop(dev.allocate(size).unwrap());
+            let cached = time_per_iter(|| drop(dev.allocate(std::hint::black_box(size)).unwrap()));
+            let verdict = if cached < 0.5e-6 { "met" } else { "NOT met" };
+            rows.push(Row {
+                adapter: dev.name(),
+                suite: "alloc",
+                case: format!(
+                    "cached alloc+free {size} B, expandable segments (target < 0.5 us: {verdict})"
+                ),
+                value: cached * 1e6,
+                unit: "us",
+            });
+        }
+        dev.empty_cache();
+    }
+    let _ = dev.set_allocator_settings("expandable_segments:False");
 }
 
 /// Seconds per call of `f`: GPU time from timestamp queries around `iters` calls where the

@@ -120,6 +120,8 @@ pub(crate) struct SparseMemory {
     /// Memory bound at (range, offset), one page each.
     pages: HashMap<(vk::Buffer, u64), vk::DeviceMemory>,
     memory_properties: vk::PhysicalDeviceMemoryProperties,
+    /// Ranges given back with nothing bound, kept for reuse (see `release`).
+    spare: Vec<wgpu::Buffer>,
 }
 
 // SAFETY: the Vulkan handles are plain identifiers; every use is behind the allocator's mutex
@@ -164,6 +166,7 @@ impl SparseMemory {
             memory_type: HashMap::new(),
             pages: HashMap::new(),
             memory_properties,
+            spare: Vec::new(),
         })
     }
 
@@ -174,6 +177,13 @@ impl SparseMemory {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer, String> {
+        if let Some(at) = self
+            .spare
+            .iter()
+            .position(|b| b.size() == size && b.usage() == usage)
+        {
+            return Ok(self.spare.swap_remove(at));
+        }
         let info = vk::BufferCreateInfo::default()
             .size(size)
             .flags(vk::BufferCreateFlags::SPARSE_BINDING | vk::BufferCreateFlags::SPARSE_RESIDENCY)
@@ -368,12 +378,24 @@ impl SparseMemory {
     }
 
     /// Forgets a range with nothing bound.
-    pub(crate) fn release(&mut self, buffer: &wgpu::Buffer) {
-        if let Some(raw) = raw_buffer(buffer) {
+    /// Takes back a range with nothing bound. Address space costs nothing, so the sparse
+    /// buffer is kept for the next `reserve` of its size (creating one takes about a
+    /// millisecond on the H100) rather than destroyed; returns what is not kept.
+    pub(crate) fn release(&mut self, buffer: wgpu::Buffer) -> Option<wgpu::Buffer> {
+        if self.spare.len() < SPARE_RANGES {
+            self.spare.push(buffer);
+            return None;
+        }
+        if let Some(raw) = raw_buffer(&buffer) {
             self.memory_type.remove(&raw);
         }
+        Some(buffer)
     }
 }
+
+/// Ranges kept for reuse: one per pool covers the usual case (a pool's range given back by
+/// `empty_cache` and reserved again at the next allocation).
+const SPARE_RANGES: usize = 2;
 
 impl Drop for SparseMemory {
     fn drop(&mut self) {

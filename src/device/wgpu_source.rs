@@ -137,9 +137,13 @@ impl SegmentSource for WgpuSource {
 
     #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
     fn release_reservation(&mut self, handle: wgpu::Buffer) {
-        if let Some(sparse) = self.sparse.as_mut() {
-            sparse.release(&handle);
+        super::lock(&self.bind_groups).evict(&handle);
+        let handle = match self.sparse.as_mut() {
+            Some(sparse) => sparse.release(handle),
+            None => Some(handle),
+        };
+        if let Some(h) = handle {
+            self.release(h);
         }
-        self.release(handle);
     }
 }
