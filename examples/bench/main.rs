@@ -46,19 +46,25 @@ fn time_per_iter(mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// Seconds per cached allocation + free of `size` bytes, as a row; the target that stays
+/// (issue 17): under 0.5 us per pair on every adapter.
+fn cached_pair(dev: &Device, size: u64, what: &str, rows: &mut Vec<Row>) -> f64 {
+    drop(dev.allocate(size).unwrap());
+    let cached = time_per_iter(|| drop(dev.allocate(std::hint::black_box(size)).unwrap()));
+    let verdict = if cached < 0.5e-6 { "met" } else { "NOT met" };
+    rows.push(Row {
+        adapter: dev.name(),
+        suite: "alloc",
+        case: format!("cached alloc+free {size} B{what} (target < 0.5 us: {verdict})"),
+        value: cached * 1e6,
+        unit: "us",
+    });
+    cached
+}
+
 fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
     for size in [4096u64, 4 << 20, 64 << 20] {
-        drop(dev.allocate(size).unwrap());
-        let cached = time_per_iter(|| drop(dev.allocate(std::hint::black_box(size)).unwrap()));
-        // The target that stays (issue 17): under 0.5 us per cached pair on every adapter.
-        let verdict = if cached < 0.5e-6 { "met" } else { "NOT met" };
-        rows.push(Row {
-            adapter: dev.name(),
-            suite: "alloc",
-            case: format!("cached alloc+free {size} B (target < 0.5 us: {verdict})"),
-            value: cached * 1e6,
-            unit: "us",
-        });
+        let cached = cached_pair(dev, size, "", rows);
         if let Some(raw) = kiln::device::raw_wgpu_device(dev) {
             let new_buffer = |raw: &wgpu::Device| {
                 raw.create_buffer(&wgpu::BufferDescriptor {
@@ -120,18 +126,7 @@ fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
         && dev.memory_snapshot().allocator_settings.expandable_segments
     {
         for size in [4096u64, 4 << 20, 64 << 20] {
-            drop(dev.allocate(size).unwrap());
-            let cached = time_per_iter(|| drop(dev.allocate(std::hint::black_box(size)).unwrap()));
-            let verdict = if cached < 0.5e-6 { "met" } else { "NOT met" };
-            rows.push(Row {
-                adapter: dev.name(),
-                suite: "alloc",
-                case: format!(
-                    "cached alloc+free {size} B, expandable segments (target < 0.5 us: {verdict})"
-                ),
-                value: cached * 1e6,
-                unit: "us",
-            });
+            cached_pair(dev, size, ", expandable segments", rows);
         }
         dev.empty_cache();
     }

@@ -264,6 +264,16 @@ impl SparseMemory {
         Ok(value)
     }
 
+    /// Waits on the host until bind `value` has run.
+    fn wait_for(&self, value: u64) -> Result<(), vk::Result> {
+        let (sems, values) = ([self.timeline], [value]);
+        let wait = vk::SemaphoreWaitInfo::default()
+            .semaphores(&sems)
+            .values(&values);
+        // SAFETY: the semaphore is ours; `value` was submitted for signalling by `bind`.
+        unsafe { self.device.wait_semaphores(&wait, u64::MAX) }
+    }
+
     /// Allocates one page of device memory and binds it at `offset`, waiting for the bind.
     pub(crate) fn map(
         &mut self,
@@ -309,12 +319,7 @@ impl SparseMemory {
         // The host waits for the bind. (Making wgpu's next submission wait on the GPU instead,
         // with wgpu-hal's `Queue::add_wait_semaphore`, lost the device on the H100 after a few
         // dozen maps with no work submitted between them.)
-        let (sems, values) = ([self.timeline], [value]);
-        let wait = vk::SemaphoreWaitInfo::default()
-            .semaphores(&sems)
-            .values(&values);
-        // SAFETY: the semaphore is ours; `value` was just submitted for signalling.
-        if let Err(e) = unsafe { self.device.wait_semaphores(&wait, u64::MAX) } {
+        if let Err(e) = self.wait_for(value) {
             return Err(SourceError::Other(format!(
                 "waiting for vkQueueBindSparse: {e}"
             )));
@@ -349,18 +354,13 @@ impl SparseMemory {
         let started = std::time::Instant::now();
         match self.bind(stream, raw, offset, len, vk::DeviceMemory::null()) {
             Ok(value) => {
-                let (sems, values) = ([self.timeline], [value]);
-                let wait = vk::SemaphoreWaitInfo::default()
-                    .semaphores(&sems)
-                    .values(&values);
-                // SAFETY: once `value` is signalled the page is unbound, and no submitted work
-                // uses it (the caller waited for idle). Freed here, on this thread: freeing on
-                // another thread while binds went on lost the device on the H100 within a few
-                // dozen maps.
-                unsafe {
-                    if self.device.wait_semaphores(&wait, u64::MAX).is_ok() {
-                        self.device.free_memory(memory, None);
-                    }
+                // Once `value` is signalled the page is unbound, and no submitted work uses it
+                // (the caller waited for idle). Freed here, on this thread: freeing on another
+                // thread while binds went on lost the device on the H100 within a few dozen
+                // maps.
+                if self.wait_for(value).is_ok() {
+                    // SAFETY: unbound and unused, as above.
+                    unsafe { self.device.free_memory(memory, None) };
                 }
                 if profiling() {
                     eprintln!(
