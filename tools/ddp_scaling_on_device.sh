@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The data-parallel scaling figure (issue 18) on a device machine without network access, with
+# Open MPI carried as Debian packages. Here, once:
+#   mkdir -p .mpi && (cd .mpi && apt-get download libopenmpi3 openmpi-bin openmpi-common \
+#     libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libhwloc15 libibverbs1 libnl-3-200 \
+#     libnl-route-3-200 libpmix2 libpsm-infinipath1 libpsm2-2 libucx0 libmunge2 librdmacm1 \
+#     libnuma1 libatomic1 libltdl7 libudev1 libhwloc-plugins)
+#   cargo build --release --features mpi --example ddp_scaling && cp target/release/examples/ddp_scaling .dev/
+# Then on the device (carry .gl, .dev and .mpi): bash tools/ddp_scaling_on_device.sh [RANKS]
+# It prints, per model, the step with DDP and inside no_sync, the time all-reduce adds and the
+# samples per second, for 1 rank and for RANKS ranks (one per GPU); the ratio of the samples
+# per second is the scaling figure.
+set -euo pipefail
+ranks=${1:-2}
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+mkdir -p /opt/mpi
+for f in .mpi/*.deb; do dpkg -x "$f" /opt/mpi; done
+export OPAL_PREFIX=/opt/mpi/usr PATH=/opt/mpi/usr/bin:$PATH
+export LD_LIBRARY_PATH=/opt/mpi/usr/lib/x86_64-linux-gnu:/opt/mpi/usr/lib/x86_64-linux-gnu/openmpi/lib
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
+nvidia-smi -L
+for n in 1 "$ranks"; do
+  echo "== $n rank(s)"
+  orterun --allow-run-as-root --bind-to none -n "$n" .dev/ddp_scaling --steps 20 2>&1 \
+    | grep -E '^(ddp_scaling|mlp|resnet|\{)'
+done
