@@ -233,6 +233,14 @@ impl Reducer {
                 flat.mul_scalar_(1.0 / world as f64)?;
             }
             pass.work[pass.next] = Some(self.group.all_reduce_async(flat, ReduceOp::Sum)?);
+            if super::staging::profiling() {
+                eprintln!(
+                    "kiln distributed: at {:.1} ms: bucket {} ({} bytes) launched",
+                    super::staging::clock_ms(),
+                    pass.next,
+                    flat.numel() * flat.dtype().size_bytes()
+                );
+            }
             pass.next += 1;
         }
         Ok(())
@@ -271,8 +279,16 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
         r.launch_ready(&mut pass)?;
         r.reset(&mut pass)
     };
+    let waiting = super::staging::clock_ms();
     for w in work {
         w.wait()?;
+    }
+    if super::staging::profiling() {
+        eprintln!(
+            "kiln distributed: at {waiting:.1} ms: backward's graph done; waited {:.1} ms for the \
+             buckets",
+            super::staging::clock_ms() - waiting
+        );
     }
     for (i, p) in r.params.iter().enumerate() {
         let shape: Vec<isize> = p.shape().iter().map(|&d| d as isize).collect();

@@ -313,6 +313,7 @@ impl ProcessGroup {
             // Every op of one operand is the operand: nothing to move.
             return Ok(self.0.comm.done("all_reduce", ()));
         }
+        let prefetched = staging::prefetch(&flat)?;
         self.0.comm.submit("all_reduce", move |tr| {
             let dtype = flat.dtype();
             Staged {
@@ -320,6 +321,7 @@ impl ProcessGroup {
                 dtype,
                 numel: flat.numel(),
                 src: Some(&flat),
+                prefetched: prefetched.as_ref(),
                 dsts: std::slice::from_ref(&flat),
                 parts: 1,
             }
@@ -362,6 +364,7 @@ impl ProcessGroup {
                 dtype: flat.dtype(),
                 numel: flat.numel(),
                 src: root.then_some(&flat),
+                prefetched: None,
                 dsts: &dsts,
                 parts: 1,
             }
@@ -392,6 +395,7 @@ impl ProcessGroup {
                 dtype: flat.dtype(),
                 numel: n,
                 src: Some(&flat),
+                prefetched: None,
                 dsts: &dsts,
                 parts: world,
             }

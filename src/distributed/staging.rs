@@ -26,10 +26,17 @@ fn chunk_bytes() -> usize {
 }
 const SLOTS: usize = 3;
 
-/// `KILN_DIST_PROFILE=1`: each staged collective prints where its time went (stderr).
-fn profiling() -> bool {
+/// `KILN_DIST_PROFILE=1`: each staged collective, and each DDP bucket and backward's end,
+/// prints where its time went and when (stderr).
+pub(super) fn profiling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_DIST_PROFILE").is_ok_and(|v| v == "1"))
+}
+
+/// Milliseconds since the first call in this process: the profile's clock.
+pub(super) fn clock_ms() -> f64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e3
 }
 
 /// What moves through one collective: `src` (flat, contiguous; `None` where this rank sends
@@ -41,8 +48,29 @@ pub(super) struct Staged<'a> {
     pub dtype: DType,
     pub numel: usize,
     pub src: Option<&'a Tensor>,
+    /// `src` already on its way to pinned memory whole (a `Download` block the caller queued
+    /// the copy into): chunks are read from it instead of copied one by one here.
+    pub prefetched: Option<&'a Tensor>,
     pub dsts: &'a [Tensor],
     pub parts: usize,
+}
+
+/// Queues the copy of a whole GPU tensor into a new pinned `Download` block now, on the
+/// caller's thread, so that it runs right after the kernels queued before it: a copy that the
+/// communication thread queued later would wait behind everything queued since (one in-order
+/// queue), e.g. the rest of a backward pass.
+pub(super) fn prefetch(src: &Tensor) -> Result<Option<Tensor>> {
+    if src.device().is_cpu() || src.numel() == 0 {
+        return Ok(None);
+    }
+    let pinned = Tensor::empty_pinned(
+        &[src.numel()],
+        src.dtype(),
+        src.device(),
+        PinnedKind::Download,
+    )?;
+    pinned.copy_non_blocking_(src)?;
+    Ok(Some(pinned))
 }
 
 impl Staged<'_> {
@@ -79,11 +107,11 @@ impl Staged<'_> {
             .collect();
         let slots = SLOTS.min(chunks.len());
         let pinned = |n: usize, kind| Tensor::empty_pinned(&[n], self.dtype, self.device, kind);
-        let down = match self.src {
-            Some(_) => (0..slots)
+        let down = match (self.src, self.prefetched) {
+            (Some(_), None) => (0..slots)
                 .map(|_| pinned(ce, PinnedKind::Download))
                 .collect::<Result<Vec<_>>>()?,
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         let up = (0..slots)
             .map(|_| pinned(self.parts * ce, PinnedKind::Upload))
@@ -91,7 +119,7 @@ impl Staged<'_> {
         // Queues chunk c's copy to the host (non-blocking: the GPU runs it in order with the
         // work queued before, the host waits only when it reads the chunk).
         let fetch = |c: usize| -> Result<()> {
-            if let Some(src) = self.src {
+            if let (Some(src), None) = (self.src, self.prefetched) {
                 let (a, l) = chunks[c];
                 down[c % slots]
                     .narrow(0, 0, l)?
@@ -100,6 +128,7 @@ impl Staged<'_> {
             Ok(())
         };
         let start = Instant::now();
+        let began = clock_ms();
         let mut times = [Duration::ZERO; 3];
         (0..slots).try_for_each(fetch)?;
         for (c, &(a, l)) in chunks.iter().enumerate() {
@@ -116,7 +145,10 @@ impl Staged<'_> {
             };
             match self.src {
                 Some(_) => {
-                    let send = down[slot].narrow(0, 0, l)?;
+                    let send = match self.prefetched {
+                        Some(p) => p.narrow(0, a, l)?,
+                        None => down[slot].narrow(0, 0, l)?,
+                    };
                     send.with_host_bytes(|s| recv.with_host_bytes_mut(|r| exchange(s, r))?)?
                 }
                 None => recv.with_host_bytes_mut(|r| exchange(&[], r))??,
@@ -134,8 +166,8 @@ impl Staged<'_> {
         if profiling() {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             eprintln!(
-                "kiln distributed: {} bytes in {} chunks: {:.2} ms (waiting for copies {:.2}, \
-                 exchange {:.2}, queueing copies {:.2})",
+                "kiln distributed: at {began:.1} ms: {} bytes in {} chunks: {:.2} ms (waiting for \
+                 copies {:.2}, exchange {:.2}, queueing copies {:.2})",
                 self.numel * self.dtype.size_bytes(),
                 chunks.len(),
                 ms(start.elapsed()),
