@@ -6,9 +6,11 @@
 //!
 //! Ordering with kiln's submissions, on the one queue: every bind runs under the stream's lock
 //! (no submission can interleave) and signals a timeline semaphore. A map waits for its value
-//! on the host before returning, so work submitted after it sees the page. An unmap first submits what is recorded
-//! and waits for the device to go idle, so a page is never unbound while a queued kernel may
-//! still read it; the page's memory is freed once the unbind has signalled.
+//! on the host before returning, so work submitted after it sees the page. An unmap first
+//! submits what is recorded and waits for the device to go idle, so a page is never unbound
+//! while a queued kernel may still read it; the page's memory is freed once the unbind has
+//! signalled. A range given back with nothing bound is kept for the next reservation of its
+//! size (`release`).
 //!
 //! wgpu creates the Vulkan device itself and enables no sparse features, so on adapters that
 //! have them kiln creates the device through wgpu-hal (`device_from_raw`) with wgpu's own
