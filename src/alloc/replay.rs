@@ -363,6 +363,9 @@ impl AllocTrace {
             got,
             expected,
         };
+        if self.segment_maps.is_none() && self.expected.segments.is_none() {
+            return None;
+        }
         let (mut theirs, mut ours) = (Ranges(Vec::new()), Ranges(Vec::new()));
         let snap = alloc.snapshot(0);
         if let Some(maps) = &self.segment_maps {

@@ -189,19 +189,17 @@ impl Comm {
                 msg: "the process group was destroyed".into(),
             });
         }
-        Ok(Work {
-            op,
-            rx,
-            timeout: self.timeout,
-            broken: self.broken.clone(),
-            rank: self.rank,
-        })
+        Ok(self.work(op, rx))
     }
 
     /// A `Work` that is already done (a collective with nothing to exchange).
     pub fn done<R: Send + 'static>(&self, op: &'static str, value: R) -> Work<R> {
         let (tx, rx) = channel();
         let _ = tx.send(Ok(value));
+        self.work(op, rx)
+    }
+
+    fn work<R>(&self, op: &'static str, rx: Receiver<Result<R>>) -> Work<R> {
         Work {
             op,
             rx,

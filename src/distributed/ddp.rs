@@ -11,6 +11,7 @@ use super::{ProcessGroup, ReduceOp, Work};
 use crate::autograd::{queue_callback, RemovableHandle};
 use crate::base::lock;
 use crate::nn::Module;
+use crate::ops::isize_shape;
 use crate::tensor::{DType, Tensor};
 use crate::{Device, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -186,9 +187,11 @@ impl Reducer {
                 }
                 self.group.broadcast(&bucket.flat, 0)?;
                 for &i in &bucket.params {
-                    let shape: Vec<isize> =
-                        self.params[i].shape().iter().map(|&d| d as isize).collect();
-                    self.params[i].copy_(&self.view(i)?.reshape(&shape)?)?;
+                    self.params[i].copy_(
+                        &self
+                            .view(i)?
+                            .reshape(&isize_shape(self.params[i].shape()))?,
+                    )?;
                 }
             }
             broadcast_buffers(&self.group, buffers)
@@ -291,8 +294,7 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
         );
     }
     for (i, p) in r.params.iter().enumerate() {
-        let shape: Vec<isize> = p.shape().iter().map(|&d| d as isize).collect();
-        let avg = r.view(i)?.reshape(&shape)?;
+        let avg = r.view(i)?.reshape(&isize_shape(p.shape()))?;
         match p.grad() {
             Some(g) => g.copy_(&avg)?,
             None => p.set_grad(Some(crate::ops::copy(&avg)?))?,
@@ -323,8 +325,11 @@ fn broadcast_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<()> {
         group.broadcast(&flat, 0)?;
         let mut at = 0;
         for b in &group_of {
-            let shape: Vec<isize> = b.shape().iter().map(|&d| d as isize).collect();
-            b.copy_(&flat.narrow(0, at, b.numel())?.reshape(&shape)?)?;
+            b.copy_(
+                &flat
+                    .narrow(0, at, b.numel())?
+                    .reshape(&isize_shape(b.shape()))?,
+            )?;
             at += b.numel();
         }
     }

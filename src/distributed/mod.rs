@@ -401,7 +401,7 @@ impl ProcessGroup {
             }
             .run(|s, r| tr.all_gather(s, r))
         })?;
-        let shape: Vec<isize> = t.shape().iter().map(|&d| d as isize).collect();
+        let shape = crate::ops::isize_shape(t.shape());
         parts.iter().map(|p| p.reshape(&shape)).collect()
     }
 

@@ -1,7 +1,7 @@
 //! matmul with PyTorch's rules: 1-D operands are promoted (and the added dim removed after),
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
-use super::{same_device, u32_of};
+use super::{isize_shape, same_device, u32_of};
 use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
@@ -230,10 +230,6 @@ fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
         };
         Ok(vec![ga, gb])
     }))
-}
-
-fn isize_shape(s: &[usize]) -> Vec<isize> {
-    s.iter().map(|&d| d as isize).collect()
 }
 
 /// Chunks to split K into, for 2-D f32 products on a GPU with too few 64x64 tiles to fill it

@@ -18,6 +18,7 @@ pub(crate) use reduce::sum_to;
 mod softmax;
 mod transfer;
 mod view;
+pub(crate) use view::isize_shape;
 
 pub use crate::base::CmpOp;
 pub use crate::base::Conv2dParams;

@@ -357,3 +357,8 @@ impl Tensor {
         })
     }
 }
+
+/// A shape as `reshape` and `view` take it.
+pub(crate) fn isize_shape(s: &[usize]) -> Vec<isize> {
+    s.iter().map(|&d| d as isize).collect()
+}

@@ -5,14 +5,14 @@
 
 mod expandable;
 mod invariants;
+mod oom;
 mod release;
 mod slab;
+mod trace;
 
 use super::category::MemoryCategory;
 use super::config::{AllocatorConfig, MIB};
-use super::history::{
-    now_us, Frames, History, HistoryContext, HistoryEnabled, HistoryStacks, TraceAction, TraceEntry,
-};
+use super::history::{Frames, History, TraceAction};
 use super::source::{SegmentSource, SourceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::vaspace::VaSpace;
@@ -720,67 +720,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    fn out_of_memory(
-        &mut self,
-        requested: u64,
-        rounded: u64,
-        alloc_size: u64,
-        stream: u64,
-    ) -> Error {
-        let info = self.source.mem_info();
-        self.history.record(TraceEntry {
-            action: TraceAction::Oom,
-            addr: None,
-            device_free: Some(info.free.unwrap_or(0)),
-            size: rounded,
-            stream,
-            time_us: now_us(),
-            compile_context: "N/A",
-            user_metadata: String::new(),
-            frames: None,
-            category: MemoryCategory::Unknown,
-        });
-        self.stats.num_ooms += 1;
-        let allocated = self.stats.allocated_bytes.all().current as u64;
-        let reserved = self.stats.reserved_bytes.all().current as u64;
-        let largest_free_block = self.largest_free_block();
-        // Expandable segments could unmap the cached free memory and map it again in one run,
-        // next to what the device (or the limit) still has.
-        let headroom = match (info.free, self.limit) {
-            (Some(free), Some(limit)) => Some(free.min(limit.saturating_sub(reserved))),
-            (Some(free), None) => Some(free),
-            (None, Some(limit)) => Some(limit.saturating_sub(reserved)),
-            (None, None) => None,
-        };
-        let expandable_would_fit = (!self.config.expandable_segments)
-            .then_some(headroom)
-            .flatten()
-            .map(|h| reserved - allocated + h >= rounded);
-        Error::OutOfMemory(Box::new(OutOfMemory {
-            device: self.source.describe(),
-            requested,
-            alloc_size,
-            total: info.total,
-            free: info.free,
-            allowed: self.limit,
-            allocated,
-            reserved,
-            more_than_1eb: false,
-            largest_free_block,
-            expandable_would_fit,
-        }))
-    }
-
-    /// The largest free block the cache holds, in either pool: the most a request can get
-    /// without new memory.
-    pub fn largest_free_block(&self) -> u64 {
-        [&self.small, &self.large]
-            .iter()
-            .flat_map(|p| p.free.keys().map(|k| k.1))
-            .max()
-            .unwrap_or(0)
-    }
-
     /// `empty_cache`: waits for outstanding events, then releases every wholly free segment.
     pub fn empty_cache(&mut self) {
         self.release_cached_blocks();
@@ -832,98 +771,5 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
-    }
-
-    /// What `record_memory_history` last enabled.
-    pub fn history_enabled(&self) -> Option<HistoryEnabled> {
-        self.history.enabled
-    }
-
-    /// `record_memory_history`: `enabled = None` stops recording and clears the ring.
-    pub fn record_memory_history(
-        &mut self,
-        enabled: Option<HistoryEnabled>,
-        context: HistoryContext,
-        stacks: HistoryStacks,
-        max_entries: usize,
-    ) {
-        let h = &mut self.history;
-        match enabled {
-            None => h.replace(History::default()),
-            Some(e) => {
-                let mut new = History {
-                    enabled: Some(e),
-                    context,
-                    stacks,
-                    max_entries: if e == HistoryEnabled::State {
-                        1
-                    } else {
-                        max_entries
-                    },
-                    ring: std::mem::take(&mut h.ring),
-                };
-                while new.ring.len() > new.max_entries {
-                    new.ring.pop_front();
-                }
-                h.replace(new);
-            }
-        }
-    }
-
-    /// Marks the allocated block at `addr` as holding `category`, where its current one yields
-    /// (`MemoryCategory::yields_to`); other addresses are ignored.
-    pub fn set_category(&mut self, addr: u64, category: MemoryCategory) {
-        if let Some(&id) = self.allocated.get(&addr) {
-            let b = &mut self.blocks[id];
-            if b.category.yields_to(category) {
-                b.category = category;
-            }
-        }
-    }
-
-    /// The category of the allocated block at `addr`.
-    pub fn category(&self, addr: u64) -> Option<MemoryCategory> {
-        self.allocated
-            .get(&addr)
-            .map(|&id| self.blocks[id].category)
-    }
-
-    pub(crate) fn trace(
-        &mut self,
-        action: TraceAction,
-        addr: Option<u64>,
-        size: u64,
-        stream: u64,
-        frames: Option<Frames>,
-    ) {
-        self.trace_block(action, addr, size, stream, frames, MemoryCategory::Unknown);
-    }
-
-    /// `trace` for a block's alloc or free, with what the block holds (as allocated, or as it
-    /// ended).
-    fn trace_block(
-        &mut self,
-        action: TraceAction,
-        addr: Option<u64>,
-        size: u64,
-        stream: u64,
-        frames: Option<Frames>,
-        category: MemoryCategory,
-    ) {
-        if self.history.enabled.is_none() {
-            return;
-        }
-        self.history.record(TraceEntry {
-            action,
-            addr,
-            device_free: None,
-            size,
-            stream,
-            time_us: now_us(),
-            compile_context: "N/A",
-            user_metadata: String::new(),
-            frames,
-            category,
-        });
     }
 }
