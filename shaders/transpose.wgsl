@@ -1,12 +1,17 @@
 // Copy of a transposed matrix into a contiguous one through a 32x32 shared-memory tile, so that
-// both the reads and the writes are coalesced. out[r, c] = x[off + c * lda + r] for an output
-// of rows x cols. The tile has 33 columns so that the column reads hit distinct banks.
+// both the reads and the writes are coalesced. out[b, r, c] = x[off + b * sb + c * lda + r] for
+// `batch` (the workgroup's z) outputs of rows x cols: NCHW <-> NHWC is a batch of transposes.
+// The tile has 33 columns so that the column reads hit distinct banks.
 {{ENABLES}}
 struct Params {
     rows: u32,
     cols: u32,
     off: u32,
     lda: u32,
+    sb: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 var<immediate> p: Params;
@@ -20,11 +25,13 @@ var<workgroup> tile: array<array<{{T}}, 33>, 32>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
     let r0 = wg.x * 32u;
     let c0 = wg.y * 32u;
+    let src = p.off + wg.z * p.sb;
+    let dst = wg.z * p.rows * p.cols;
     for (var k = 0u; k < 32u; k += 8u) {
         let c = c0 + l.y + k;
         let r = r0 + l.x;
         if c < p.cols && r < p.rows {
-            tile[l.y + k][l.x] = x[p.off + c * p.lda + r];
+            tile[l.y + k][l.x] = x[src + c * p.lda + r];
         }
     }
     workgroupBarrier();
@@ -32,7 +39,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         let r = r0 + l.y + k;
         let c = c0 + l.x;
         if r < p.rows && c < p.cols {
-            out[r * p.cols + c] = tile[l.x][l.y + k];
+            out[dst + r * p.cols + c] = tile[l.x][l.y + k];
         }
     }
 }

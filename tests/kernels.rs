@@ -15,12 +15,12 @@ fn every_kernel_validates() {
 /// checks) and with checks: naga 30's writer has panicked on coop stores it did not expect.
 #[test]
 fn coop_kernels_write_spirv() {
+    use kiln::kernels::{CoopLayout, CoopTile, Kernel};
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
-    for (t, l) in kiln::kernels::CoopTile::ALL
+    let products = CoopTile::ALL
         .into_iter()
-        .flat_map(|t| kiln::kernels::CoopLayout::ALL.map(|l| (t, l)))
-    {
-        let k = kiln::kernels::Kernel::MatmulCoop(t, l);
+        .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l)));
+    for k in products.chain(CoopTile::CONV.map(Kernel::ConvCoop)) {
         let info = kiln::kernels::validate(&k).unwrap();
         let module = naga::front::wgsl::parse_str(&k.source()).unwrap();
         for policy in [

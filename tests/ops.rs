@@ -463,6 +463,44 @@ fn large_transposed_copies_match_the_cpu() {
     }
 }
 
+/// NCHW <-> NHWC (a batch of transposes: the tiled kernel with one workgroup layer per image,
+/// forced here, as autotuning may pick the strided copy on a CPU adapter), f32 and f16 (two to a
+/// word where the sizes are even: 40x60 in one partial tile, 100x130 over several; element by
+/// element where one is odd), from a whole tensor and from a slice of its batch (an offset),
+/// against the CPU.
+#[test]
+fn batched_transposed_copies_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    kiln::kernels::tune::force_variant("transpose", Some("tiled"));
+    for dev in gpus() {
+        for (dtype, _, _) in dtypes(&dev) {
+            for [n, c, h, w] in [[5usize, 24, 7, 9], [3, 40, 6, 10], [3, 100, 10, 13]] {
+                let values = random(n * c * h * w, 77, -2.0, 2.0);
+                let g = Tensor::from_f64_slice(&values, &[n, c, h, w], dtype, &dev).unwrap();
+                let x = Tensor::from_f64_slice(&values, &[n, c, h, w], dtype, &cpu).unwrap();
+                let nhwc = |t: &Tensor| t.permute(&[0, 2, 3, 1]).unwrap().contiguous().unwrap();
+                let nchw = |t: &Tensor| t.permute(&[0, 3, 1, 2]).unwrap().contiguous().unwrap();
+                let what = format!("{dev:?} {dtype} {n}x{c}x{h}x{w}");
+                let got = nhwc(&g);
+                assert_eq!(got.shape(), &[n, h, w, c]);
+                assert_eq!(
+                    got.to_f64_vec().unwrap(),
+                    nhwc(&x).to_f64_vec().unwrap(),
+                    "{what}: NCHW -> NHWC"
+                );
+                assert_eq!(
+                    nchw(&got).to_f64_vec().unwrap(),
+                    x.to_f64_vec().unwrap(),
+                    "{what}: and back"
+                );
+                let part = |t: &Tensor| nhwc(&t.narrow(0, 1, 2).unwrap()).to_f64_vec().unwrap();
+                assert_eq!(part(&g), part(&x), "{what}: slice of the batch");
+            }
+        }
+    }
+    kiln::kernels::tune::force_variant("transpose", None);
+}
+
 #[test]
 fn softmax_matches_the_cpu() {
     let cpu = Device::cpu().unwrap();

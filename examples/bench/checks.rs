@@ -129,6 +129,62 @@ pub fn f16_matmul(dev: &Device) -> kiln::Result<()> {
     verdict(dev, "f16 matmul", worst, 1e-3)
 }
 
+/// The f16 convolution (on tensor cores where the adapter has cooperative matrices: every shape
+/// here but the 3-channel stem fits them, with pixels that end inside a tile, strides,
+/// dilation, a bias and a non-contiguous input) against the CPU's f32 convolution of the same
+/// f16 values: only the final rounding to f16 differs.
+pub fn conv_f16(dev: &Device) -> kiln::Result<()> {
+    use kiln::ops::{conv2d, Conv2dParams};
+    let cpu = Device::cpu()?;
+    let mut worst = 0f64;
+    let p = |stride, padding, dilation| Conv2dParams {
+        stride: (stride, stride),
+        padding: (padding, padding),
+        dilation: (dilation, dilation),
+        groups: 1,
+    };
+    for (x, w, params, bias, permuted) in [
+        ([4, 64, 14, 14], [64, 64, 3, 3], p(1, 1, 1), false, false),
+        ([2, 128, 9, 9], [256, 128, 1, 1], p(2, 0, 1), false, false),
+        ([2, 64, 11, 13], [128, 64, 3, 3], p(2, 1, 1), true, true),
+        ([3, 32, 8, 8], [64, 32, 3, 3], p(1, 2, 2), true, false),
+        ([2, 3, 32, 32], [64, 3, 7, 7], p(2, 3, 1), false, false),
+        // Whole 8-pixel runs per image: written straight to NCHW.
+        ([2, 64, 8, 8], [64, 64, 3, 3], p(1, 1, 1), true, false),
+        ([3, 128, 16, 16], [256, 128, 1, 1], p(1, 0, 1), true, true),
+        ([2, 64, 12, 12], [128, 64, 3, 3], p(1, 1, 1), false, false),
+    ] {
+        let f16 = |shape: &[usize], scale: f64| -> kiln::Result<Tensor> {
+            Tensor::randn(shape, DType::F32, &cpu)?
+                .mul_scalar(scale)?
+                .to_dtype(DType::F16)
+        };
+        let xs = f16(&x, 1.0)?;
+        let ws = f16(&w, 0.1)?;
+        let bs = f16(&[w[0]], 1.0)?;
+        // A non-contiguous input: stored NHWC on the device, viewed back as NCHW.
+        let gx = if permuted {
+            xs.to_device(dev)?
+                .permute(&[0, 2, 3, 1])?
+                .contiguous()?
+                .permute(&[0, 3, 1, 2])?
+        } else {
+            xs.to_device(dev)?
+        };
+        let (gw, gb) = (ws.to_device(dev)?, bs.to_device(dev)?);
+        let got = conv2d(&gx, &gw, bias.then_some(&gb), params)?
+            .to_dtype(DType::F32)?
+            .to_vec::<f32>()?;
+        let [xf, wf, bf] = [&xs, &ws, &bs].map(|t| t.to_dtype(DType::F32));
+        let bf = bf?;
+        let want = conv2d(&xf?, &wf?, bias.then_some(&bf), params)?.to_vec::<f32>()?;
+        let e = worst_relative(&got, &want);
+        println!("conv f16 {x:?} * {w:?} {params:?} bias {bias}: max relative error {e:.2e}");
+        worst = worst.max(e);
+    }
+    verdict(dev, "f16 convolution", worst, 1e-3)
+}
+
 /// Fails the run where the largest error `worst` passes `limit`; else prints it.
 fn verdict(dev: &Device, what: &str, worst: f64, limit: f64) -> kiln::Result<()> {
     if worst > limit {

@@ -413,9 +413,15 @@ fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     }
     let flops = 2.0 * (n * 64 * 64 * 9 * hw * hw) as f64;
     for dtype in dtypes {
+        if dtype == DType::F16 {
+            checks::conv_f16(dev)?;
+        }
         let x = Tensor::randn(&[n, 64, hw, hw], dtype, dev)?;
         let w = Tensor::randn(&[64, 64, 3, 3], dtype, dev)?.mul_scalar(0.05)?;
         let (t, stamped) = gpu_time(dev, 10, || conv2d(&x, &w, None, p))?;
+        print_profile(dev, &format!("conv {dtype} forward"), 5, 10, || {
+            conv2d(&x, &w, None, p).map(drop)
+        })?;
         let clock = if stamped { "timestamps" } else { "wall clock" };
         rows.push(Row {
             adapter: dev.name(),

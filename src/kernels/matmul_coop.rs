@@ -118,6 +118,62 @@ pub struct CoopTile {
     pub group: u32,
 }
 
+/// The convolution's operands: A (the gathered input) row-major, B (the weight) transposed.
+const CONV_LAYOUT: CoopLayout = CoopLayout {
+    a_t: false,
+    b_t: true,
+};
+
+const MATMUL_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
+    batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
+    ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
+
+/// The convolution's immediates: the matmul's first ten (`sab`, `sbb`, `lda` unused: zero), then
+/// the geometry. `c8`: the input's channels in vectors of eight; `cg`: channels per group.
+const CONV_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
+    batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
+    ldb: u32,\n    off_c: u32,\n    off_bias: u32,\n    h: u32,\n    w: u32,\n    c8: u32,\n    \
+    oh: u32,\n    ow: u32,\n    kw: u32,\n    sh: u32,\n    sw: u32,\n    ph: u32,\n    pw: u32,\n    \
+    dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
+
+/// The convolution's gather: `conv_row` finds an output pixel's window once, `conv_slice` a
+/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`), `gather` the eight
+/// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
+/// 16-byte load of the NHWC input.
+const CONV_GATHER: &str =
+    "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
+struct Row {\n    base: u32,\n    ih: i32,\n    iw: i32,\n    ok: bool,\n}\n\n\
+struct Slice {\n    dy: i32,\n    dx: i32,\n    v: u32,\n}\n\n\
+fn conv_row(m: u32, v: u32) -> Row {\n    \
+    let ohw = p.oh * p.ow;\n    \
+    let img = m / ohw;\n    \
+    let q = m % ohw;\n    \
+    return Row(p.off_a / 8u + img * p.h * p.w * p.c8 + v, i32((q / p.ow) * p.sh) - i32(p.ph), \
+    i32((q % p.ow) * p.sw) - i32(p.pw), m < p.m);\n}\n\n\
+fn conv_slice(k: u32) -> Slice {\n    \
+    let tap = k / p.cg;\n    \
+    return Slice(i32((tap / p.kw) * p.dh), i32((tap % p.kw) * p.dw), (k % p.cg) / 8u);\n}\n\n\
+fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
+    let ih = r.ih + s.dy;\n    \
+    let iw = r.iw + s.dx;\n    \
+    if r.ok && ih >= 0 && iw >= 0 && ih < i32(p.h) && iw < i32(p.w) {\n        \
+    return a[r.base + (u32(ih) * p.w + u32(iw)) * p.c8 + s.v];\n    }\n    \
+    return vec4<u32>();\n}\n\n\
+fn conv_bias(col: u32) -> array<f32, 8> {\n    \
+    if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
+    let v = bias[(p.off_bias + col) / 8u];\n    \
+    let u0 = unpack2x16float(v.x);\n    \
+    let u1 = unpack2x16float(v.y);\n    \
+    let u2 = unpack2x16float(v.z);\n    \
+    let u3 = unpack2x16float(v.w);\n    \
+    return array<f32, 8>(u0.x, u0.y, u1.x, u1.y, u2.x, u2.y, u3.x, u3.y);\n}\n\n\
+fn conv_bias1(co: u32) -> f32 {\n    \
+    if (p.flags & 1u) == 0u {\n        return 0.0;\n    }\n    \
+    let at = p.off_bias + co;\n    \
+    let v = bias[at / 8u];\n    \
+    var w = array<u32, 4>(v.x, v.y, v.z, v.w);\n    \
+    return unpack2x16float(w[(at % 8u) / 2u])[at % 2u];\n}\n";
+
 /// Padding of a shared row, in words (16 bytes).
 const PAD: u32 = 4;
 
@@ -203,6 +259,50 @@ impl CoopTile {
         group: 8,
     };
 
+    /// 128x64 per workgroup, four subgroups of 32x64 stacked along M: the convolution's tile
+    /// for 64 output channels (ResNet's first stage), where a 128-wide tile is half empty
+    /// (H100, 3x3 64->64 56x56 b32 with the input's transposes: 67.6 TFLOP/s; 256x64 from
+    /// four 64x64 subgroups 57.5; 128x64 from two 58.0).
+    pub const CONV64: CoopTile = CoopTile {
+        wm: 4,
+        wn: 1,
+        tm: 2,
+        tn: 4,
+        bk: 32,
+        depth: 0,
+        group: 8,
+    };
+
+    /// The convolution's shapes, best first where several fit (`fits_conv`).
+    pub const CONV: [CoopTile; 4] = [
+        CoopTile::DEEP,
+        CoopTile::DEFAULT,
+        CoopTile::CONV64,
+        // 256x64 from four subgroups of 64x64.
+        CoopTile {
+            wm: 4,
+            wn: 1,
+            tm: 4,
+            tn: 4,
+            bk: 32,
+            depth: 0,
+            group: 8,
+        },
+    ];
+
+    /// The convolution's tile for `og` output channels of `cg` input channels:
+    /// `KILN_CONV_TILE=wm,wn,tm,tn,bk,depth,group` where set (and fitting), else the first of
+    /// `CONV` that fits.
+    pub fn for_conv(og: usize, cg: usize, shared: u32) -> Option<CoopTile> {
+        static OVERRIDE: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
+        let forced = OVERRIDE.get_or_init(|| Self::parse(&std::env::var("KILN_CONV_TILE").ok()?));
+        forced
+            .iter()
+            .chain(CoopTile::CONV.iter())
+            .find(|t| t.fits_conv(og, cg) && t.valid(shared))
+            .copied()
+    }
+
     /// The shapes to try for a product in `layout`, best first: `KILN_COOP_TILE` alone where
     /// set (read once); else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then
     /// the default (whose 128x128 tiles and K slices of 32 fit more products).
@@ -220,7 +320,12 @@ impl CoopTile {
 
     /// `KILN_COOP_TILE=wm,wn,tm,tn,bk[,depth,group]`, where set and valid.
     fn from_env() -> Option<CoopTile> {
-        let parsed = std::env::var("KILN_COOP_TILE").ok().and_then(|s| {
+        Self::parse(&std::env::var("KILN_COOP_TILE").ok()?)
+    }
+
+    /// `wm,wn,tm,tn,bk[,depth,group]`, where valid.
+    fn parse(s: &str) -> Option<CoopTile> {
+        let parsed = Some(s).and_then(|s| {
             let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
             match v[..] {
                 [wm, wn, tm, tn, bk] => Some(CoopTile {
@@ -346,6 +451,29 @@ impl CoopTile {
 
     /// The WGSL.
     pub fn source(&self, layout: CoopLayout) -> String {
+        self.generate(layout, false)
+    }
+
+    /// The convolution's forward pass on this tile (`ConvCoop`): A gathered from the NHWC
+    /// input, B the weight as `[o][tap][ci]` (transposed: `b_t`), C `[pixel][o]` (NHWC).
+    pub fn conv_source(&self) -> String {
+        self.generate(CONV_LAYOUT, true)
+    }
+
+    pub fn conv_name(&self) -> String {
+        format!(
+            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
+            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+        )
+    }
+
+    /// Whether the convolution kernel takes `og` output channels of `cg` input channels each
+    /// (K = taps x cg, walked in slices that never cross a tap).
+    pub fn fits_conv(&self, og: usize, cg: usize) -> bool {
+        og.is_multiple_of(self.block_n() as usize) && cg.is_multiple_of(self.k_step() as usize)
+    }
+
+    fn generate(&self, layout: CoopLayout, conv: bool) -> String {
         let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
         let (sta, stb) = self.staged(layout);
         let (ra, rb) = (sta.row_words(), stb.row_words());
@@ -361,13 +489,12 @@ impl CoopTile {
             "// Generated by src/kernels/matmul_coop.rs: {name}.\n\
              enable f16;\n\
              enable wgpu_cooperative_matrix;\n\n\
-             struct Params {{\n    m: u32,\n    n: u32,\n    k: u32,\n    batch: u32,\n    \
-             off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
-             ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}}\n\n\
+             {params}\n\
              var<immediate> p: Params;\n\n\
              @group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;\n\
              @group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;\n\
-             @group(0) @binding(2) var<storage, read_write> c: array<vec4<u32>>;\n\n\
+             @group(0) @binding(2) var<storage, read_write> c: array<vec4<u32>>;\n\
+             {extra}\n\
              var<workgroup> sa: array<vec4<f16>, {sa}>;\n\
              var<workgroup> sb: array<vec4<f16>, {sb}>;\n\
              var<workgroup> sc: array<f32, {sc}>;\n\n\
@@ -383,7 +510,14 @@ impl CoopTile {
              let b_base = (p.off_b + bt * p.sbb) / 8u + {b_origin};\n    \
              let sg_m = (sg / {wn}u) * {sm}u;\n    \
              let sg_n = (sg % {wn}u) * {sn}u;\n",
-            name = self.name(layout),
+            name = if conv {
+                self.conv_name()
+            } else {
+                self.name(layout)
+            },
+            params = if conv { CONV_PARAMS } else { MATMUL_PARAMS },
+            extra = if conv { CONV_GATHER } else { "" },
+            // Tiles along M rounded up (a convolution's pixels need not fill the last).
             origin = if self.group == 0 {
                 format!("let m0 = wg.y * {bm}u;\n    let n0 = wg.x * {bn}u;")
             } else {
@@ -392,10 +526,11 @@ impl CoopTile {
                      let id = wg.y * tiles_n + wg.x;\n    \
                      let width = {g}u * tiles_n;\n    \
                      let first = (id / width) * {g}u;\n    \
-                     let gm = min(p.m / {bm}u - first, {g}u);\n    \
+                     let gm = min((p.m + {bm1}u) / {bm}u - first, {g}u);\n    \
                      let m0 = (first + (id % width) % gm) * {bm}u;\n    \
                      let n0 = ((id % width) / gm) * {bn}u;",
-                    g = self.group
+                    g = self.group,
+                    bm1 = bm - 1,
                 )
             },
             sa = self.buffers() * wa / 2,
@@ -428,6 +563,9 @@ impl CoopTile {
                     "    let g{x}{i} = {r} * ld{x}8 + {q} % {vecs}u;\n    \
                      let s{x}{i} = {r} * {row}u + ({q} % {vecs}u) * 4u;"
                 );
+                if conv && x == "a" {
+                    let _ = writeln!(s, "    let pa{i} = conv_row(m0 + {r}, {q} % {vecs}u);");
+                }
             }
         }
         for i in 0..self.tm {
@@ -443,6 +581,13 @@ impl CoopTile {
                 } else {
                     format!("{k} * ld{x}8")
                 };
+                if conv && x == "a" {
+                    let _ = writeln!(s, "{indent}let sl{set} = conv_slice({k});");
+                    for i in 0..count {
+                        let _ = writeln!(s, "{indent}{decl}ra{set}{i} = gather(pa{i}, sl{set});");
+                    }
+                    continue;
+                }
                 for i in 0..count {
                     let _ = writeln!(
                         s,
@@ -600,26 +745,93 @@ impl CoopTile {
              let o = (bt * p.m + m0 + sg_m + lane / 2u) * ldc + n0 + sg_n + (lane % 2u) * 8u;",
             patch = 16 * PATCH_ROW
         );
+        if conv {
+            s.push_str("    let nchw = (p.flags & 2u) != 0u;\n    let ohw = p.oh * p.ow;\n");
+        }
+        // A convolution's C may end inside a tile (rows past M are skipped) and lies at an
+        // offset; its bias (flags bit 0) is added to the f32 sums before the rounding. With
+        // flags bit 1 (every image's pixels a whole number of 8-runs), C is NCHW: the patch is
+        // stored column-major, each lane reads eight pixels of one channel and writes them as
+        // one 16-byte vector of the output's plane, so no transpose follows.
+        let (guard, at_c, add) = if conv {
+            (
+                "if m0 + sg_m + lane / 2u + {r}u < p.m ",
+                "p.off_c / 8u + ",
+                "let bb = conv_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        ",
+            )
+        } else {
+            ("", "", "")
+        };
+        let sum = |e: usize| {
+            if conv {
+                format!("q[{e}] + bb[{e}]")
+            } else {
+                format!("q[{e}]")
+            }
+        };
+        let pack = |v: &dyn Fn(usize) -> String| {
+            format!(
+                "vec4<u32>(pack2x16float(vec2<f32>({}, {})), pack2x16float(vec2<f32>({}, {})), \
+                 pack2x16float(vec2<f32>({}, {})), pack2x16float(vec2<f32>({}, {})))",
+                v(0),
+                v(1),
+                v(2),
+                v(3),
+                v(4),
+                v(5),
+                v(6),
+                v(7)
+            )
+        };
+        let read = "let q = array<f32, 8>(sc[mine], sc[mine + 1u], sc[mine + 2u], sc[mine + 3u], \
+                    sc[mine + 4u], sc[mine + 5u], sc[mine + 6u], sc[mine + 7u]);";
         for i in 0..self.tm {
             for j in 0..self.tn {
                 // Before each store but the first: the previous tile's reads of the patch.
                 if i + j > 0 {
                     s.push_str("    workgroupBarrier();\n");
                 }
-                let _ = writeln!(
-                    s,
-                    "    coopStoreT(c{i}_{j}, &sc[own], {PATCH_ROW}u);\n    \
-                     workgroupBarrier();\n    \
-                     {{\n        \
-                     let q = array<f32, 8>(sc[mine], sc[mine + 1u], sc[mine + 2u], sc[mine + 3u], \
-                     sc[mine + 4u], sc[mine + 5u], sc[mine + 6u], sc[mine + 7u]);\n        \
-                     c[(o + {r}u * ldc + {c}u) / 8u] = vec4<u32>(\
-                     pack2x16float(vec2<f32>(q[0], q[1])), pack2x16float(vec2<f32>(q[2], q[3])), \
-                     pack2x16float(vec2<f32>(q[4], q[5])), pack2x16float(vec2<f32>(q[6], q[7])));\n    \
-                     }}",
-                    r = i * 16,
-                    c = j * 16
+                let (r, c) = (i * 16, j * 16);
+                let fill = |t: &str| {
+                    t.replace("{r}", &r.to_string())
+                        .replace("{c}", &c.to_string())
+                };
+                let rows = format!(
+                    "{guard}{{\n        {read}\n        {add}c[{at_c}(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
+                    pack(&sum),
+                    guard = fill(guard),
+                    add = fill(add),
                 );
+                if conv {
+                    let planes = format!(
+                        "let m = m0 + sg_m + {r}u + (lane % 2u) * 8u;\n        \
+                         if m < p.m {{\n            \
+                         let co = n0 + sg_n + {c}u + lane / 2u;\n            \
+                         let bias1 = conv_bias1(co);\n            \
+                         {read}\n            \
+                         let at = p.off_c + ((m / ohw) * p.n + co) * ohw + m % ohw;\n            \
+                         c[at / 8u] = {};\n        }}",
+                        pack(&|e| format!("q[{e}] + bias1"))
+                    );
+                    let _ = writeln!(
+                        s,
+                        "    if nchw {{\n        \
+                         coopStore(c{i}_{j}, &sc[own], {PATCH_ROW}u);\n        \
+                         workgroupBarrier();\n        \
+                         {planes}\n    \
+                         }} else {{\n        \
+                         coopStoreT(c{i}_{j}, &sc[own], {PATCH_ROW}u);\n        \
+                         workgroupBarrier();\n        \
+                         {rows}\n    }}"
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        "    coopStoreT(c{i}_{j}, &sc[own], {PATCH_ROW}u);\n    \
+                         workgroupBarrier();\n    \
+                         {rows}"
+                    );
+                }
             }
         }
         s.push_str("}\n");

@@ -39,6 +39,8 @@ pub enum Kernel {
     Reduce(ReduceKernel),
     /// `shaders/transpose.wgsl` for one dtype: a 2-D transposed copy through shared memory.
     Transpose(DType),
+    /// `shaders/transpose_pairs.wgsl`: the same copy for 16-bit elements, two to a word.
+    TransposePairs,
     /// `shaders/softmax.wgsl`, specialised.
     Softmax(SoftmaxKernel),
     /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
@@ -69,6 +71,9 @@ pub enum Kernel {
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
     /// `matmul_coop.rs`.
     MatmulCoop(CoopTile, CoopLayout),
+    /// The f16 convolution's forward pass on the tensor-core kernel, gathering its input from
+    /// NHWC (`matmul_coop.rs`, `CoopTile::conv_source`).
+    ConvCoop(CoopTile),
     /// `shaders/colsum.wgsl`: sums over the leading dims of a contiguous tensor (input, output
     /// dtypes: f32 or f16, f32 accumulation).
     ColumnSum(DType, DType),
@@ -223,6 +228,7 @@ impl Kernel {
             )
             .chain(ReduceKernel::all().into_iter().map(Kernel::Reduce))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
+            .chain([Kernel::TransposePairs])
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .chain([DType::F32, DType::F16].map(Kernel::MatmulReg))
@@ -244,6 +250,7 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l))),
             )
+            .chain(CoopTile::CONV.map(Kernel::ConvCoop))
             .chain(
                 [
                     OptimKernel::Sgd,
@@ -275,10 +282,14 @@ impl Kernel {
             Kernel::Elementwise(k) => Cow::Owned(k.source()),
             Kernel::Reduce(k) => Cow::Owned(k.source()),
             Kernel::Transpose(d) => per_dtype(include_str!("../../shaders/transpose.wgsl"), *d),
+            Kernel::TransposePairs => {
+                Cow::Borrowed(include_str!("../../shaders/transpose_pairs.wgsl"))
+            }
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
+            Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
             Kernel::Optim(k, d) => {
                 let vec4 = matches!(k, OptimKernel::Sgd4 | OptimKernel::Adam4);
                 float_io(include_str!("../../shaders/optim.wgsl"), *d, vec4)
@@ -362,6 +373,7 @@ impl Kernel {
             Kernel::Elementwise(k) => Cow::Owned(k.name()),
             Kernel::Reduce(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
+            Kernel::TransposePairs => Cow::Borrowed("transpose_pairs"),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
@@ -381,6 +393,7 @@ impl Kernel {
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
+            Kernel::ConvCoop(t) => Cow::Owned(t.conv_name()),
             Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
             Kernel::Optim(k, d) => Cow::Owned(format!(
                 "optim_{}_{d}{}",
@@ -407,6 +420,7 @@ impl Kernel {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
+            Kernel::TransposePairs => 2,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
             Kernel::Matmul128Vec4(_) => 4,
             Kernel::Predicate(k) => k.bindings(),
@@ -414,6 +428,7 @@ impl Kernel {
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop(..) => 3,
+            Kernel::ConvCoop(_) => 4,
             Kernel::Pool2d(_) => 2,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
@@ -448,7 +463,8 @@ impl Kernel {
                 | Kernel::Matmul128Vec4(_)
                 | Kernel::ConvGemm(_)
                 | Kernel::Reduce(_)
-        ) || (matches!(self, Kernel::MatmulCoop(..)) && std::env::var("KILN_COOP_CHECKED").is_err())
+        ) || (matches!(self, Kernel::MatmulCoop(..) | Kernel::ConvCoop(_))
+            && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -457,7 +473,7 @@ impl Kernel {
             Kernel::Fill => 8,
             Kernel::Elementwise(_) => 112,
             Kernel::Reduce(_) => 96,
-            Kernel::Transpose(_) => 16,
+            Kernel::Transpose(_) | Kernel::TransposePairs => 32,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,
@@ -469,6 +485,7 @@ impl Kernel {
             Kernel::Pool2d(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(..) => 48,
+            Kernel::ConvCoop(_) => 112,
             Kernel::Optim(..) => 64,
             Kernel::AmpUnscale(_) => 16,
             Kernel::ColumnSum(..) => 32,

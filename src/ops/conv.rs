@@ -128,6 +128,12 @@ fn conv2d_forward(
             "kernel {kh}x{kw} (dilated) is larger than the padded input {h}x{w}"
         )));
     };
+    let geometry = super::conv_gemm::Geometry::new(x.shape(), weight.shape(), (oh, ow), p);
+    if n * cout * oh * ow > 0 {
+        if let Some(y) = super::conv_gemm::forward_coop(x, weight, bias, &geometry)? {
+            return Ok(y);
+        }
+    }
     let out = Tensor::empty(&[n, cout, oh, ow], x.dtype(), x.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -142,7 +148,6 @@ fn conv2d_forward(
         crate::cpu::conv2d(&x, &weight, bias.as_ref(), &out, p);
         return Ok(out);
     }
-    let geometry = super::conv_gemm::Geometry::new(x.shape(), weight.shape(), (oh, ow), p);
     if super::conv_gemm::suits(&x, &geometry) {
         super::conv_gemm::forward(&x, &weight, bias.as_ref(), &geometry, &out)?;
         return Ok(out);

@@ -6,7 +6,7 @@
 //! GL, whose llvmpipe compiles a 128-tile variant in about 90 s.
 
 use super::{u32_of, Conv2dParams};
-use crate::kernels::{launch_groups, ConvGemm, ConvMode, Kernel};
+use crate::kernels::{launch_groups, ConvGemm, ConvMode, CoopTile, Kernel};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -162,6 +162,119 @@ fn run(
         &imm,
         groups,
     )
+}
+
+/// The f16 forward pass on tensor cores (`Kernel::ConvCoop`), where the adapter has cooperative
+/// matrices and the shape suits: one group, input channels in whole K slices, output channels
+/// in whole tiles (ResNet's every layer but the stem). The input goes to NHWC and the weight to
+/// `[o][kh][kw][c]` first, so that eight channels of one pixel at one tap are one 16-byte
+/// load; the product comes out NHWC and goes back to NCHW. Both copies are memory-bound
+/// transposes, paid so that the gather is vector loads (as cuDNN's and CUTLASS's tensor-core
+/// convolutions want NHWC). `None` where the shape does not suit.
+pub(super) fn forward_coop(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+) -> Result<Option<Tensor>> {
+    const OP: &str = "conv2d";
+    let Some(gpu) = x.device().gpu().filter(|d| crate::kernels::coop_f16(d)) else {
+        return Ok(None);
+    };
+    let shared = gpu.info.limits.max_compute_workgroup_storage_size;
+    if x.dtype() != DType::F16 || g.p.groups != 1 || direct_forced() {
+        return Ok(None);
+    }
+    let Some(tile) = CoopTile::for_conv(g.o, g.c, shared) else {
+        return Ok(None);
+    };
+    let bias = bias.map(|b| b.contiguous()).transpose()?;
+    if bias.as_ref().is_some_and(|b| b.layout().offset % 8 != 0) {
+        return Ok(None);
+    }
+    let xh = x.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let wp = weight.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let (m, n, k) = (g.n * g.oh * g.ow, g.o, g.taps() * g.c);
+    // Straight into NCHW where every image's pixels are whole 8-runs (56x56, 28x28), else NHWC
+    // and a transpose after (14x14, 7x7).
+    let nchw = (g.oh * g.ow).is_multiple_of(8) && !nhwc_forced();
+    let shape = if nchw {
+        [g.n, g.o, g.oh, g.ow]
+    } else {
+        [g.n, g.oh, g.ow, g.o]
+    };
+    let y = Tensor::empty(&shape, DType::F16, x.device())?;
+    if [&xh, &wp, &y].iter().any(|t| t.layout().offset % 8 != 0) {
+        return Ok(None);
+    }
+    let p = g.p;
+    let imm = [
+        m,
+        n,
+        k,
+        1,
+        xh.layout().offset,
+        0,
+        0,
+        wp.layout().offset,
+        0,
+        k,
+        y.layout().offset,
+        bias.as_ref().map_or(0, |b| b.layout().offset),
+        g.h,
+        g.w,
+        g.c / 8,
+        g.oh,
+        g.ow,
+        g.kw,
+        p.stride.0,
+        p.stride.1,
+        p.padding.0,
+        p.padding.1,
+        p.dilation.0,
+        p.dilation.1,
+        g.c,
+        bias.is_some() as usize | (nchw as usize) << 1,
+        0,
+        0,
+    ]
+    .iter()
+    .map(|&v| u32_of(OP, v))
+    .collect::<Result<Vec<u32>>>()?;
+    for t in [&xh, &wp, &y] {
+        u32_of(OP, t.layout().offset + t.numel())?;
+    }
+    let groups = (
+        u32_of(OP, n / tile.block_n() as usize)?,
+        u32_of(OP, m.div_ceil(tile.block_m() as usize))?,
+        1,
+    );
+    let bias_block = bias
+        .as_ref()
+        .map_or(&wp.storage.block, |t| &t.storage.block);
+    launch_groups(
+        Kernel::ConvCoop(tile),
+        &[
+            &xh.storage.block,
+            &wp.storage.block,
+            &y.storage.block,
+            bias_block,
+        ],
+        &imm,
+        groups,
+    )?;
+    drop((xh, wp));
+    if nchw {
+        return Ok(Some(y));
+    }
+    y.permute(&[0, 3, 1, 2])?.contiguous().map(Some)
+}
+
+/// `KILN_CONV_NHWC` (read once): the tensor-core convolution always writes NHWC and transposes
+/// after, for comparison.
+fn nhwc_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_NHWC").is_some())
 }
 
 /// `out = conv2d(x, weight) (+ bias)` into the contiguous `out`; `x`, `weight`, `bias`

@@ -162,35 +162,58 @@ fn gpu_elementwise(
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
     let (shape, strides) = (&c.shape, &c.strides);
     let n = out.numel();
-    // A copy of a 2-D transpose: the tiled kernel keeps reads and writes coalesced.
-    let tiles_fit =
-        shape.len() == 2 && shape[0].div_ceil(32) <= 65535 && shape[1].div_ceil(32) <= 65535;
-    if !inplace
+    // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): the tiled kernel keeps
+    // reads and writes coalesced. `x` reads down its rows (unit stride along the output's
+    // rows), the output is contiguous from its start.
+    let r = shape.len();
+    let transposed = (r == 2 || r == 3)
+        && !inplace
         && form == Form::Unary(UnaryOp::Identity)
-        && tiles_fit
-        && strides[0][0] == 1
-        && strides[2][1] == 1
-    {
-        let (rows, cols) = (u32_of(op, shape[0])?, u32_of(op, shape[1])?);
+        && out.layout.offset == 0
+        && strides[0][r - 2] == 1
+        && strides[2][r - 1] == 1
+        && strides[2][r - 2] == shape[r - 1]
+        && (r == 2 || strides[2][0] == shape[1] * shape[2]);
+    let (batch, rows, cols) = match r {
+        3 => (shape[0], shape[1], shape[2]),
+        2 => (1, shape[0], shape[1]),
+        _ => (0, 0, 0),
+    };
+    if transposed && rows.div_ceil(32) <= 65535 && cols.div_ceil(32) <= 65535 && batch <= 65535 {
+        let sb = if r == 3 { strides[0][0] } else { 0 };
         let imm = [
-            rows,
-            cols,
+            u32_of(op, rows)?,
+            u32_of(op, cols)?,
             u32_of(op, a.layout.offset)?,
-            u32_of(op, strides[0][1])?,
+            u32_of(op, strides[0][r - 1])?,
+            u32_of(op, sb)?,
+            0,
+            0,
+            0,
         ];
+        let (rows, cols, batch) = (imm[0], imm[1], batch as u32);
+        // 16-bit elements two to a word where every row and offset starts on a word.
+        let pairs = a.dtype.size_bytes() == 2 && imm[..5].iter().all(|v| v % 2 == 0);
         let tiled = || {
+            let (kernel, tile) = match pairs {
+                true => (Kernel::TransposePairs, 64),
+                false => (Kernel::Transpose(a.dtype), 32),
+            };
             launch_groups(
-                Kernel::Transpose(a.dtype),
+                kernel,
                 &[&a.storage.block, &out.storage.block],
                 &imm,
-                (rows.div_ceil(32), cols.div_ceil(32), 1),
+                (rows.div_ceil(tile), cols.div_ceil(tile), batch),
             )
         };
         // Through shared memory (the default), or the strided copy that reads across rows
         // directly (no barrier: what a CPU adapter prefers).
         let key = || {
-            let (r, c) = (tune::class(shape[0]), tune::class(shape[1]));
-            format!("{} {r}x{c}", a.dtype)
+            let (r, c) = (tune::class(rows as usize), tune::class(cols as usize));
+            match batch {
+                1 => format!("{} {r}x{c}", a.dtype),
+                _ => format!("{} {}x{r}x{c}", a.dtype, tune::class(batch as usize)),
+            }
         };
         let candidates = [(true, "tiled"), (false, "strided")];
         let pick = tune::pick(a.device(), "transpose", key, n as u64, &candidates, |t| {
