@@ -46,8 +46,8 @@ struct Params {
 
 var<immediate> p: Params;
 
-@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
+@group(0) @binding(0) var<storage, read_write> a: array<{{V}}>;
+@group(0) @binding(1) var<storage, read_write> b: array<{{V}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{O}}>;
 @group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
 

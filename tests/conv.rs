@@ -182,6 +182,15 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         ([4, 16, 20, 20], [16, 16, 3, 3], p(1, 1, 1, 1), false),
         ([1, 16, 6, 6], [160, 16, 3, 3], p(1, 1, 1, 1), false),
         ([2, 3, 23, 21], [16, 3, 7, 7], p(2, 3, 1, 1), false),
+        // 32 channels, one group: the f32 forward pass from an NHWC copy (vec4 loads), strided
+        // and dilated, from a transposed view.
+        ([2, 32, 11, 10], [24, 32, 3, 3], p(2, 1, 2, 1), true),
+        // Stride 1, 16 output channels: the input's gradient as the forward pass of the
+        // output's gradient with the rotated kernel (dilated; no padding), and a 1x1 padded
+        // by more than the kernel reaches (the inverse-window kernel instead).
+        ([2, 16, 10, 9], [32, 16, 3, 3], p(1, 2, 2, 1), false),
+        ([1, 16, 8, 8], [16, 16, 3, 3], p(1, 0, 1, 1), false),
+        ([1, 16, 5, 5], [16, 16, 1, 1], p(1, 1, 1, 1), false),
     ];
     for dev in gpus() {
         let mut dtypes = vec![(DType::F32, 1e-4)];

@@ -316,6 +316,12 @@ fn print_profile(
         }
         dev.synchronize()
     })?;
+    // KILN_BENCH_PROFILE=N: N rows instead of the suite's default.
+    let rows = std::env::var("KILN_BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 1)
+        .unwrap_or(rows);
     println!(
         "{label}, {steps} steps:\n{}",
         prof.key_averages_by(true)

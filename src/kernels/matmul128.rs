@@ -12,13 +12,20 @@ use std::fmt::Write;
 pub(crate) enum Io {
     Scalar,
     Vec4,
-    Conv { bm: u32 },
+    Conv {
+        bm: u32,
+    },
+    /// The convolution's forward pass on vec4 loads from an NHWC input
+    /// (`shaders/conv_gemm_fwd4.wgsl`).
+    ConvVec4 {
+        bm: u32,
+    },
 }
 
 impl Io {
     fn bm(self) -> u32 {
         match self {
-            Io::Conv { bm } => bm,
+            Io::Conv { bm } | Io::ConvVec4 { bm } => bm,
             _ => 128,
         }
     }
@@ -33,6 +40,16 @@ impl Io {
 /// per 256 elements of each operand, or two vec4s; a convolution first works out the slice's
 /// window (`slice_a`, `slice_b`) once per invocation.
 fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
+    if let Io::ConvVec4 { bm } = io {
+        for r in 0..(bm / 64) as usize {
+            let e = r * 256;
+            let _ = writeln!(out, "{indent}ra[{r}] = load_a4(m0, {k}, li + {e}u);");
+        }
+        for r in 0..2 {
+            let _ = writeln!(out, "{indent}rb[{r}] = load_b4(pb{r}, {k});");
+        }
+        return;
+    }
     if io == Io::Vec4 {
         for r in 0..2 {
             let e = r * 256;
@@ -69,10 +86,12 @@ fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
 
 /// Stores of the prefetch registers into the shared buffer at `base`.
 fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
-    if io == Io::Vec4 {
+    if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
         for r in 0..2 {
             let e = r * 256;
-            let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
+            if r < io.bm() as usize / 64 {
+                let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
+            }
             let _ = writeln!(out, "{indent}store_b4({base}, li + {e}u, rb[{r}]);");
         }
         return;
@@ -147,13 +166,16 @@ pub(crate) fn main_fn(io: Io) -> String {
     out += "    let n0 = wg.x * 128u;\n";
     out += match io {
         Io::Conv { .. } => "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n",
+        Io::ConvVec4 { .. } => {
+            "    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n"
+        }
         _ => "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n",
     };
     for i in 0..8 {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    out += if io == Io::Vec4 {
+    out += if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
         "    var ra: array<vec4<f32>, 2>;\n    var rb: array<vec4<f32>, 2>;\n"
     } else {
         "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n"

@@ -111,6 +111,8 @@ pub enum ConvMode {
     Dgrad,
     /// f32 partials of the weight's gradient from the output's gradient and the input.
     Wgrad,
+    /// `Fwd` from an NHWC input on vec4 loads (f32, one group, channels a multiple of 16).
+    FwdVec4,
 }
 
 /// One implicit-GEMM convolution kernel: its mode, the tensors' dtype (f32 or f16, f32
@@ -127,8 +129,16 @@ pub struct ConvGemm {
 impl ConvGemm {
     fn all() -> Vec<ConvGemm> {
         let mut v = Vec::new();
-        for mode in [ConvMode::Fwd, ConvMode::Dgrad, ConvMode::Wgrad] {
+        for mode in [
+            ConvMode::Fwd,
+            ConvMode::Dgrad,
+            ConvMode::Wgrad,
+            ConvMode::FwdVec4,
+        ] {
             for dtype in [DType::F32, DType::F16] {
+                if mode == ConvMode::FwdVec4 && dtype != DType::F32 {
+                    continue;
+                }
                 for padded in [false, true] {
                     for bm64 in [false, true] {
                         v.push(ConvGemm {
@@ -164,6 +174,11 @@ impl ConvGemm {
                 include_str!("../../shaders/conv_gemm_dgrad.wgsl")
             ),
             ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl").to_string(),
+            ConvMode::FwdVec4 => include_str!("../../shaders/conv_gemm_fwd4.wgsl").to_string(),
+        };
+        let (v, kind) = match self.mode {
+            ConvMode::FwdVec4 => ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() }),
+            _ => ("{{T}}", matmul128::Io::Conv { bm: self.bm() }),
         };
         // wgrad's partials stay f32 whatever the tensors' dtype.
         let o = match self.mode {
@@ -171,15 +186,10 @@ impl ConvGemm {
             _ => "{{T}}",
         };
         let io = format!("{}\n{io}", include_str!("../../shaders/conv_gemm.wgsl"))
+            .replace("{{V}}", v)
             .replace("{{O}}", o)
             .replace("{{BM}}", &self.bm().to_string());
-        tiled_128(
-            &io,
-            "",
-            self.dtype,
-            self.padded,
-            matmul128::Io::Conv { bm: self.bm() },
-        )
+        tiled_128(&io, "", self.dtype, self.padded, kind)
     }
 
     fn name(&self) -> String {
@@ -187,6 +197,7 @@ impl ConvGemm {
             ConvMode::Fwd => "fwd",
             ConvMode::Dgrad => "dgrad",
             ConvMode::Wgrad => "wgrad",
+            ConvMode::FwdVec4 => "fwd_vec4",
         };
         format!(
             "conv_gemm_{mode}_{}_{}{}",

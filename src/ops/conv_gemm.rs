@@ -93,6 +93,7 @@ fn run(
     splits: usize,
     operands: [&Tensor; 3],
     bias: Option<&Tensor>,
+    flip: bool,
 ) -> Result<()> {
     let [a, b, out] = operands;
     let kernel = ConvGemm {
@@ -102,11 +103,12 @@ fn run(
         bm64: m <= 64,
     };
     let aligned = match mode {
-        ConvMode::Fwd => g.cg().is_multiple_of(16),
+        ConvMode::Fwd | ConvMode::FwdVec4 => g.cg().is_multiple_of(16),
         ConvMode::Dgrad => g.og().is_multiple_of(16),
         ConvMode::Wgrad => false,
     };
-    let flags = bias.is_some() as usize | (aligned as usize) << 1;
+    // Bit 2 (FwdVec4 as the input's gradient): A's taps read in reverse.
+    let flags = bias.is_some() as usize | (aligned as usize) << 1 | (flip as usize) << 2;
     let p = g.p;
     let imm = [
         m,
@@ -270,6 +272,13 @@ pub(super) fn forward_coop(
     y.permute(&[0, 3, 1, 2])?.contiguous().map(Some)
 }
 
+/// `KILN_CONV_NCHW` (read once): the f32 forward pass gathers from NCHW (scalar loads) even
+/// where the NHWC vec4 kernel applies, for comparison.
+fn nchw_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_NCHW").is_some())
+}
+
 /// `KILN_CONV_NHWC` (read once): the tensor-core convolution always writes NHWC and transposes
 /// after, for comparison.
 fn nhwc_forced() -> bool {
@@ -289,6 +298,9 @@ pub(super) fn forward(
     // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
     let wp = weight.permute(&[0, 2, 3, 1])?.contiguous()?;
     let k = g.taps() * g.cg();
+    if vec4_suits(x, g) {
+        return forward_vec4("conv2d", x, &wp, bias, g, out, false);
+    }
     run(
         "conv2d",
         ConvMode::Fwd,
@@ -297,11 +309,79 @@ pub(super) fn forward(
         1,
         [&wp, x, out],
         bias,
+        false,
+    )
+}
+
+/// Whether the f32 forward pass from an NHWC copy (`ConvMode::FwdVec4`) takes this
+/// convolution: one group, input channels a multiple of 16 (a slice in one tap, four channels
+/// a vector).
+fn vec4_suits(x: &Tensor, g: &Geometry) -> bool {
+    x.dtype() == DType::F32 && g.p.groups == 1 && g.c.is_multiple_of(16) && !nchw_forced()
+}
+
+/// `out = conv2d(x, w) (+ bias)` on `ConvMode::FwdVec4`, `wp` the weight as `[o][tap][c]`
+/// (contiguous), `x` NCHW: four channels of a pixel per load from an NHWC copy of `x`. With
+/// `flip`, tap t of `wp` serves as tap `taps - 1 - t` (the input gradient's rotated kernel).
+fn forward_vec4(
+    op: &'static str,
+    x: &Tensor,
+    wp: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+    out: &Tensor,
+    flip: bool,
+) -> Result<()> {
+    let xh = x.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let k = g.taps() * g.c;
+    run(
+        op,
+        ConvMode::FwdVec4,
+        g,
+        [g.o, g.n * g.oh * g.ow, k, k],
+        1,
+        [wp, &xh, out],
+        bias,
+        flip,
     )
 }
 
 /// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight.
+/// With stride 1 (and f32, one group, output channels a multiple of 16), it is the forward
+/// convolution of the output's gradient with the kernel rotated by 180 degrees and its channel
+/// dims swapped, padded by `dilation * (k - 1) - padding`: `FwdVec4` on an NHWC copy of the
+/// gradient, the rotation read in the kernel. Else the inverse-window kernel (`Dgrad`).
 pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let p = g.p;
+    let pad = |k: usize, d: usize, pad: usize| (d * (k - 1)).checked_sub(pad);
+    if let (true, (1, 1), Some(ph), Some(pw)) = (
+        gy.dtype() == DType::F32 && p.groups == 1 && g.o.is_multiple_of(16) && !nchw_forced(),
+        p.stride,
+        pad(g.kh, p.dilation.0, p.padding.0),
+        pad(g.kw, p.dilation.1, p.padding.1),
+    ) {
+        let rotated = Geometry {
+            n: g.n,
+            c: g.o,
+            h: g.oh,
+            w: g.ow,
+            o: g.c,
+            oh: g.h,
+            ow: g.w,
+            kh: g.kh,
+            kw: g.kw,
+            p: Conv2dParams {
+                padding: (ph, pw),
+                ..p
+            },
+        };
+        // [o, c, kh, kw] -> [c, kh, kw, o]: A's rows are input channels, K runs over
+        // (tap, output channel); the kernel reads the taps in reverse.
+        let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
+        let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
+        forward_vec4("conv2d_backward", gy, &wt, None, &rotated, &dx, true)?;
+        return Ok(dx);
+    }
     let groups = g.p.groups as isize;
     // [o, cg, kh, kw] -> [groups, kh, kw, og, cg].
     let wd = weight
@@ -324,6 +404,7 @@ pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<T
         1,
         [&wd, gy, &dx],
         None,
+        false,
     )?;
     Ok(dx)
 }
@@ -350,6 +431,7 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
         splits,
         [gy, x, &partial],
         None,
+        false,
     )?;
     let summed = match splits {
         1 => partial,

@@ -1,0 +1,88 @@
+// fwd on whole vectors (f32, one group, channels a multiple of 16 so that a 16-deep slice lies
+// in one tap): A = wp [o][tap][ci] read as vec4s along k; B = the input in NHWC, gathered four
+// channels of one pixel at one tap per vec4, which the NCHW gather (`conv_gemm_fwd.wgsl`) reads
+// as scalars a plane apart. Vector v of a slice: row (A) or pixel (B) v / 4, k quad v % 4.
+// out = y, NCHW (+ bias). The input's gradient at stride 1 runs here too, as the forward
+// pass of the output's gradient with the kernel rotated (flags bit 2).
+fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
+    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
+}
+
+// With flags bit 2 (the input gradient), tap t of the slice is read from row tap taps - 1 - t.
+fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
+    let m = m0 + v / 4u;
+    var k = k0;
+    if (p.flags & 4u) != 0u {
+        k = (p.kh * p.kw - 1u - k0 / p.c) * p.c + k0 % p.c;
+    }
+    if m < p.m {
+        return a[(p.off_a + m * p.k + k) / 4u + v % 4u];
+    }
+    return vec4<f32>();
+}
+
+struct PreB4 {
+    ok: bool,
+    // b's vector index of (img, 0, 0, quad).
+    base: u32,
+    ih0: i32,
+    iw0: i32,
+}
+
+fn pre_b4(n0: u32, v: u32) -> PreB4 {
+    let n = n0 + v / 4u;
+    let ohw = p.oh * p.ow;
+    let img = n / ohw;
+    let q = n % ohw;
+    return PreB4(
+        n < p.n,
+        (p.off_b + img * p.h * p.w * p.c) / 4u + v % 4u,
+        i32((q / p.ow) * p.sh) - i32(p.ph),
+        i32((q % p.ow) * p.sw) - i32(p.pw),
+    );
+}
+
+fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
+    let tap = k0 / p.c;
+    let ih = pb.ih0 + i32((tap / p.kw) * p.dh);
+    let iw = pb.iw0 + i32((tap % p.kw) * p.dw);
+    if pb.ok && inside(ih, iw) {
+        return b[pb.base + ((u32(ih) * p.w + u32(iw)) * p.c + k0 % p.c) / 4u];
+    }
+    return vec4<f32>();
+}
+
+// A vector of four k values of one row (column of the shared tile) goes to four tile rows.
+fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
+    let m = v / 4u;
+    let k = 4u * (v % 4u);
+    for (var j = 0u; j < 4u; j++) {
+        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
+    }
+}
+
+fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
+    let n = v / 4u;
+    let k = 4u * (v % 4u);
+    for (var j = 0u; j < 4u; j++) {
+        tile_b[tile_at(buf, k + j, n)][n % 4u] = x[j];
+    }
+}
+
+// Output channels m, pixels n..n+3.
+fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
+    if m >= p.m {
+        return;
+    }
+    var add = 0.0;
+    if (p.flags & 1u) != 0u {
+        add = bias[p.off_bias + m];
+    }
+    let ohw = p.oh * p.ow;
+    for (var j = 0u; j < 4u; j++) {
+        let nn = n + j;
+        if nn < p.n {
+            out[p.off_out + ((nn / ohw) * p.o + m) * ohw + nn % ohw] = v[j] + add;
+        }
+    }
+}
