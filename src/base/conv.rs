@@ -20,3 +20,18 @@ impl Default for Conv2dParams {
         }
     }
 }
+
+impl Conv2dParams {
+    /// Stride, padding and dilation, height before width: the order every convolution kernel's
+    /// immediates take them in.
+    pub(crate) fn window(&self) -> [usize; 6] {
+        [
+            self.stride.0,
+            self.stride.1,
+            self.padding.0,
+            self.padding.1,
+            self.dilation.0,
+            self.dilation.1,
+        ]
+    }
+}

@@ -153,31 +153,18 @@ fn conv2d_forward(
         return Ok(out);
     }
     let b = bias.as_ref().unwrap_or(&weight);
-    let imm = [
-        n,
-        cin,
-        h,
-        w,
-        cout,
-        oh,
-        ow,
-        kh,
-        kw,
-        p.stride.0,
-        p.stride.1,
-        p.padding.0,
-        p.padding.1,
-        p.dilation.0,
-        p.dilation.1,
-        p.groups,
-        bias.is_some() as usize,
-        x.layout().offset,
-        weight.layout().offset,
-        b.layout().offset,
-    ]
-    .iter()
-    .map(|&v| u32_of(OP, v))
-    .collect::<Result<Vec<u32>>>()?;
+    let imm = [n, cin, h, w, cout, oh, ow, kh, kw]
+        .into_iter()
+        .chain(p.window())
+        .chain([
+            p.groups,
+            bias.is_some() as usize,
+            x.layout().offset,
+            weight.layout().offset,
+            b.layout().offset,
+        ])
+        .map(|v| u32_of(OP, v))
+        .collect::<Result<Vec<u32>>>()?;
     let blocks = [
         &x.storage.block,
         &weight.storage.block,

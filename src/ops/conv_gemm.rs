@@ -111,35 +111,23 @@ fn run(
     let flags = bias.is_some() as usize | (aligned as usize) << 1 | (flip as usize) << 2;
     let p = g.p;
     let imm = [
-        m,
-        n,
-        k,
-        k_total,
-        g.n,
-        g.c,
-        g.h,
-        g.w,
-        g.o,
-        g.oh,
-        g.ow,
-        g.kh,
-        g.kw,
-        p.stride.0,
-        p.stride.1,
-        p.padding.0,
-        p.padding.1,
-        p.dilation.0,
-        p.dilation.1,
-        g.cg(),
-        g.og(),
-        p.groups,
-        a.layout().offset,
-        b.layout().offset,
-        out.layout().offset,
-        bias.map_or(0, |t| t.layout().offset),
-        flags,
-        0,
+        &[
+            m, n, k, k_total, g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.kh, g.kw,
+        ][..],
+        &p.window(),
+        &[
+            g.cg(),
+            g.og(),
+            p.groups,
+            a.layout().offset,
+            b.layout().offset,
+            out.layout().offset,
+            bias.map_or(0, |t| t.layout().offset),
+            flags,
+            0,
+        ],
     ]
+    .concat()
     .iter()
     .map(|&v| u32_of(op, v))
     .collect::<Result<Vec<u32>>>()?;
@@ -229,19 +217,11 @@ pub(super) fn forward_coop(
         g.oh,
         g.ow,
         g.kw,
-        p.stride.0,
-        p.stride.1,
-        p.padding.0,
-        p.padding.1,
-        p.dilation.0,
-        p.dilation.1,
-        g.c,
-        bias.is_some() as usize | (nchw as usize) << 1,
-        0,
-        0,
     ]
-    .iter()
-    .map(|&v| u32_of(OP, v))
+    .into_iter()
+    .chain(p.window())
+    .chain([g.c, bias.is_some() as usize | (nchw as usize) << 1, 0, 0])
+    .map(|v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
     for t in [&xh, &wp, &y] {
         u32_of(OP, t.layout().offset + t.numel())?;
