@@ -118,61 +118,9 @@ pub struct CoopTile {
     pub group: u32,
 }
 
-/// The convolution's operands: A (the gathered input) row-major, B (the weight) transposed.
-const CONV_LAYOUT: CoopLayout = CoopLayout {
-    a_t: false,
-    b_t: true,
-};
-
 const MATMUL_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
     batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
     ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
-
-/// The convolution's immediates: the matmul's first ten (`sab`, `sbb`, `lda` unused: zero), then
-/// the geometry. `c8`: the input's channels in vectors of eight; `cg`: channels per group.
-const CONV_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
-    batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
-    ldb: u32,\n    off_c: u32,\n    off_bias: u32,\n    h: u32,\n    w: u32,\n    c8: u32,\n    \
-    oh: u32,\n    ow: u32,\n    kw: u32,\n    sh: u32,\n    sw: u32,\n    ph: u32,\n    pw: u32,\n    \
-    dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
-
-/// The convolution's gather: `conv_row` finds an output pixel's window once, `conv_slice` a
-/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`), `gather` the eight
-/// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
-/// 16-byte load of the NHWC input.
-const CONV_GATHER: &str =
-    "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
-struct Row {\n    base: u32,\n    ih: i32,\n    iw: i32,\n    ok: bool,\n}\n\n\
-struct Slice {\n    dy: i32,\n    dx: i32,\n    v: u32,\n}\n\n\
-fn conv_row(m: u32, v: u32) -> Row {\n    \
-    let ohw = p.oh * p.ow;\n    \
-    let img = m / ohw;\n    \
-    let q = m % ohw;\n    \
-    return Row(p.off_a / 8u + img * p.h * p.w * p.c8 + v, i32((q / p.ow) * p.sh) - i32(p.ph), \
-    i32((q % p.ow) * p.sw) - i32(p.pw), m < p.m);\n}\n\n\
-fn conv_slice(k: u32) -> Slice {\n    \
-    let tap = k / p.cg;\n    \
-    return Slice(i32((tap / p.kw) * p.dh), i32((tap % p.kw) * p.dw), (k % p.cg) / 8u);\n}\n\n\
-fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
-    let ih = r.ih + s.dy;\n    \
-    let iw = r.iw + s.dx;\n    \
-    if r.ok && ih >= 0 && iw >= 0 && ih < i32(p.h) && iw < i32(p.w) {\n        \
-    return a[r.base + (u32(ih) * p.w + u32(iw)) * p.c8 + s.v];\n    }\n    \
-    return vec4<u32>();\n}\n\n\
-fn conv_bias(col: u32) -> array<f32, 8> {\n    \
-    if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
-    let v = bias[(p.off_bias + col) / 8u];\n    \
-    let u0 = unpack2x16float(v.x);\n    \
-    let u1 = unpack2x16float(v.y);\n    \
-    let u2 = unpack2x16float(v.z);\n    \
-    let u3 = unpack2x16float(v.w);\n    \
-    return array<f32, 8>(u0.x, u0.y, u1.x, u1.y, u2.x, u2.y, u3.x, u3.y);\n}\n\n\
-fn conv_bias1(co: u32) -> f32 {\n    \
-    if (p.flags & 1u) == 0u {\n        return 0.0;\n    }\n    \
-    let at = p.off_bias + co;\n    \
-    let v = bias[at / 8u];\n    \
-    var w = array<u32, 4>(v.x, v.y, v.z, v.w);\n    \
-    return unpack2x16float(w[(at % 8u) / 2u])[at % 2u];\n}\n";
 
 /// Padding of a shared row, in words (16 bytes).
 const PAD: u32 = 4;
@@ -259,50 +207,6 @@ impl CoopTile {
         group: 8,
     };
 
-    /// 128x64 per workgroup, four subgroups of 32x64 stacked along M: the convolution's tile
-    /// for 64 output channels (ResNet's first stage), where a 128-wide tile is half empty
-    /// (H100, 3x3 64->64 56x56 b32 with the input's transposes: 67.6 TFLOP/s; 256x64 from
-    /// four 64x64 subgroups 57.5; 128x64 from two 58.0).
-    pub const CONV64: CoopTile = CoopTile {
-        wm: 4,
-        wn: 1,
-        tm: 2,
-        tn: 4,
-        bk: 32,
-        depth: 0,
-        group: 8,
-    };
-
-    /// The convolution's shapes, best first where several fit (`fits_conv`).
-    pub const CONV: [CoopTile; 4] = [
-        CoopTile::DEEP,
-        CoopTile::DEFAULT,
-        CoopTile::CONV64,
-        // 256x64 from four subgroups of 64x64.
-        CoopTile {
-            wm: 4,
-            wn: 1,
-            tm: 4,
-            tn: 4,
-            bk: 32,
-            depth: 0,
-            group: 8,
-        },
-    ];
-
-    /// The convolution's tile for `og` output channels of `cg` input channels:
-    /// `KILN_CONV_TILE=wm,wn,tm,tn,bk,depth,group` where set (and fitting), else the first of
-    /// `CONV` that fits.
-    pub fn for_conv(og: usize, cg: usize, shared: u32) -> Option<CoopTile> {
-        static OVERRIDE: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
-        let forced = OVERRIDE.get_or_init(|| Self::parse(&std::env::var("KILN_CONV_TILE").ok()?));
-        forced
-            .iter()
-            .chain(CoopTile::CONV.iter())
-            .find(|t| t.fits_conv(og, cg) && t.valid(shared))
-            .copied()
-    }
-
     /// The shapes to try for a product in `layout`, best first: `KILN_COOP_TILE` alone where
     /// set (read once); else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then
     /// the default (whose 128x128 tiles and K slices of 32 fit more products).
@@ -324,7 +228,7 @@ impl CoopTile {
     }
 
     /// `wm,wn,tm,tn,bk[,depth,group]`, where valid.
-    fn parse(s: &str) -> Option<CoopTile> {
+    pub(super) fn parse(s: &str) -> Option<CoopTile> {
         let parsed = Some(s).and_then(|s| {
             let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
             match v[..] {
@@ -451,29 +355,16 @@ impl CoopTile {
 
     /// The WGSL.
     pub fn source(&self, layout: CoopLayout) -> String {
-        self.generate(layout, false)
+        self.generate(layout, None)
     }
 
-    /// The convolution's forward pass on this tile (`ConvCoop`): A gathered from the NHWC
-    /// input, B the weight as `[o][tap][ci]` (transposed: `b_t`), C `[pixel][o]` (NHWC).
-    pub fn conv_source(&self) -> String {
-        self.generate(CONV_LAYOUT, true)
-    }
-
-    pub fn conv_name(&self) -> String {
-        format!(
-            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
-            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
-        )
-    }
-
-    /// Whether the convolution kernel takes `og` output channels of `cg` input channels each
-    /// (K = taps x cg, walked in slices that never cross a tap).
-    pub fn fits_conv(&self, og: usize, cg: usize) -> bool {
-        og.is_multiple_of(self.block_n() as usize) && cg.is_multiple_of(self.k_step() as usize)
-    }
-
-    fn generate(&self, layout: CoopLayout, conv: bool) -> String {
+    /// The kernel for `layout`; a convolution's (`conv_coop.rs`) with `conv`, the WGSL of its
+    /// immediates (in place of the product's) and of its bias binding and gather (after the
+    /// operands' bindings: with the gather declared before them, the same module ran the 3x3
+    /// 64->64 convolution at 57 TFLOP/s instead of 81 on the H100).
+    pub(super) fn generate(&self, layout: CoopLayout, conv: Option<[&str; 2]>) -> String {
+        let [header, extra] = conv.unwrap_or([MATMUL_PARAMS, ""]);
+        let conv = conv.is_some();
         let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
         let (sta, stb) = self.staged(layout);
         let (ra, rb) = (sta.row_words(), stb.row_words());
@@ -489,7 +380,7 @@ impl CoopTile {
             "// Generated by src/kernels/matmul_coop.rs: {name}.\n\
              enable f16;\n\
              enable wgpu_cooperative_matrix;\n\n\
-             {params}\n\
+             {header}\n\
              var<immediate> p: Params;\n\n\
              @group(0) @binding(0) var<storage, read_write> a: array<vec4<u32>>;\n\
              @group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;\n\
@@ -515,8 +406,6 @@ impl CoopTile {
             } else {
                 self.name(layout)
             },
-            params = if conv { CONV_PARAMS } else { MATMUL_PARAMS },
-            extra = if conv { CONV_GATHER } else { "" },
             // Tiles along M rounded up (a convolution's pixels need not fill the last).
             origin = if self.group == 0 {
                 format!("let m0 = wg.y * {bm}u;\n    let n0 = wg.x * {bn}u;")
@@ -753,22 +642,6 @@ impl CoopTile {
         // flags bit 1 (every image's pixels a whole number of 8-runs), C is NCHW: the patch is
         // stored column-major, each lane reads eight pixels of one channel and writes them as
         // one 16-byte vector of the output's plane, so no transpose follows.
-        let (guard, at_c, add) = if conv {
-            (
-                "if m0 + sg_m + lane / 2u + {r}u < p.m ",
-                "p.off_c / 8u + ",
-                "let bb = conv_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        ",
-            )
-        } else {
-            ("", "", "")
-        };
-        let sum = |e: usize| {
-            if conv {
-                format!("q[{e}] + bb[{e}]")
-            } else {
-                format!("q[{e}]")
-            }
-        };
         let pack = |v: &dyn Fn(usize) -> String| {
             format!(
                 "vec4<u32>(pack2x16float(vec2<f32>({}, {})), pack2x16float(vec2<f32>({}, {})), \
@@ -792,16 +665,19 @@ impl CoopTile {
                     s.push_str("    workgroupBarrier();\n");
                 }
                 let (r, c) = (i * 16, j * 16);
-                let fill = |t: &str| {
-                    t.replace("{r}", &r.to_string())
-                        .replace("{c}", &c.to_string())
+                let rows = if conv {
+                    format!(
+                        "if m0 + sg_m + lane / 2u + {r}u < p.m {{\n        {read}\n        \
+                         let bb = conv_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
+                         c[p.off_c / 8u + (o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
+                        pack(&|e| format!("q[{e}] + bb[{e}]"))
+                    )
+                } else {
+                    format!(
+                        "{{\n        {read}\n        c[(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
+                        pack(&|e| format!("q[{e}]"))
+                    )
                 };
-                let rows = format!(
-                    "{guard}{{\n        {read}\n        {add}c[{at_c}(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
-                    pack(&sum),
-                    guard = fill(guard),
-                    add = fill(add),
-                );
                 if conv {
                     let planes = format!(
                         "let m = m0 + sg_m + {r}u + (lane % 2u) * 8u;\n        \

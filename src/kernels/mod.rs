@@ -2,6 +2,7 @@
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
 mod batch_norm;
+mod conv_coop;
 mod elementwise;
 mod fill;
 mod matmul128;

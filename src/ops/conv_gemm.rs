@@ -53,6 +53,35 @@ impl Geometry {
     fn taps(&self) -> usize {
         self.kh * self.kw
     }
+
+    /// At stride 1, the convolution whose forward pass is this one's input gradient: from the
+    /// output's gradient to the input's, with the kernel rotated by 180 degrees and its channel
+    /// dims swapped, padded by `dilation * (k - 1) - padding` (`None` where that is negative).
+    fn rotated(&self) -> Option<Geometry> {
+        let p = self.p;
+        let pad = |k: usize, d: usize, pad: usize| (d * (k - 1)).checked_sub(pad);
+        if p.stride != (1, 1) {
+            return None;
+        }
+        Some(Geometry {
+            n: self.n,
+            c: self.o,
+            h: self.oh,
+            w: self.ow,
+            o: self.c,
+            oh: self.h,
+            ow: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            p: Conv2dParams {
+                padding: (
+                    pad(self.kh, p.dilation.0, p.padding.0)?,
+                    pad(self.kw, p.dilation.1, p.padding.1)?,
+                ),
+                ..p
+            },
+        })
+    }
 }
 
 /// Whether the GEMM kernels take this convolution on `x`'s device: a GPU other than GL, at
@@ -66,15 +95,32 @@ pub(super) fn suits(x: &Tensor, g: &Geometry) -> bool {
     };
     info.backend != wgpu::Backend::Gl
         && matches!(x.dtype(), DType::F32 | DType::F16)
-        && !direct_forced()
+        && !forced().direct
         && g.og() >= 8
         && g.cg() * g.taps() >= 8
 }
 
-/// `KILN_CONV_DIRECT` (read once): every convolution on the direct kernel, for comparison.
-fn direct_forced() -> bool {
-    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_DIRECT").is_some())
+/// The switches that turn a path off for comparisons in benchmarks, read once.
+struct Forced {
+    /// `KILN_CONV_DIRECT`: every convolution on the direct kernel.
+    direct: bool,
+    /// `KILN_CONV_NCHW`: the f32 kernels gather from NCHW (scalar loads) even where the NHWC
+    /// vec4 kernel applies.
+    nchw: bool,
+    /// `KILN_CONV_NHWC`: the tensor-core convolution always writes NHWC and transposes after.
+    nhwc: bool,
+}
+
+fn forced() -> &'static Forced {
+    static FORCED: std::sync::OnceLock<Forced> = std::sync::OnceLock::new();
+    FORCED.get_or_init(|| {
+        let set = |var| std::env::var_os(var).is_some();
+        Forced {
+            direct: set("KILN_CONV_DIRECT"),
+            nchw: set("KILN_CONV_NCHW"),
+            nhwc: set("KILN_CONV_NHWC"),
+        }
+    })
 }
 
 fn padded(t: &Tensor) -> bool {
@@ -172,7 +218,7 @@ pub(super) fn forward_coop(
         return Ok(None);
     };
     let shared = gpu.info.limits.max_compute_workgroup_storage_size;
-    if x.dtype() != DType::F16 || g.p.groups != 1 || direct_forced() {
+    if x.dtype() != DType::F16 || g.p.groups != 1 || forced().direct {
         return Ok(None);
     }
     let Some(tile) = CoopTile::for_conv(g.o, g.c, shared) else {
@@ -187,7 +233,7 @@ pub(super) fn forward_coop(
     let (m, n, k) = (g.n * g.oh * g.ow, g.o, g.taps() * g.c);
     // Straight into NCHW where every image's pixels are whole 8-runs (56x56, 28x28), else NHWC
     // and a transpose after (14x14, 7x7).
-    let nchw = (g.oh * g.ow).is_multiple_of(8) && !nhwc_forced();
+    let nchw = (g.oh * g.ow).is_multiple_of(8) && !forced().nhwc;
     let shape = if nchw {
         [g.n, g.o, g.oh, g.ow]
     } else {
@@ -252,20 +298,6 @@ pub(super) fn forward_coop(
     y.permute(&[0, 3, 1, 2])?.contiguous().map(Some)
 }
 
-/// `KILN_CONV_NCHW` (read once): the f32 forward pass gathers from NCHW (scalar loads) even
-/// where the NHWC vec4 kernel applies, for comparison.
-fn nchw_forced() -> bool {
-    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_NCHW").is_some())
-}
-
-/// `KILN_CONV_NHWC` (read once): the tensor-core convolution always writes NHWC and transposes
-/// after, for comparison.
-fn nhwc_forced() -> bool {
-    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| std::env::var_os("KILN_CONV_NHWC").is_some())
-}
-
 /// `out = conv2d(x, weight) (+ bias)` into the contiguous `out`; `x`, `weight`, `bias`
 /// contiguous.
 pub(super) fn forward(
@@ -297,7 +329,7 @@ pub(super) fn forward(
 /// convolution: one group, input channels a multiple of 16 (a slice in one tap, four channels
 /// a vector).
 fn vec4_suits(x: &Tensor, g: &Geometry) -> bool {
-    x.dtype() == DType::F32 && g.p.groups == 1 && g.c.is_multiple_of(16) && !nchw_forced()
+    x.dtype() == DType::F32 && g.p.groups == 1 && g.c.is_multiple_of(16) && !forced().nchw
 }
 
 /// `out = conv2d(x, w) (+ bias)` on `ConvMode::FwdVec4`, `wp` the weight as `[o][tap][c]`
@@ -328,37 +360,15 @@ fn forward_vec4(
 
 /// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight.
 /// With stride 1 (and f32, one group, output channels a multiple of 16), it is the forward
-/// convolution of the output's gradient with the kernel rotated by 180 degrees and its channel
-/// dims swapped, padded by `dilation * (k - 1) - padding`: `FwdVec4` on an NHWC copy of the
-/// gradient, the rotation read in the kernel. Else the inverse-window kernel (`Dgrad`).
+/// pass of `Geometry::rotated`: `FwdVec4` on an NHWC copy of the gradient, the rotation read in
+/// the kernel. Else the inverse-window kernel (`Dgrad`).
 pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
-    let p = g.p;
-    let pad = |k: usize, d: usize, pad: usize| (d * (k - 1)).checked_sub(pad);
-    if let (true, (1, 1), Some(ph), Some(pw)) = (
-        gy.dtype() == DType::F32 && p.groups == 1 && g.o.is_multiple_of(16) && !nchw_forced(),
-        p.stride,
-        pad(g.kh, p.dilation.0, p.padding.0),
-        pad(g.kw, p.dilation.1, p.padding.1),
-    ) {
-        let rotated = Geometry {
-            n: g.n,
-            c: g.o,
-            h: g.oh,
-            w: g.ow,
-            o: g.c,
-            oh: g.h,
-            ow: g.w,
-            kh: g.kh,
-            kw: g.kw,
-            p: Conv2dParams {
-                padding: (ph, pw),
-                ..p
-            },
-        };
+    let empty = || Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device());
+    if let Some(rotated) = g.rotated().filter(|r| vec4_suits(gy, r)) {
         // [o, c, kh, kw] -> [c, kh, kw, o]: A's rows are input channels, K runs over
         // (tap, output channel); the kernel reads the taps in reverse.
         let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
-        let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
+        let dx = empty()?;
         forward_vec4("conv2d_backward", gy, &wt, None, &rotated, &dx, true)?;
         return Ok(dx);
     }
@@ -374,7 +384,7 @@ pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<T
         ])?
         .permute(&[0, 3, 4, 1, 2])?
         .contiguous()?;
-    let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
+    let dx = empty()?;
     let k = g.taps() * g.og();
     run(
         "conv2d_backward",

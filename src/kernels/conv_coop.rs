@@ -1,0 +1,124 @@
+//! The f16 convolution's forward pass on the tensor-core kernel (`Kernel::ConvCoop`):
+//! `matmul_coop.rs`'s generator with A gathered from the NHWC input (`GATHER`: a K slice lies in
+//! one tap, so eight channels of one pixel are one 16-byte load), B the weight as `[o][tap][c]`,
+//! and an epilogue that adds the bias and writes NCHW where every image's pixels are whole
+//! 8-runs. Here: its immediates and gather (WGSL), its tile shapes and their choice.
+
+use super::{CoopLayout, CoopTile};
+
+/// The convolution's operands: A (the gathered input) row-major, B (the weight) transposed.
+const LAYOUT: CoopLayout = CoopLayout {
+    a_t: false,
+    b_t: true,
+};
+
+/// The convolution's immediates: the matmul's first ten (`sab`, `sbb`, `lda` unused: zero), then
+/// the geometry. `c8`: the input's channels in vectors of eight; `cg`: channels per group.
+const PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
+    batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
+    ldb: u32,\n    off_c: u32,\n    off_bias: u32,\n    h: u32,\n    w: u32,\n    c8: u32,\n    \
+    oh: u32,\n    ow: u32,\n    kw: u32,\n    sh: u32,\n    sw: u32,\n    ph: u32,\n    pw: u32,\n    \
+    dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
+
+/// The convolution's gather: `conv_row` finds an output pixel's window once, `conv_slice` a
+/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`), `gather` the eight
+/// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
+/// 16-byte load of the NHWC input.
+const GATHER: &str = "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
+struct Row {\n    base: u32,\n    ih: i32,\n    iw: i32,\n    ok: bool,\n}\n\n\
+struct Slice {\n    dy: i32,\n    dx: i32,\n    v: u32,\n}\n\n\
+fn conv_row(m: u32, v: u32) -> Row {\n    \
+    let ohw = p.oh * p.ow;\n    \
+    let img = m / ohw;\n    \
+    let q = m % ohw;\n    \
+    return Row(p.off_a / 8u + img * p.h * p.w * p.c8 + v, i32((q / p.ow) * p.sh) - i32(p.ph), \
+    i32((q % p.ow) * p.sw) - i32(p.pw), m < p.m);\n}\n\n\
+fn conv_slice(k: u32) -> Slice {\n    \
+    let tap = k / p.cg;\n    \
+    return Slice(i32((tap / p.kw) * p.dh), i32((tap % p.kw) * p.dw), (k % p.cg) / 8u);\n}\n\n\
+fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
+    let ih = r.ih + s.dy;\n    \
+    let iw = r.iw + s.dx;\n    \
+    if r.ok && ih >= 0 && iw >= 0 && ih < i32(p.h) && iw < i32(p.w) {\n        \
+    return a[r.base + (u32(ih) * p.w + u32(iw)) * p.c8 + s.v];\n    }\n    \
+    return vec4<u32>();\n}\n\n\
+fn conv_bias(col: u32) -> array<f32, 8> {\n    \
+    if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
+    let v = bias[(p.off_bias + col) / 8u];\n    \
+    let u0 = unpack2x16float(v.x);\n    \
+    let u1 = unpack2x16float(v.y);\n    \
+    let u2 = unpack2x16float(v.z);\n    \
+    let u3 = unpack2x16float(v.w);\n    \
+    return array<f32, 8>(u0.x, u0.y, u1.x, u1.y, u2.x, u2.y, u3.x, u3.y);\n}\n\n\
+fn conv_bias1(co: u32) -> f32 {\n    \
+    if (p.flags & 1u) == 0u {\n        return 0.0;\n    }\n    \
+    let at = p.off_bias + co;\n    \
+    let v = bias[at / 8u];\n    \
+    var w = array<u32, 4>(v.x, v.y, v.z, v.w);\n    \
+    return unpack2x16float(w[(at % 8u) / 2u])[at % 2u];\n}\n";
+
+impl CoopTile {
+    /// 128x64 per workgroup, four subgroups of 32x64 stacked along M: the convolution's tile
+    /// for 64 output channels (ResNet's first stage), where a 128-wide tile is half empty
+    /// (H100, 3x3 64->64 56x56 b32 with the input's transposes: 67.6 TFLOP/s; 256x64 from
+    /// four 64x64 subgroups 57.5; 128x64 from two 58.0).
+    pub const CONV64: CoopTile = CoopTile {
+        wm: 4,
+        wn: 1,
+        tm: 2,
+        tn: 4,
+        bk: 32,
+        depth: 0,
+        group: 8,
+    };
+
+    /// The convolution's shapes, best first where several fit (`fits_conv`).
+    pub const CONV: [CoopTile; 4] = [
+        CoopTile::DEEP,
+        CoopTile::DEFAULT,
+        CoopTile::CONV64,
+        // 256x64 from four subgroups of 64x64.
+        CoopTile {
+            wm: 4,
+            wn: 1,
+            tm: 4,
+            tn: 4,
+            bk: 32,
+            depth: 0,
+            group: 8,
+        },
+    ];
+
+    /// The convolution's tile for `og` output channels of `cg` input channels:
+    /// `KILN_CONV_TILE=wm,wn,tm,tn,bk,depth,group` where set (and fitting), else the first of
+    /// `CONV` that fits.
+    pub fn for_conv(og: usize, cg: usize, shared: u32) -> Option<CoopTile> {
+        static OVERRIDE: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
+        let forced = OVERRIDE.get_or_init(|| Self::parse(&std::env::var("KILN_CONV_TILE").ok()?));
+        forced
+            .iter()
+            .chain(CoopTile::CONV.iter())
+            .find(|t| t.fits_conv(og, cg) && t.valid(shared))
+            .copied()
+    }
+
+    /// The convolution's forward pass on this tile (`ConvCoop`): A gathered from the NHWC
+    /// input, B the weight as `[o][tap][ci]` (transposed: `b_t`), C NCHW (flags bit 1) or
+    /// `[pixel][o]` (NHWC).
+    pub fn conv_source(&self) -> String {
+        self.generate(LAYOUT, Some([PARAMS, GATHER]))
+    }
+
+    pub fn conv_name(&self) -> String {
+        format!(
+            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
+            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+        )
+    }
+
+    /// Whether the convolution kernel takes `og` output channels of `cg` input channels each
+    /// (K = taps x cg, walked in slices that never cross a tap).
+    pub fn fits_conv(&self, og: usize, cg: usize) -> bool {
+        og.is_multiple_of(self.block_n() as usize) && cg.is_multiple_of(self.k_step() as usize)
+    }
+}
