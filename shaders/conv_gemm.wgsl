@@ -41,6 +41,11 @@ struct Params {
     off_bias: u32,
     // Bit 0: add bias[off_bias + channel] (fwd); bit 1: 16-aligned channels per group.
     flags: u32,
+    // fwd on vec4 only: the output's channel, row and column strides (an NCHW tensor's, or a
+    // strided phase of one: the input gradient by phase writes every s-th row and column).
+    out_plane: u32,
+    out_rs: u32,
+    out_cs: u32,
     pad0: u32,
 }
 

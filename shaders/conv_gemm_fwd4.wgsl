@@ -2,8 +2,10 @@
 // in one tap): A = wp [o][tap][ci] read as vec4s along k; B = the input in NHWC, gathered four
 // channels of one pixel at one tap per vec4, which the NCHW gather (`conv_gemm_fwd.wgsl`) reads
 // as scalars a plane apart. Vector v of a slice: row (A) or pixel (B) v / 4, k quad v % 4.
-// out = y, NCHW (+ bias). The input's gradient at stride 1 runs here too, as the forward
-// pass of the output's gradient with the kernel rotated (flags bit 2).
+// out = y, NCHW (+ bias), or every s-th row and column of it (`out_plane`, `out_rs`, `out_cs`).
+// The input's gradient runs here too, as the forward pass of the output's gradient with the
+// kernel rotated (flags bit 2): at stride 1 whole, at stride s one phase (a residue of the row
+// and column mod s) at a time, each phase a stride-1 convolution with a sub-kernel.
 fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
     return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
 }
@@ -82,7 +84,10 @@ fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let nn = n + j;
         if nn < p.n {
-            out[p.off_out + ((nn / ohw) * p.o + m) * ohw + nn % ohw] = v[j] + add;
+            let q = nn % ohw;
+            let at = ((nn / ohw) * p.o + m) * p.out_plane + (q / p.ow) * p.out_rs
+                + (q % p.ow) * p.out_cs;
+            out[p.off_out + at] = v[j] + add;
         }
     }
 }

@@ -163,6 +163,9 @@ fn pooling_matches_the_cpu_and_pytorch() {
 /// the CPU device: output and all three gradients, aligned (channels per group a multiple of
 /// 16) and ragged channels, strides, padding, dilation, groups, 1x1, more rows than one tile,
 /// a non-contiguous input, a wgrad whose pixels are split, and f16 where the adapter has it.
+/// f32 cases of one group with channels multiples of 4 take the weight's gradient from NHWC
+/// copies on vec4 loads (`WgradVec4`); the others (10, 9 and 3 input channels, groups) the
+/// scalar NCHW gather.
 #[test]
 fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -191,6 +194,15 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         ([2, 16, 10, 9], [32, 16, 3, 3], p(1, 2, 2, 1), false),
         ([1, 16, 8, 8], [16, 16, 3, 3], p(1, 0, 1, 1), false),
         ([1, 16, 5, 5], [16, 16, 1, 1], p(1, 1, 1, 1), false),
+        // Strided, 16 output channels, no dilation: the input's gradient phase by phase (each
+        // residue of the row and column mod the stride a stride-1 pass with a sub-kernel):
+        // ResNet's 3x3 stride 2 at odd sizes; a 1x1 at stride 2 (phases that receive no tap
+        // stay zero) from a transposed view; stride 3 with a 5x4 kernel; and a 1x1 at stride
+        // 2 padded by 1 (a phase would need a negative padding: the inverse-window kernel).
+        ([2, 24, 11, 10], [32, 24, 3, 3], p(2, 1, 1, 1), false),
+        ([2, 16, 9, 8], [16, 16, 1, 1], p(2, 0, 1, 1), true),
+        ([1, 8, 13, 12], [32, 8, 5, 4], p(3, 1, 1, 1), false),
+        ([1, 16, 6, 6], [16, 16, 1, 1], p(2, 1, 1, 1), false),
     ];
     for dev in gpus() {
         let mut dtypes = vec![(DType::F32, 1e-4)];

@@ -15,8 +15,9 @@ pub(crate) enum Io {
     Conv {
         bm: u32,
     },
-    /// The convolution's forward pass on vec4 loads from an NHWC input
-    /// (`shaders/conv_gemm_fwd4.wgsl`).
+    /// The convolution's forward pass, or its weight's gradient, on vec4 loads from NHWC
+    /// operands (`shaders/conv_gemm_{fwd4,wgrad4}.wgsl`). The loads get the global k: the
+    /// slice's plus the K split's start (`kb`, zero outside wgrad).
     ConvVec4 {
         bm: u32,
     },
@@ -43,10 +44,10 @@ fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
     if let Io::ConvVec4 { bm } = io {
         for r in 0..(bm / 64) as usize {
             let e = r * 256;
-            let _ = writeln!(out, "{indent}ra[{r}] = load_a4(m0, {k}, li + {e}u);");
+            let _ = writeln!(out, "{indent}ra[{r}] = load_a4(m0, kb + {k}, li + {e}u);");
         }
         for r in 0..2 {
-            let _ = writeln!(out, "{indent}rb[{r}] = load_b4(pb{r}, {k});");
+            let _ = writeln!(out, "{indent}rb[{r}] = load_b4(pb{r}, kb + {k});");
         }
         return;
     }
@@ -167,7 +168,7 @@ pub(crate) fn main_fn(io: Io) -> String {
     out += match io {
         Io::Conv { .. } => "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n",
         Io::ConvVec4 { .. } => {
-            "    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n"
+            "    let kb = bt * p.k;\n    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n"
         }
         _ => "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n",
     };

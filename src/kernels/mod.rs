@@ -114,6 +114,16 @@ pub enum ConvMode {
     Wgrad,
     /// `Fwd` from an NHWC input on vec4 loads (f32, one group, channels a multiple of 16).
     FwdVec4,
+    /// `Wgrad` from NHWC copies of the output's gradient and the input on vec4 loads (f32, one
+    /// group, channels multiples of 4).
+    WgradVec4,
+}
+
+impl ConvMode {
+    /// Whether the mode reads vec4s from NHWC operands (f32 only).
+    pub fn vec4(self) -> bool {
+        matches!(self, ConvMode::FwdVec4 | ConvMode::WgradVec4)
+    }
 }
 
 /// One implicit-GEMM convolution kernel: its mode, the tensors' dtype (f32 or f16, f32
@@ -135,9 +145,10 @@ impl ConvGemm {
             ConvMode::Dgrad,
             ConvMode::Wgrad,
             ConvMode::FwdVec4,
+            ConvMode::WgradVec4,
         ] {
             for dtype in [DType::F32, DType::F16] {
-                if mode == ConvMode::FwdVec4 && dtype != DType::F32 {
+                if mode.vec4() && dtype != DType::F32 {
                     continue;
                 }
                 for padded in [false, true] {
@@ -176,14 +187,16 @@ impl ConvGemm {
             ),
             ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl").to_string(),
             ConvMode::FwdVec4 => include_str!("../../shaders/conv_gemm_fwd4.wgsl").to_string(),
+            ConvMode::WgradVec4 => include_str!("../../shaders/conv_gemm_wgrad4.wgsl").to_string(),
         };
-        let (v, kind) = match self.mode {
-            ConvMode::FwdVec4 => ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() }),
-            _ => ("{{T}}", matmul128::Io::Conv { bm: self.bm() }),
+        let (v, kind) = if self.mode.vec4() {
+            ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() })
+        } else {
+            ("{{T}}", matmul128::Io::Conv { bm: self.bm() })
         };
         // wgrad's partials stay f32 whatever the tensors' dtype.
         let o = match self.mode {
-            ConvMode::Wgrad => "f32",
+            ConvMode::Wgrad | ConvMode::WgradVec4 => "f32",
             _ => "{{T}}",
         };
         let io = format!("{}\n{io}", include_str!("../../shaders/conv_gemm.wgsl"))
@@ -199,6 +212,7 @@ impl ConvGemm {
             ConvMode::Dgrad => "dgrad",
             ConvMode::Wgrad => "wgrad",
             ConvMode::FwdVec4 => "fwd_vec4",
+            ConvMode::WgradVec4 => "wgrad_vec4",
         };
         format!(
             "conv_gemm_{mode}_{}_{}{}",
@@ -501,7 +515,7 @@ impl Kernel {
             Kernel::Optim(..) => 64,
             Kernel::AmpUnscale(_) => 16,
             Kernel::ColumnSum(..) => 32,
-            Kernel::ConvGemm(_) => 112,
+            Kernel::ConvGemm(_) => 128,
             Kernel::BatchNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
         }

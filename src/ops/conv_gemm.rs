@@ -129,6 +129,18 @@ fn padded(t: &Tensor) -> bool {
         .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024)
 }
 
+/// One past the last element index `t` reaches.
+fn end(t: &Tensor) -> usize {
+    let l = t.layout();
+    l.offset
+        + t.shape()
+            .iter()
+            .zip(t.strides())
+            .map(|(&n, &s)| n.saturating_sub(1) * s)
+            .sum::<usize>()
+        + 1
+}
+
 /// Launches one mode over GEMM `[m, n, k]` (k of one split), `z` workgroup layers.
 #[allow(clippy::too_many_arguments)]
 fn run(
@@ -151,11 +163,17 @@ fn run(
     let aligned = match mode {
         ConvMode::Fwd | ConvMode::FwdVec4 => g.cg().is_multiple_of(16),
         ConvMode::Dgrad => g.og().is_multiple_of(16),
-        ConvMode::Wgrad => false,
+        ConvMode::Wgrad | ConvMode::WgradVec4 => false,
     };
     // Bit 2 (FwdVec4 as the input's gradient): A's taps read in reverse.
     let flags = bias.is_some() as usize | (aligned as usize) << 1 | (flip as usize) << 2;
     let p = g.p;
+    // FwdVec4 writes any [n, c, h, w] view whose image stride is c planes (a phase of the
+    // input's gradient); the other modes a contiguous output.
+    let out_strides = match (mode, out.strides()) {
+        (ConvMode::FwdVec4, &[_, plane, rs, cs]) => [plane, rs, cs],
+        _ => [0; 3],
+    };
     let imm = [
         &[
             m, n, k, k_total, g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.kh, g.kw,
@@ -170,8 +188,9 @@ fn run(
             out.layout().offset,
             bias.map_or(0, |t| t.layout().offset),
             flags,
-            0,
         ],
+        &out_strides,
+        &[0],
     ]
     .concat()
     .iter()
@@ -179,7 +198,7 @@ fn run(
     .collect::<Result<Vec<u32>>>()?;
     // Every element index must fit a u32 too (the kernels compute them so).
     for t in [a, b, out] {
-        u32_of(op, t.layout().offset + t.numel())?;
+        u32_of(op, end(t))?;
     }
     let groups = (
         u32_of(op, n.div_ceil(128))?,
@@ -228,8 +247,8 @@ pub(super) fn forward_coop(
     if bias.as_ref().is_some_and(|b| b.layout().offset % 8 != 0) {
         return Ok(None);
     }
-    let xh = x.permute(&[0, 2, 3, 1])?.contiguous()?;
-    let wp = weight.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let xh = nhwc(x)?;
+    let wp = nhwc(weight)?;
     let (m, n, k) = (g.n * g.oh * g.ow, g.o, g.taps() * g.c);
     // Straight into NCHW where every image's pixels are whole 8-runs (56x56, 28x28), else NHWC
     // and a transpose after (14x14, 7x7).
@@ -308,10 +327,10 @@ pub(super) fn forward(
     out: &Tensor,
 ) -> Result<()> {
     // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
-    let wp = weight.permute(&[0, 2, 3, 1])?.contiguous()?;
+    let wp = nhwc(weight)?;
     let k = g.taps() * g.cg();
     if vec4_suits(x, g) {
-        return forward_vec4("conv2d", x, &wp, bias, g, out, false);
+        return forward_vec4("conv2d", &nhwc(x)?, &wp, bias, g, out, false);
     }
     run(
         "conv2d",
@@ -332,19 +351,34 @@ fn vec4_suits(x: &Tensor, g: &Geometry) -> bool {
     x.dtype() == DType::F32 && g.p.groups == 1 && g.c.is_multiple_of(16) && !forced().nchw
 }
 
+/// Whether the f32 weight gradient from NHWC copies (`ConvMode::WgradVec4`) takes this
+/// convolution: one group, input and output channels multiples of 4 (a vector).
+fn wgrad_vec4_suits(x: &Tensor, g: &Geometry) -> bool {
+    x.dtype() == DType::F32
+        && g.p.groups == 1
+        && g.c.is_multiple_of(4)
+        && g.o.is_multiple_of(4)
+        && !forced().nchw
+}
+
+/// `t` [n, c, h, w] as a contiguous NHWC copy.
+fn nhwc(t: &Tensor) -> Result<Tensor> {
+    t.permute(&[0, 2, 3, 1])?.contiguous()
+}
+
 /// `out = conv2d(x, w) (+ bias)` on `ConvMode::FwdVec4`, `wp` the weight as `[o][tap][c]`
-/// (contiguous), `x` NCHW: four channels of a pixel per load from an NHWC copy of `x`. With
-/// `flip`, tap t of `wp` serves as tap `taps - 1 - t` (the input gradient's rotated kernel).
+/// (contiguous), `xh` the input as a contiguous NHWC copy: four channels of a pixel per load.
+/// With `flip`, tap t of `wp` serves as tap `taps - 1 - t` (the input gradient's rotated
+/// kernel).
 fn forward_vec4(
     op: &'static str,
-    x: &Tensor,
+    xh: &Tensor,
     wp: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
     out: &Tensor,
     flip: bool,
 ) -> Result<()> {
-    let xh = x.permute(&[0, 2, 3, 1])?.contiguous()?;
     let k = g.taps() * g.c;
     run(
         op,
@@ -352,26 +386,187 @@ fn forward_vec4(
         g,
         [g.o, g.n * g.oh * g.ow, k, k],
         1,
-        [wp, &xh, out],
+        [wp, xh, out],
         bias,
         flip,
     )
 }
 
-/// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight.
-/// With stride 1 (and f32, one group, output channels a multiple of 16), it is the forward
-/// pass of `Geometry::rotated`: `FwdVec4` on an NHWC copy of the gradient, the rotation read in
-/// the kernel. Else the inverse-window kernel (`Dgrad`).
-pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
-    let empty = || Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device());
-    if let Some(rotated) = g.rotated().filter(|r| vec4_suits(gy, r)) {
-        // [o, c, kh, kw] -> [c, kh, kw, o]: A's rows are input channels, K runs over
-        // (tap, output channel); the kernel reads the taps in reverse.
-        let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
-        let dx = empty()?;
-        forward_vec4("conv2d_backward", gy, &wt, None, &rotated, &dx, true)?;
-        return Ok(dx);
+/// conv2d's gradients `[input, weight]` where `needs` asks, from the output's (contiguous),
+/// the weight and the input (needed for the weight's). One NHWC copy of the output's gradient
+/// serves both vec4 paths.
+pub(super) fn grads(
+    gy: &Tensor,
+    weight: &Tensor,
+    x: Option<&Tensor>,
+    g: &Geometry,
+    needs: [bool; 2],
+) -> Result<[Option<Tensor>; 2]> {
+    let rotated = g.rotated().filter(|r| needs[0] && vec4_suits(gy, r));
+    let phased = phases(g).filter(|p| needs[0] && rotated.is_none() && p.suits(gy));
+    let x = x.filter(|_| needs[1]);
+    let wgrad4 = x.is_some() && wgrad_vec4_suits(gy, g);
+    let gh = (rotated.is_some() || phased.is_some() || wgrad4)
+        .then(|| nhwc(gy))
+        .transpose()?;
+    let dx = match (&rotated, &phased, &gh) {
+        _ if !needs[0] => None,
+        (Some(r), _, Some(gh)) => Some(rotated_input_grad(gh, weight, g, r)?),
+        (None, Some(phases), Some(gh)) => Some(phased_input_grad(gh, weight, phases)?),
+        _ => Some(input_grad(gy, weight, g)?),
+    };
+    let dw = match (x, &gh) {
+        (Some(x), Some(gh)) if wgrad4 => Some(weight_grad(gh, &nhwc(x)?, g, true)?),
+        (Some(x), _) => Some(weight_grad(gy, &x.contiguous()?, g, false)?),
+        _ => None,
+    };
+    Ok([dx, dw])
+}
+
+/// The input's gradient at stride 1 as the forward pass of `rotated` (`Geometry::rotated`):
+/// `FwdVec4` on `gh`, the NHWC copy of the output's gradient, the rotation read in the kernel.
+fn rotated_input_grad(
+    gh: &Tensor,
+    weight: &Tensor,
+    g: &Geometry,
+    rotated: &Geometry,
+) -> Result<Tensor> {
+    // [o, c, kh, kw] -> [c, kh, kw, o]: A's rows are input channels, K runs over
+    // (tap, output channel); the kernel reads the taps in reverse.
+    let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
+    let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gh.dtype(), gh.device())?;
+    forward_vec4("conv2d_backward", gh, &wt, None, rotated, &dx, true)?;
+    Ok(dx)
+}
+
+/// One phase of the input's gradient at stride s along one spatial dim: the input rows
+/// `r, r + s, ...` (`len` of them) receive only the kernel taps `k0, k0 + s, ...` (`taps` of
+/// them, `k0 = (r + padding) % s`), and row `r + s*i` gathers tap `k0 + s*j` from the output's
+/// gradient at row `i + delta - j` (`delta = (r + padding - k0) / s`). That is the stride-1
+/// forward pass of the gradient with those taps reversed (`flip`) and padding
+/// `pad = taps - 1 - delta`.
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    r: usize,
+    k0: usize,
+    taps: usize,
+    pad: usize,
+    len: usize,
+}
+
+/// The phases along one dim (input size `n`, kernel `k`, stride `s`, padding `p`), `None`
+/// where one would need a negative padding (padding beyond what the kernel reaches).
+fn phases_1d(n: usize, k: usize, s: usize, p: usize) -> Option<Vec<Phase>> {
+    (0..s.min(n))
+        .map(|r| {
+            let k0 = (r + p) % s;
+            let taps = k.saturating_sub(k0).div_ceil(s);
+            let delta = (r + p - k0) / s;
+            let pad = match taps {
+                0 => 0,
+                _ => (taps - 1).checked_sub(delta)?,
+            };
+            Some(Phase {
+                r,
+                k0,
+                taps,
+                pad,
+                len: (n - r).div_ceil(s),
+            })
+        })
+        .collect()
+}
+
+/// The row and column phases of a strided convolution's input gradient.
+struct Phases {
+    rows: Vec<Phase>,
+    cols: Vec<Phase>,
+    g: Geometry,
+}
+
+/// `Phases` where the input's gradient goes by phase: stride above 1, no dilation, one group.
+fn phases(g: &Geometry) -> Option<Phases> {
+    let p = g.p;
+    if p.stride == (1, 1) || p.dilation != (1, 1) || p.groups != 1 {
+        return None;
     }
+    Some(Phases {
+        rows: phases_1d(g.h, g.kh, p.stride.0, p.padding.0)?,
+        cols: phases_1d(g.w, g.kw, p.stride.1, p.padding.1)?,
+        g: *g,
+    })
+}
+
+impl Phases {
+    /// The stride-1 convolution (of the output's gradient) that computes phase (`r`, `c`).
+    fn geometry(&self, r: &Phase, c: &Phase) -> Geometry {
+        let g = &self.g;
+        Geometry {
+            n: g.n,
+            c: g.o,
+            h: g.oh,
+            w: g.ow,
+            o: g.c,
+            oh: r.len,
+            ow: c.len,
+            kh: r.taps,
+            kw: c.taps,
+            p: Conv2dParams {
+                stride: (1, 1),
+                padding: (r.pad, c.pad),
+                dilation: (1, 1),
+                groups: 1,
+            },
+        }
+    }
+
+    /// Whether every phase suits `FwdVec4` (their channels are the output's).
+    fn suits(&self, gy: &Tensor) -> bool {
+        vec4_suits(gy, &self.geometry(&self.rows[0], &self.cols[0]))
+    }
+}
+
+/// The input's gradient of a strided convolution, phase by phase (`Phase`): each phase one
+/// `FwdVec4` pass over `gh` (the output's gradient, NHWC) with its sub-kernel, writing every
+/// s-th row and column of the gradient. Where a phase receives no tap (a 1x1 kernel at stride
+/// 2 reaches only even rows), its rows stay zero. The inverse-window kernel (`Dgrad`) visits
+/// every (pixel, tap) pair and throws most away; this does only the products that count.
+fn phased_input_grad(gh: &Tensor, weight: &Tensor, phases: &Phases) -> Result<Tensor> {
+    let g = &phases.g;
+    let shape = [g.n, g.c, g.h, g.w];
+    let empty = phases.rows.iter().chain(&phases.cols).any(|p| p.taps == 0);
+    let dx = if empty {
+        Tensor::zeros(&shape, gh.dtype(), gh.device())?
+    } else {
+        Tensor::empty(&shape, gh.dtype(), gh.device())?
+    };
+    let (s, w) = (g.p.stride, weight.layout().offset);
+    for r in phases.rows.iter().filter(|p| p.taps > 0) {
+        for c in phases.cols.iter().filter(|p| p.taps > 0) {
+            // weight[:, :, k0::s, k0::s] as [c, kh', kw', o].
+            let sub = weight
+                .as_strided(
+                    &[g.o, g.c, r.taps, c.taps],
+                    &[g.c * g.taps(), g.taps(), s.0 * g.kw, s.1],
+                    w + r.k0 * g.kw + c.k0,
+                )
+                .permute(&[1, 2, 3, 0])?
+                .contiguous()?;
+            let out = dx.as_strided(
+                &[g.n, g.c, r.len, c.len],
+                &[g.c * g.h * g.w, g.h * g.w, s.0 * g.w, s.1],
+                dx.layout().offset + r.r * g.w + c.r,
+            );
+            let pg = phases.geometry(r, c);
+            forward_vec4("conv2d_backward", gh, &sub, None, &pg, &out, true)?;
+        }
+    }
+    Ok(dx)
+}
+
+/// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight
+/// on the inverse-window kernel (`Dgrad`).
+fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
     let groups = g.p.groups as isize;
     // [o, cg, kh, kw] -> [groups, kh, kw, og, cg].
     let wd = weight
@@ -384,7 +579,7 @@ pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<T
         ])?
         .permute(&[0, 3, 4, 1, 2])?
         .contiguous()?;
-    let dx = empty()?;
+    let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
     let k = g.taps() * g.og();
     run(
         "conv2d_backward",
@@ -399,10 +594,11 @@ pub(super) fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<T
     Ok(dx)
 }
 
-/// The gradient of conv2d's weight, [o, cg, kh, kw] in `x`'s dtype, from the output's
-/// (contiguous) and the input (contiguous). The pixels (GEMM's K) are split so that about 512
-/// workgroups run; the f32 partials are summed after.
-pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tensor> {
+/// The gradient of conv2d's weight, [o, cg, kh, kw] in `x`'s dtype, from the output's and the
+/// input, both contiguous: NCHW (`Wgrad`), or with `vec4` NHWC copies (`WgradVec4`). The
+/// pixels (GEMM's K) are split so that about 512 workgroups run; the f32 partials are summed
+/// after.
+fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry, vec4: bool) -> Result<Tensor> {
     let (m, n) = (g.og(), g.taps() * g.cg());
     let k_total = g.n * g.oh * g.ow;
     let tiles = m.div_ceil(if m <= 64 { 64 } else { 128 }) * n.div_ceil(128) * g.p.groups;
@@ -413,9 +609,14 @@ pub(super) fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry) -> Result<Tenso
     let k = k_total.div_ceil(splits).div_ceil(16) * 16;
     let splits = k_total.div_ceil(k);
     let partial = Tensor::empty(&[splits, g.p.groups, m, n], DType::F32, gy.device())?;
+    let mode = if vec4 {
+        ConvMode::WgradVec4
+    } else {
+        ConvMode::Wgrad
+    };
     run(
         "conv2d_backward",
-        ConvMode::Wgrad,
+        mode,
         g,
         [m, n, k, k_total],
         splits,

@@ -57,17 +57,8 @@ pub(super) fn conv2d_backward(
     let gb = needs[2].then(|| g.sum(&[0, 2, 3], false)).transpose()?;
     let geometry = super::conv_gemm::Geometry::new(x_shape, w.shape(), (oh, ow), p);
     if super::conv_gemm::suits(&g, &geometry) {
-        let gx = needs[0]
-            .then(|| super::conv_gemm::input_grad(&g, &w.contiguous()?, &geometry))
-            .transpose()?;
-        let gw = match (needs[1], x) {
-            (true, Some(x)) => Some(super::conv_gemm::weight_grad(
-                &g,
-                &x.contiguous()?,
-                &geometry,
-            )?),
-            _ => None,
-        };
+        let [gx, gw] =
+            super::conv_gemm::grads(&g, &w.contiguous()?, x, &geometry, [needs[0], needs[1]])?;
         return Ok([gx, gw, gb]);
     }
     let padded = [
