@@ -164,8 +164,8 @@ fn pooling_matches_the_cpu_and_pytorch() {
 /// 16) and ragged channels, strides, padding, dilation, groups, 1x1, more rows than one tile,
 /// a non-contiguous input, a wgrad whose pixels are split, and f16 where the adapter has it.
 /// f32 cases of one group with channels multiples of 4 take the weight's gradient from NHWC
-/// copies on vec4 loads (`WgradVec4`); the others (10, 9 and 3 input channels, groups) the
-/// scalar NCHW gather.
+/// copies on vec4 loads (`WgradVec4`, or `PointwiseWgrad` from NCHW for a 1x1); the others
+/// (10, 9 and 3 input channels, groups) the scalar NCHW gather.
 #[test]
 fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -203,6 +203,14 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         ([2, 16, 9, 8], [16, 16, 1, 1], p(2, 0, 1, 1), true),
         ([1, 8, 13, 12], [32, 8, 5, 4], p(3, 1, 1, 1), false),
         ([1, 16, 6, 6], [16, 16, 1, 1], p(2, 1, 1, 1), false),
+        // Pointwise (1x1, stride 1, no padding; channels of 16, pixels per image of 4): all
+        // three products straight from NCHW on vec4 loads, with more output channels than one
+        // tile and a wgrad whose pixels are split; from a transposed view (the weight's
+        // gradient then from NHWC copies); and 9 pixels per image (the NHWC kernels instead).
+        ([2, 16, 4, 5], [144, 16, 1, 1], p(1, 0, 1, 1), false),
+        ([4, 32, 20, 20], [48, 32, 1, 1], p(1, 0, 1, 1), false),
+        ([3, 16, 8, 4], [32, 16, 1, 1], p(1, 0, 1, 1), true),
+        ([2, 16, 3, 3], [16, 16, 1, 1], p(1, 0, 1, 1), false),
     ];
     for dev in gpus() {
         let mut dtypes = vec![(DType::F32, 1e-4)];

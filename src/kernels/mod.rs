@@ -117,12 +117,33 @@ pub enum ConvMode {
     /// `Wgrad` from NHWC copies of the output's gradient and the input on vec4 loads (f32, one
     /// group, channels multiples of 4).
     WgradVec4,
+    /// A pointwise convolution (1x1, stride 1, no padding) straight from NCHW on vec4 loads:
+    /// the forward pass, or the input's gradient with the weight transposed (f32, one group,
+    /// reduced channels a multiple of 16, pixels per image of 4).
+    Pointwise,
+    /// The pointwise convolution's weight gradient from NCHW on vec4 loads (pixels per image
+    /// a multiple of 4).
+    PointwiseWgrad,
 }
 
 impl ConvMode {
-    /// Whether the mode reads vec4s from NHWC operands (f32 only).
+    /// Whether the mode reads vec4s (f32 only; `Io::ConvVec4`).
     pub fn vec4(self) -> bool {
-        matches!(self, ConvMode::FwdVec4 | ConvMode::WgradVec4)
+        matches!(
+            self,
+            ConvMode::FwdVec4
+                | ConvMode::WgradVec4
+                | ConvMode::Pointwise
+                | ConvMode::PointwiseWgrad
+        )
+    }
+
+    /// Whether the mode writes split f32 partials of the weight's gradient.
+    pub fn wgrad(self) -> bool {
+        matches!(
+            self,
+            ConvMode::Wgrad | ConvMode::WgradVec4 | ConvMode::PointwiseWgrad
+        )
     }
 }
 
@@ -146,6 +167,8 @@ impl ConvGemm {
             ConvMode::Wgrad,
             ConvMode::FwdVec4,
             ConvMode::WgradVec4,
+            ConvMode::Pointwise,
+            ConvMode::PointwiseWgrad,
         ] {
             for dtype in [DType::F32, DType::F16] {
                 if mode.vec4() && dtype != DType::F32 {
@@ -188,6 +211,10 @@ impl ConvGemm {
             ConvMode::Wgrad => include_str!("../../shaders/conv_gemm_wgrad.wgsl").to_string(),
             ConvMode::FwdVec4 => include_str!("../../shaders/conv_gemm_fwd4.wgsl").to_string(),
             ConvMode::WgradVec4 => include_str!("../../shaders/conv_gemm_wgrad4.wgsl").to_string(),
+            ConvMode::Pointwise => include_str!("../../shaders/conv_gemm_pw.wgsl").to_string(),
+            ConvMode::PointwiseWgrad => {
+                include_str!("../../shaders/conv_gemm_pw_wgrad.wgsl").to_string()
+            }
         };
         let (v, kind) = if self.mode.vec4() {
             ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() })
@@ -195,10 +222,7 @@ impl ConvGemm {
             ("{{T}}", matmul128::Io::Conv { bm: self.bm() })
         };
         // wgrad's partials stay f32 whatever the tensors' dtype.
-        let o = match self.mode {
-            ConvMode::Wgrad | ConvMode::WgradVec4 => "f32",
-            _ => "{{T}}",
-        };
+        let o = if self.mode.wgrad() { "f32" } else { "{{T}}" };
         let io = format!("{}\n{io}", include_str!("../../shaders/conv_gemm.wgsl"))
             .replace("{{V}}", v)
             .replace("{{O}}", o)
@@ -213,6 +237,8 @@ impl ConvGemm {
             ConvMode::Wgrad => "wgrad",
             ConvMode::FwdVec4 => "fwd_vec4",
             ConvMode::WgradVec4 => "wgrad_vec4",
+            ConvMode::Pointwise => "pointwise",
+            ConvMode::PointwiseWgrad => "pointwise_wgrad",
         };
         format!(
             "conv_gemm_{mode}_{}_{}{}",

@@ -163,7 +163,7 @@ fn run(
     let aligned = match mode {
         ConvMode::Fwd | ConvMode::FwdVec4 => g.cg().is_multiple_of(16),
         ConvMode::Dgrad => g.og().is_multiple_of(16),
-        ConvMode::Wgrad | ConvMode::WgradVec4 => false,
+        _ => false,
     };
     // Bit 2 (FwdVec4 as the input's gradient): A's taps read in reverse.
     let flags = bias.is_some() as usize | (aligned as usize) << 1 | (flip as usize) << 2;
@@ -329,6 +329,9 @@ pub(super) fn forward(
     // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
     let wp = nhwc(weight)?;
     let k = g.taps() * g.cg();
+    if pointwise_suits(x, g) {
+        return pointwise("conv2d", x, &wp, bias, g, out);
+    }
     if vec4_suits(x, g) {
         return forward_vec4("conv2d", &nhwc(x)?, &wp, bias, g, out, false);
     }
@@ -339,6 +342,45 @@ pub(super) fn forward(
         [g.og(), g.n * g.oh * g.ow, k, k],
         1,
         [&wp, x, out],
+        bias,
+        false,
+    )
+}
+
+/// Whether `ConvMode::Pointwise` takes this convolution of `x` (NCHW, contiguous): f32, one
+/// group, 1x1 at stride 1 without padding, input channels a multiple of 16 (whole K slices),
+/// pixels per image a multiple of 4 and `x` contiguous from an element offset of 4 (a vector
+/// never straddles two images or leaves the binding's alignment). ResNet-50: 33 of its 53
+/// layers.
+fn pointwise_suits(x: &Tensor, g: &Geometry) -> bool {
+    let p = g.p;
+    x.dtype() == DType::F32
+        && p.groups == 1
+        && (g.kh, g.kw, p.stride, p.padding) == (1, 1, (1, 1), (0, 0))
+        && g.c.is_multiple_of(16)
+        && (g.oh * g.ow).is_multiple_of(4)
+        && x.is_contiguous()
+        && x.layout().offset.is_multiple_of(4)
+        && !forced().nchw
+}
+
+/// `out = conv2d(x, w) (+ bias)` for a pointwise `g` on `ConvMode::Pointwise`: per image the
+/// product `w [o][c] @ x [c][pixels]`, read from NCHW with no copy.
+fn pointwise(
+    op: &'static str,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+    out: &Tensor,
+) -> Result<()> {
+    run(
+        op,
+        ConvMode::Pointwise,
+        g,
+        [g.o, g.n * g.oh * g.ow, g.c, g.c],
+        1,
+        [w, x, out],
         bias,
         false,
     )
@@ -402,23 +444,43 @@ pub(super) fn grads(
     g: &Geometry,
     needs: [bool; 2],
 ) -> Result<[Option<Tensor>; 2]> {
-    let rotated = g.rotated().filter(|r| needs[0] && vec4_suits(gy, r));
-    let phased = phases(g).filter(|p| needs[0] && rotated.is_none() && p.suits(gy));
-    let x = x.filter(|_| needs[1]);
-    let wgrad4 = x.is_some() && wgrad_vec4_suits(gy, g);
-    let gh = (rotated.is_some() || phased.is_some() || wgrad4)
-        .then(|| nhwc(gy))
-        .transpose()?;
-    let dx = match (&rotated, &phased, &gh) {
-        _ if !needs[0] => None,
-        (Some(r), _, Some(gh)) => Some(rotated_input_grad(gh, weight, g, r)?),
-        (None, Some(phases), Some(gh)) => Some(phased_input_grad(gh, weight, phases)?),
-        _ => Some(input_grad(gy, weight, g)?),
+    // The NHWC copy of the output's gradient, made on first use.
+    let mut gh: Option<Tensor> = None;
+    let mut nhwc_gy = || -> Result<Tensor> {
+        if let Some(t) = &gh {
+            return Ok(t.clone());
+        }
+        let t = nhwc(gy)?;
+        gh = Some(t.clone());
+        Ok(t)
     };
-    let dw = match (x, &gh) {
-        (Some(x), Some(gh)) if wgrad4 => Some(weight_grad(gh, &nhwc(x)?, g, true)?),
-        (Some(x), _) => Some(weight_grad(gy, &x.contiguous()?, g, false)?),
-        _ => None,
+    let dx = if needs[0] {
+        Some(match (g.rotated(), phases(g)) {
+            (Some(r), _) if pointwise_suits(gy, &r) => {
+                // [o, c, 1, 1] -> [c, o]: the forward pass's A, transposed.
+                let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
+                let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
+                pointwise("conv2d_backward", gy, &wt, None, &r, &dx)?;
+                dx
+            }
+            (Some(r), _) if vec4_suits(gy, &r) => rotated_input_grad(&nhwc_gy()?, weight, g, &r)?,
+            (_, Some(phases)) if phases.suits(gy) => {
+                phased_input_grad(&nhwc_gy()?, weight, &phases)?
+            }
+            _ => input_grad(gy, weight, g)?,
+        })
+    } else {
+        None
+    };
+    let dw = match x.filter(|_| needs[1]) {
+        Some(x) if pointwise_suits(x, g) && gy.layout().offset.is_multiple_of(4) => {
+            Some(weight_grad(gy, x, g, ConvMode::PointwiseWgrad)?)
+        }
+        Some(x) if wgrad_vec4_suits(gy, g) => {
+            Some(weight_grad(&nhwc_gy()?, &nhwc(x)?, g, ConvMode::WgradVec4)?)
+        }
+        Some(x) => Some(weight_grad(gy, &x.contiguous()?, g, ConvMode::Wgrad)?),
+        None => None,
     };
     Ok([dx, dw])
 }
@@ -595,10 +657,10 @@ fn input_grad(gy: &Tensor, weight: &Tensor, g: &Geometry) -> Result<Tensor> {
 }
 
 /// The gradient of conv2d's weight, [o, cg, kh, kw] in `x`'s dtype, from the output's and the
-/// input, both contiguous: NCHW (`Wgrad`), or with `vec4` NHWC copies (`WgradVec4`). The
+/// input, both contiguous: NCHW (`Wgrad`, `PointwiseWgrad`), or NHWC copies (`WgradVec4`). The
 /// pixels (GEMM's K) are split so that about 512 workgroups run; the f32 partials are summed
 /// after.
-fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry, vec4: bool) -> Result<Tensor> {
+fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry, mode: ConvMode) -> Result<Tensor> {
     let (m, n) = (g.og(), g.taps() * g.cg());
     let k_total = g.n * g.oh * g.ow;
     let tiles = m.div_ceil(if m <= 64 { 64 } else { 128 }) * n.div_ceil(128) * g.p.groups;
@@ -609,11 +671,6 @@ fn weight_grad(gy: &Tensor, x: &Tensor, g: &Geometry, vec4: bool) -> Result<Tens
     let k = k_total.div_ceil(splits).div_ceil(16) * 16;
     let splits = k_total.div_ceil(k);
     let partial = Tensor::empty(&[splits, g.p.groups, m, n], DType::F32, gy.device())?;
-    let mode = if vec4 {
-        ConvMode::WgradVec4
-    } else {
-        ConvMode::Wgrad
-    };
     run(
         "conv2d_backward",
         mode,

@@ -1,0 +1,67 @@
+// A pointwise convolution (1x1, stride 1, no padding; f32, one group) read straight from
+// NCHW on vec4 loads, with no NHWC copy: per image it is the plain product W [o][c] @ x [c][hw],
+// and four consecutive pixels of one channel are one vector (hw a multiple of 4, channels of 16).
+//   A = the weight as [m][k] rows (the forward pass: [o][c]; the input's gradient: [c][o]),
+//       four k values per vector, scattered into four tile rows;
+//   B = the input (or the output's gradient) [img][k][pixel], four pixels per vector, one
+//       tile store, the vector's image and pixel fixed per invocation.
+// out = NCHW [img][m][pixel] (+ bias).
+fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
+    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
+}
+
+fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
+    let m = m0 + v / 4u;
+    if m < p.m {
+        return a[(p.off_a + m * p.k + k0) / 4u + v % 4u];
+    }
+    return vec4<f32>();
+}
+
+struct PreB4 {
+    ok: bool,
+    // b's element index of (img, channel 0, pixel), and the slice row this invocation loads.
+    base: u32,
+    row: u32,
+}
+
+fn pre_b4(n0: u32, v: u32) -> PreB4 {
+    let n = n0 + 4u * (v % 32u);
+    let hw = p.oh * p.ow;
+    return PreB4(n < p.n, p.off_b + (n / hw) * p.c * hw + n % hw, v / 32u);
+}
+
+fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
+    if pb.ok {
+        return b[(pb.base + (k0 + pb.row) * p.oh * p.ow) / 4u];
+    }
+    return vec4<f32>();
+}
+
+fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
+    let m = v / 4u;
+    let k = 4u * (v % 4u);
+    for (var j = 0u; j < 4u; j++) {
+        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
+    }
+}
+
+fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
+    tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
+}
+
+// Output channel m, pixels n..n+3 (one image: hw is a multiple of 4).
+fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
+    if m >= p.m || n >= p.n {
+        return;
+    }
+    var add = 0.0;
+    if (p.flags & 1u) != 0u {
+        add = bias[p.off_bias + m];
+    }
+    let hw = p.oh * p.ow;
+    let at = p.off_out + ((n / hw) * p.o + m) * hw + n % hw;
+    for (var j = 0u; j < 4u; j++) {
+        out[at + j] = v[j] + add;
+    }
+}
