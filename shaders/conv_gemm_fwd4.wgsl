@@ -6,10 +6,6 @@
 // The input's gradient runs here too, as the forward pass of the output's gradient with the
 // kernel rotated (flags bit 2): at stride 1 whole, at stride s one phase (a residue of the row
 // and column mod s) at a time, each phase a stride-1 convolution with a sub-kernel.
-fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
-    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
-}
-
 // With flags bit 2 (the input gradient), tap t of the slice is read from row tap taps - 1 - t.
 fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
     let m = m0 + v / 4u;
@@ -54,40 +50,10 @@ fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
     return vec4<f32>();
 }
 
-// A vector of four k values of one row (column of the shared tile) goes to four tile rows.
-fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    let m = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
-    }
-}
-
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
     let n = v / 4u;
     let k = 4u * (v % 4u);
     for (var j = 0u; j < 4u; j++) {
         tile_b[tile_at(buf, k + j, n)][n % 4u] = x[j];
-    }
-}
-
-// Output channels m, pixels n..n+3.
-fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m {
-        return;
-    }
-    var add = 0.0;
-    if (p.flags & 1u) != 0u {
-        add = bias[p.off_bias + m];
-    }
-    let ohw = p.oh * p.ow;
-    for (var j = 0u; j < 4u; j++) {
-        let nn = n + j;
-        if nn < p.n {
-            let q = nn % ohw;
-            let at = ((nn / ohw) * p.o + m) * p.out_plane + (q / p.ow) * p.out_rs
-                + (q % p.ow) * p.out_cs;
-            out[p.off_out + at] = v[j] + add;
-        }
     }
 }

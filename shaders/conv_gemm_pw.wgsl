@@ -5,11 +5,7 @@
 //       four k values per vector, scattered into four tile rows;
 //   B = the input (or the output's gradient) [img][k][pixel], four pixels per vector, one
 //       tile store, the vector's image and pixel fixed per invocation.
-// out = NCHW [img][m][pixel] (+ bias).
-fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
-    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
-}
-
+// out = NCHW [img][m][pixel] (+ bias), through `conv_gemm_out4.wgsl`.
 fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
     let m = m0 + v / 4u;
     if m < p.m {
@@ -38,30 +34,6 @@ fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
     return vec4<f32>();
 }
 
-fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    let m = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
-    }
-}
-
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
     tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
-}
-
-// Output channel m, pixels n..n+3 (one image: hw is a multiple of 4).
-fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m || n >= p.n {
-        return;
-    }
-    var add = 0.0;
-    if (p.flags & 1u) != 0u {
-        add = bias[p.off_bias + m];
-    }
-    let hw = p.oh * p.ow;
-    let at = p.off_out + ((n / hw) * p.o + m) * hw + n % hw;
-    for (var j = 0u; j < 4u; j++) {
-        out[at + j] = v[j] + add;
-    }
 }

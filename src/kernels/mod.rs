@@ -127,7 +127,7 @@ pub enum ConvMode {
 }
 
 impl ConvMode {
-    /// Whether the mode reads vec4s (f32 only; `Io::ConvVec4`).
+    /// Whether the mode runs on vec4 operands (f32 only; `Io::ConvVec4`).
     pub fn vec4(self) -> bool {
         matches!(
             self,
@@ -136,6 +136,11 @@ impl ConvMode {
                 | ConvMode::Pointwise
                 | ConvMode::PointwiseWgrad
         )
+    }
+
+    /// Whether the mode writes the output through `conv_gemm_out4.wgsl`'s strided store.
+    pub fn out4(self) -> bool {
+        matches!(self, ConvMode::FwdVec4 | ConvMode::Pointwise)
     }
 
     /// Whether the mode writes split f32 partials of the weight's gradient.
@@ -215,6 +220,11 @@ impl ConvGemm {
             ConvMode::PointwiseWgrad => {
                 include_str!("../../shaders/conv_gemm_pw_wgrad.wgsl").to_string()
             }
+        };
+        let io = if self.mode.out4() {
+            format!("{}{io}", include_str!("../../shaders/conv_gemm_out4.wgsl"))
+        } else {
+            io
         };
         let (v, kind) = if self.mode.vec4() {
             ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() })

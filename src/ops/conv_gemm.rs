@@ -168,10 +168,10 @@ fn run(
     // Bit 2 (FwdVec4 as the input's gradient): A's taps read in reverse.
     let flags = bias.is_some() as usize | (aligned as usize) << 1 | (flip as usize) << 2;
     let p = g.p;
-    // FwdVec4 writes any [n, c, h, w] view whose image stride is c planes (a phase of the
-    // input's gradient); the other modes a contiguous output.
+    // The modes on `conv_gemm_out4.wgsl` write any [n, c, h, w] view whose image stride is c
+    // planes (a phase of the input's gradient); the others a contiguous output.
     let out_strides = match (mode, out.strides()) {
-        (ConvMode::FwdVec4, &[_, plane, rs, cs]) => [plane, rs, cs],
+        (m, &[_, plane, rs, cs]) if m.out4() => [plane, rs, cs],
         _ => [0; 3],
     };
     let imm = [
@@ -326,17 +326,19 @@ pub(super) fn forward(
     g: &Geometry,
     out: &Tensor,
 ) -> Result<()> {
+    const OP: &str = "conv2d";
+    let k = g.taps() * g.cg();
+    if pointwise_suits(x, g) && weight.layout().offset.is_multiple_of(4) {
+        // [o, c, 1, 1] is A as it is.
+        return pointwise(OP, x, weight, bias, g, out);
+    }
     // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
     let wp = nhwc(weight)?;
-    let k = g.taps() * g.cg();
-    if pointwise_suits(x, g) {
-        return pointwise("conv2d", x, &wp, bias, g, out);
-    }
     if vec4_suits(x, g) {
-        return forward_vec4("conv2d", &nhwc(x)?, &wp, bias, g, out, false);
+        return forward_vec4(OP, &nhwc(x)?, &wp, bias, g, out, false);
     }
     run(
-        "conv2d",
+        OP,
         ConvMode::Fwd,
         g,
         [g.og(), g.n * g.oh * g.ow, k, k],
@@ -444,6 +446,7 @@ pub(super) fn grads(
     g: &Geometry,
     needs: [bool; 2],
 ) -> Result<[Option<Tensor>; 2]> {
+    const OP: &str = "conv2d_backward";
     // The NHWC copy of the output's gradient, made on first use.
     let mut gh: Option<Tensor> = None;
     let mut nhwc_gy = || -> Result<Tensor> {
@@ -460,7 +463,7 @@ pub(super) fn grads(
                 // [o, c, 1, 1] -> [c, o]: the forward pass's A, transposed.
                 let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
                 let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gy.dtype(), gy.device())?;
-                pointwise("conv2d_backward", gy, &wt, None, &r, &dx)?;
+                pointwise(OP, gy, &wt, None, &r, &dx)?;
                 dx
             }
             (Some(r), _) if vec4_suits(gy, &r) => rotated_input_grad(&nhwc_gy()?, weight, g, &r)?,
