@@ -1,7 +1,9 @@
 // Batch normalisation's elementwise pass over [N, C, S] (contiguous, S in `{{V}}` units), with
 // per-channel coefficients co[off + j * C + c]:
 // - forward: y = x * scale + shift;
-// - backward: dx = g * a + x * b + d.
+// - backward: dx = g * a + x * b + d;
+// and with a fused ReLU, y = max(x * scale + shift, 0) and g masked where that output was not
+// positive (recomputed from x and stats[off + 2C + c], stats[off + 3C + c]).
 struct Params {
     n: u32,
     c: u32,
@@ -9,7 +11,7 @@ struct Params {
     x_off: u32,
     g_off: u32,
     co_off: u32,
-    pad0: u32,
+    stats_off: u32,
     pad1: u32,
     pad2: u32,
     pad3: u32,

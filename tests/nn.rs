@@ -70,10 +70,11 @@ fn batchnorm_normalises_and_tracks_running_stats() {
 /// The fused GPU batch norm (f32) against the composite formula on the CPU device: output,
 /// running statistics, and the gradients of input, weight and bias, in training and in
 /// evaluation, for 2-D and 4-D inputs, rows of vec4s and not, several chunks per channel,
-/// an input at an offset and a non-contiguous one.
+/// an input at an offset and a non-contiguous one; and the same with the ReLU fused into its
+/// passes (`batch_norm_relu`, outputs of both signs) against the CPU's batch norm and ReLU.
 #[test]
 fn batch_norm_fused_matches_the_cpu_reference() {
-    use kiln::ops::batch_norm;
+    use kiln::ops::{batch_norm, batch_norm_relu};
     let cpu = Device::cpu().unwrap();
     let vals = |n: usize, seed: u64, shift: f32| -> Vec<f32> {
         (0..n)
@@ -100,7 +101,8 @@ fn batch_norm_fused_matches_the_cpu_reference() {
             let rv = vals(n, k as u64 + 11, 0.0);
             let wv = vals(c, 5, 1.0);
             let bv = vals(c, 7, 0.0);
-            let run = |d: &Device, training: bool| -> Vec<Vec<f32>> {
+            let run = |d: &Device, training: bool, relu: bool| -> Vec<Vec<f32>> {
+                let op = if relu { batch_norm_relu } else { batch_norm };
                 let mut x = Tensor::from_slice(&xv, shape, d).unwrap();
                 if permuted {
                     // The same logical [N, C, H, W] read through transposed storage.
@@ -124,7 +126,7 @@ fn batch_norm_fused_matches_the_cpu_reference() {
                     .unwrap();
                 let rm = Tensor::from_slice(&vals(c, 9, 0.5), &[c], d).unwrap();
                 let rvar = Tensor::from_slice(&vals(c, 13, 3.0), &[c], d).unwrap();
-                let y = batch_norm(
+                let y = op(
                     &x,
                     Some(&rm),
                     Some(&rvar),
@@ -154,9 +156,13 @@ fn batch_norm_fused_matches_the_cpu_reference() {
                 .map(|t| t.contiguous().unwrap().to_vec::<f32>().unwrap())
                 .collect()
             };
-            for training in [true, false] {
-                let got = run(&dev, training);
-                let want = run(&cpu, training);
+            for (training, relu) in [(true, false), (false, false), (true, true), (false, true)] {
+                let got = run(&dev, training, relu);
+                let want = run(&cpu, training, relu);
+                if relu {
+                    let zeros = got[0].iter().filter(|&&v| v == 0.0).count();
+                    assert!(zeros > 0 && zeros < got[0].len(), "{shape:?}: both signs");
+                }
                 let names = [
                     "y",
                     "x.grad",
@@ -169,7 +175,7 @@ fn batch_norm_fused_matches_the_cpu_reference() {
                     let scale = w.iter().fold(1.0f32, |m, v| m.max(v.abs()));
                     assert!(
                         close(g, w, 2e-4 * scale),
-                        "{dev:?} {shape:?} rows {rows:?} training {training}: {name}: {:?} vs {:?}",
+                        "{dev:?} {shape:?} rows {rows:?} training {training} relu {relu}: {name}: {:?} vs {:?}",
                         &g[..g.len().min(8)],
                         &w[..w.len().min(8)]
                     );

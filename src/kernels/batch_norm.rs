@@ -1,17 +1,33 @@
 //! Specialises the three passes of the fused batch normalisation (`shaders/batch_norm_*.wgsl`):
 //! per-channel partial sums, the per-channel finalize, and the elementwise apply, each for the
-//! forward or the backward, the sweeping passes over f32 scalars or vec4s.
+//! forward or the backward, the sweeping passes over f32 scalars or vec4s, and with `relu` a
+//! ReLU fused after the normalisation (`ops::batch_norm_relu`): the forward apply clamps, and
+//! the backward passes mask the gradient where the output was not positive, the output
+//! recomputed from the input and the saved statistics with the forward's own `fma`.
 
 /// One pass of the fused batch normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BatchNormPass {
-    /// Partial sums per (channel, chunk).
-    Reduce { backward: bool, vec4: bool },
+    /// Partial sums per (channel, chunk); `relu` only backward.
+    Reduce {
+        backward: bool,
+        vec4: bool,
+        relu: bool,
+    },
     /// One invocation per channel: statistics (forward) or coefficients (backward).
     Finalize { backward: bool },
     /// The elementwise output (forward) or input gradient (backward).
-    Apply { backward: bool, vec4: bool },
+    Apply {
+        backward: bool,
+        vec4: bool,
+        relu: bool,
+    },
 }
+
+/// `y = x * scale + shift` as the ReLU-fused passes compute it, in `{{V}}` units: one `fma`,
+/// so that the backward's recomputation of the output's sign is the forward's bit for bit.
+const NORMALISED: &str = "fn normalised(x: {{V}}, scale: f32, shift: f32) -> {{V}} {\n    \
+     return fma(x, {{V}}(scale), {{V}}(shift));\n}\n";
 
 impl BatchNormPass {
     pub fn all() -> Vec<BatchNormPass> {
@@ -19,21 +35,42 @@ impl BatchNormPass {
         for backward in [false, true] {
             v.push(BatchNormPass::Finalize { backward });
             for vec4 in [false, true] {
-                v.push(BatchNormPass::Reduce { backward, vec4 });
-                v.push(BatchNormPass::Apply { backward, vec4 });
+                for relu in [false, true] {
+                    if backward || !relu {
+                        v.push(BatchNormPass::Reduce {
+                            backward,
+                            vec4,
+                            relu,
+                        });
+                    }
+                    v.push(BatchNormPass::Apply {
+                        backward,
+                        vec4,
+                        relu,
+                    });
+                }
             }
         }
         v
     }
 
     pub fn name(&self) -> String {
-        let (pass, backward, vec4) = match *self {
-            BatchNormPass::Reduce { backward, vec4 } => ("reduce", backward, vec4),
-            BatchNormPass::Finalize { backward } => ("finalize", backward, false),
-            BatchNormPass::Apply { backward, vec4 } => ("apply", backward, vec4),
+        let (pass, backward, vec4, relu) = match *self {
+            BatchNormPass::Reduce {
+                backward,
+                vec4,
+                relu,
+            } => ("reduce", backward, vec4, relu),
+            BatchNormPass::Finalize { backward } => ("finalize", backward, false, false),
+            BatchNormPass::Apply {
+                backward,
+                vec4,
+                relu,
+            } => ("apply", backward, vec4, relu),
         };
         format!(
-            "batch_norm_{pass}_{}_f32{}",
+            "batch_norm_{}{pass}_{}_f32{}",
+            if relu { "relu_" } else { "" },
             if backward { "bwd" } else { "fwd" },
             if vec4 { "_vec4" } else { "" }
         )
@@ -43,7 +80,9 @@ impl BatchNormPass {
         match *self {
             BatchNormPass::Reduce { backward, .. } => 2 + 2 * backward as u32,
             BatchNormPass::Finalize { .. } => 6,
-            BatchNormPass::Apply { backward, .. } => 3 + backward as u32,
+            BatchNormPass::Apply { backward, relu, .. } => {
+                3 + backward as u32 + (backward && relu) as u32
+            }
         }
     }
 
@@ -61,8 +100,25 @@ impl BatchNormPass {
             BatchNormPass::Finalize { .. } => {
                 include_str!("../../shaders/batch_norm_finalize.wgsl").to_string()
             }
-            BatchNormPass::Reduce { backward, vec4 } => {
-                let (bindings, shift, acc, extra) = if backward {
+            BatchNormPass::Reduce {
+                backward,
+                vec4,
+                relu,
+            } => {
+                let (bindings, shift, acc, extra) = if backward && relu {
+                    (
+                        "@group(0) @binding(1) var<storage, read_write> g: array<{{V}}>;\n\
+                         @group(0) @binding(2) var<storage, read_write> stats: array<f32>;\n\
+                         @group(0) @binding(3) var<storage, read_write> part: array<vec2<f32>>;",
+                        "let k = stats[p.mean_off + c];\n    \
+                         let scale = stats[p.mean_off + 2u * p.c + c];\n    \
+                         let shift = stats[p.mean_off + 3u * p.c + c];",
+                        "let xv = x[p.x_off + i];\n        \
+                         let gv = select({{V}}(0.0), g[p.g_off + i], normalised(xv, scale, shift) > {{V}}(0.0));\n        \
+                         acc += vec2<f32>(total(gv), mul_sum(gv, xv - k));",
+                        "",
+                    )
+                } else if backward {
                     (
                         "@group(0) @binding(1) var<storage, read_write> g: array<{{V}}>;\n\
                          @group(0) @binding(2) var<storage, read_write> stats: array<f32>;\n\
@@ -93,31 +149,55 @@ impl BatchNormPass {
                     .replace("{{EXTRA}}", extra)
                     .replace(
                         "{{HELPERS}}",
-                        if vec4 {
-                            "fn total(v: vec4<f32>) -> f32 {\n    return dot(v, vec4<f32>(1.0));\n}\n\n\
-                             fn mul_sum(a: vec4<f32>, b: vec4<f32>) -> f32 {\n    return dot(a, b);\n}"
-                        } else {
-                            "fn total(v: f32) -> f32 {\n    return v;\n}\n\n\
-                             fn mul_sum(a: f32, b: f32) -> f32 {\n    return a * b;\n}"
-                        },
+                        &format!(
+                            "{}{}",
+                            if vec4 {
+                                "fn total(v: vec4<f32>) -> f32 {\n    return dot(v, vec4<f32>(1.0));\n}\n\n\
+                                 fn mul_sum(a: vec4<f32>, b: vec4<f32>) -> f32 {\n    return dot(a, b);\n}\n"
+                            } else {
+                                "fn total(v: f32) -> f32 {\n    return v;\n}\n\n\
+                                 fn mul_sum(a: f32, b: f32) -> f32 {\n    return a * b;\n}\n"
+                            },
+                            if relu { NORMALISED } else { "" }
+                        ),
                     )
                     .replace("{{V}}", v(vec4))
             }
-            BatchNormPass::Apply { backward, vec4 } => {
-                let (bindings, body) = if backward {
-                    (
-                        "@group(0) @binding(3) var<storage, read_write> g: array<{{V}}>;",
+            BatchNormPass::Apply {
+                backward,
+                vec4,
+                relu,
+            } => {
+                let (bindings, body) = match (backward, relu) {
+                    (true, false) => (
+                        "@group(0) @binding(3) var<storage, read_write> g: array<{{V}}>;".into(),
                         "let o = p.co_off + c;\n    \
                          out[i] = g[p.g_off + i] * co[o] + x[p.x_off + i] * co[o + p.c] + co[o + 2u * p.c];",
-                    )
-                } else {
-                    (
-                        "",
+                    ),
+                    (true, true) => (
+                        format!(
+                            "@group(0) @binding(3) var<storage, read_write> g: array<{{{{V}}}}>;\n\
+                             @group(0) @binding(4) var<storage, read_write> stats: array<f32>;\n{NORMALISED}"
+                        ),
+                        "let o = p.co_off + c;\n    \
+                         let s = p.stats_off + c;\n    \
+                         let xv = x[p.x_off + i];\n    \
+                         let y = normalised(xv, stats[s + 2u * p.c], stats[s + 3u * p.c]);\n    \
+                         let gv = select({{V}}(0.0), g[p.g_off + i], y > {{V}}(0.0));\n    \
+                         out[i] = gv * co[o] + xv * co[o + p.c] + co[o + 2u * p.c];",
+                    ),
+                    (false, false) => (
+                        String::new(),
                         "let o = p.co_off + c;\n    out[i] = x[p.x_off + i] * co[o] + co[o + p.c];",
-                    )
+                    ),
+                    (false, true) => (
+                        NORMALISED.to_string(),
+                        "let o = p.co_off + c;\n    \
+                         out[i] = max(normalised(x[p.x_off + i], co[o], co[o + p.c]), {{V}}(0.0));",
+                    ),
                 };
                 include_str!("../../shaders/batch_norm_apply.wgsl")
-                    .replace("{{BINDINGS}}", bindings)
+                    .replace("{{BINDINGS}}", &bindings)
                     .replace("{{BODY}}", body)
                     .replace("{{V}}", v(vec4))
             }

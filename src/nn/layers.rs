@@ -188,9 +188,15 @@ impl BatchNorm {
         })
     }
 
-    /// `ops::batch_norm` with this layer's state (which casts to f32 under autocast).
-    fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
-        let y = crate::ops::batch_norm(
+    /// `ops::batch_norm` (or `batch_norm_relu`) with this layer's state (which casts to f32
+    /// under autocast).
+    fn forward_f32(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+        let op = if relu {
+            crate::ops::batch_norm_relu
+        } else {
+            crate::ops::batch_norm
+        };
+        let y = op(
             x,
             Some(&self.running_mean),
             Some(&self.running_var),
@@ -210,7 +216,11 @@ impl BatchNorm {
 impl Module for BatchNorm {
     /// In f32 under autocast, as PyTorch's batch_norm.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_f32(x)
+        self.forward_f32(x, false)
+    }
+    /// The normalisation with the ReLU fused into its passes (`ops::batch_norm_relu`).
+    fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_f32(x, true)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         vec![

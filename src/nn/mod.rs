@@ -27,6 +27,13 @@ use crate::{Device, Result};
 pub trait Module: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
+    /// `relu(self.forward(x))`, which a layer with a fused kernel overrides (`BatchNorm`: the
+    /// ReLU inside its own passes, one autograd node). A model calls it where PyTorch's would
+    /// follow the layer with `nn.ReLU`; the values are the same.
+    fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)?.relu()
+    }
+
     /// Parameters with their dotted paths (`0.weight`), in registration order.
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
 

@@ -153,10 +153,12 @@ impl Module for Block {
         let mut y = x.clone();
         for (i, (c, b)) in stages.iter().enumerate() {
             let _scope = crate::alloc::kiln_scope(|| c.to_string(), "kiln nn");
-            y = self.body.get(b).forward(&self.body.get(c).forward(&y)?)?;
-            if i + 1 < stages.len() {
-                y = relu.forward(&y)?;
-            }
+            let (conv, bn) = (self.body.get(c), self.body.get(b));
+            // bn -> relu inside the block in one fused pass (torchvision's `self.relu`).
+            y = match i + 1 < stages.len() {
+                true => bn.forward_relu(&conv.forward(&y)?)?,
+                false => bn.forward(&conv.forward(&y)?)?,
+            };
         }
         let identity = match &self.downsample {
             Some(d) => {

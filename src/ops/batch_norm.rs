@@ -28,6 +28,39 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
+    let running = [running_mean, running_var];
+    normalise(x, running, [weight, bias], training, [momentum, eps], false)
+}
+
+/// `relu(batch_norm(...))` in one node (`NativeBatchNormReluBackward0`): on the fused GPU path
+/// the ReLU costs no pass of its own either way (the forward's elementwise pass clamps; the
+/// backward's two passes mask the gradient where the output was not positive, recomputing the
+/// output from the saved input and statistics, so nothing more is saved). The same values as
+/// the two ops; elsewhere it is the two ops. ResNet's blocks call it through
+/// `Module::forward_relu`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_relu(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let running = [running_mean, running_var];
+    normalise(x, running, [weight, bias], training, [momentum, eps], true)
+}
+
+fn normalise(
+    x: &Tensor,
+    [running_mean, running_var]: [Option<&Tensor>; 2],
+    [weight, bias]: [Option<&Tensor>; 2],
+    training: bool,
+    [momentum, eps]: [f64; 2],
+    relu: bool,
+) -> Result<Tensor> {
     super::autocast::fp32_unary(x, |x| {
         check(x, running_mean, running_var, weight, bias, training)?;
         let c = x.shape()[1];
@@ -49,7 +82,9 @@ pub fn batch_norm(
         };
         let running = running_mean.zip(running_var);
         if fused_suits(x, running, weight, bias) {
-            fused(x, running, weight, bias, training, momentum, eps)
+            fused(x, running, weight, bias, training, [momentum, eps], relu)
+        } else if relu {
+            composite(x, running, weight, bias, training, momentum, eps)?.relu()
         } else {
             composite(x, running, weight, bias, training, momentum, eps)
         }
@@ -224,7 +259,14 @@ fn f32_bits(v: f64) -> u32 {
 }
 
 /// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward).
-fn reduce(x: &Tensor, g: Option<&Tensor>, stats: Option<&Tensor>, sh: &Shape) -> Result<Tensor> {
+/// With `relu` (backward only), g is masked where the forward's output was not positive.
+fn reduce(
+    x: &Tensor,
+    g: Option<&Tensor>,
+    stats: Option<&Tensor>,
+    sh: &Shape,
+    relu: bool,
+) -> Result<Tensor> {
     let (chunks, len) = sh.chunks();
     let backward = g.is_some();
     // The forward's extra row holds each channel's shift.
@@ -247,6 +289,7 @@ fn reduce(x: &Tensor, g: Option<&Tensor>, stats: Option<&Tensor>, sh: &Shape) ->
     let kernel = Kernel::BatchNorm(BatchNormPass::Reduce {
         backward,
         vec4: sh.vec4,
+        relu: relu && backward,
     });
     let mut blocks = vec![&x.storage.block];
     if let (Some(g), Some(stats)) = (g, stats) {
@@ -264,7 +307,17 @@ fn reduce(x: &Tensor, g: Option<&Tensor>, stats: Option<&Tensor>, sh: &Shape) ->
 }
 
 /// out = x * co[0] + co[1] (forward) or g * co[0] + x * co[1] + co[2] (backward), per channel.
-fn apply(x: &Tensor, g: Option<&Tensor>, co: &Tensor, co_off: usize, sh: &Shape) -> Result<Tensor> {
+/// With `relu`: the forward clamps at zero; the backward masks g where the forward's output,
+/// recomputed from `stats` (`Some` exactly then), was not positive.
+fn apply(
+    x: &Tensor,
+    g: Option<&Tensor>,
+    co: &Tensor,
+    co_off: usize,
+    sh: &Shape,
+    relu: bool,
+    stats: Option<&Tensor>,
+) -> Result<Tensor> {
     let out = Tensor::empty(x.shape(), DType::F32, x.device())?;
     let units = x.numel() / sh.unit;
     let imm = [
@@ -274,7 +327,7 @@ fn apply(x: &Tensor, g: Option<&Tensor>, co: &Tensor, co_off: usize, sh: &Shape)
         u32_of(OP, x.layout().offset / sh.unit)?,
         u32_of(OP, g.map_or(0, |g| g.layout().offset / sh.unit))?,
         u32_of(OP, co.layout().offset + co_off)?,
-        0,
+        u32_of(OP, stats.map_or(0, |t| t.layout().offset))?,
         0,
         0,
         0,
@@ -284,10 +337,14 @@ fn apply(x: &Tensor, g: Option<&Tensor>, co: &Tensor, co_off: usize, sh: &Shape)
     let kernel = Kernel::BatchNorm(BatchNormPass::Apply {
         backward: g.is_some(),
         vec4: sh.vec4,
+        relu,
     });
     let mut blocks = vec![&x.storage.block, &co.storage.block, &out.storage.block];
     if let Some(g) = g {
         blocks.push(&g.storage.block);
+        if let (true, Some(stats)) = (relu, stats) {
+            blocks.push(&stats.storage.block);
+        }
     }
     launch(kernel, &blocks, &imm, units as u64)?;
     Ok(out)
@@ -329,14 +386,19 @@ fn fused(
     weight: &Tensor,
     bias: &Tensor,
     training: bool,
-    momentum: f64,
-    eps: f64,
+    [momentum, eps]: [f64; 2],
+    relu: bool,
 ) -> Result<Tensor> {
     // The forward's contiguous input and statistics, for the backward builder (which is given
     // only the output).
     let forward_state = std::cell::RefCell::new(None);
+    let node = if relu {
+        "NativeBatchNormReluBackward0"
+    } else {
+        "NativeBatchNormBackward0"
+    };
     crate::graph::record(
-        "NativeBatchNormBackward0",
+        node,
         &[x, weight, bias],
         || {
             let x = x.contiguous()?;
@@ -352,7 +414,7 @@ fn fused(
                 }
             };
             let (part, chunks) = if training {
-                (reduce(&x, None, None, &sh)?, sh.chunks().0)
+                (reduce(&x, None, None, &sh, false)?, sh.chunks().0)
             } else {
                 (stats.clone(), 0)
             };
@@ -370,7 +432,7 @@ fn fused(
                     rv.bump_version();
                 }
             }
-            let y = apply(&x, None, &stats, 2 * sh.c, &sh)?;
+            let y = apply(&x, None, &stats, 2 * sh.c, &sh, relu, None)?;
             *forward_state.borrow_mut() = Some((x, stats));
             Ok(y)
         },
@@ -386,7 +448,7 @@ fn fused(
                 let stats = ss.get()?;
                 let g = g.contiguous()?;
                 let sh = Shape::of(&x, Some(&g));
-                let part = reduce(&x, Some(&g), Some(&stats), &sh)?;
+                let part = reduce(&x, Some(&g), Some(&stats), &sh, relu)?;
                 let c = sh.c;
                 let gw = Tensor::empty(&[c], DType::F32, x.device())?;
                 let gb = Tensor::empty(&[c], DType::F32, x.device())?;
@@ -400,7 +462,7 @@ fn fused(
                     [0.0, 0.0],
                 )?;
                 let gx = needs[0]
-                    .then(|| apply(&x, Some(&g), &coef, 0, &sh))
+                    .then(|| apply(&x, Some(&g), &coef, 0, &sh, relu, Some(&stats)))
                     .transpose()?;
                 Ok(vec![gx, needs[1].then_some(gw), needs[2].then_some(gb)])
             }) as crate::graph::BackwardFn)

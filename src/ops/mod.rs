@@ -23,7 +23,7 @@ pub(crate) use view::isize_shape;
 pub use crate::base::CmpOp;
 pub use crate::base::Conv2dParams;
 pub use crate::base::{BinaryOp, UnaryOp};
-pub use batch_norm::batch_norm;
+pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
