@@ -134,27 +134,47 @@ fn pooling_matches_the_cpu_and_pytorch() {
             "padding over half the kernel"
         );
     }
+    // Forward and input gradient against the CPU: windows that overlap (ResNet's 3x3 stride 2
+    // padded max pool), a rectangular one, strided averages, a non-contiguous input, and ties
+    // (integer values: the first maximum in row-major order takes the gradient).
+    let cases: [(bool, (usize, usize), (usize, usize), (usize, usize), bool); 5] = [
+        (true, (3, 2), (2, 2), (1, 1), false),
+        (true, (3, 3), (2, 2), (1, 1), false),
+        (true, (3, 3), (2, 2), (1, 1), true),
+        (false, (3, 3), (1, 2), (1, 0), false),
+        (false, (2, 2), (2, 2), (0, 0), true),
+    ];
     for dev in gpus() {
-        let run = |d: &Device, is_max: bool| {
-            let x =
-                Tensor::from_f64_slice(&values(2 * 3 * 11 * 9, 5), &[2, 3, 11, 9], DType::F32, d)
+        for (i, &(is_max, k, st, pad, ties)) in cases.iter().enumerate() {
+            let run = |d: &Device| {
+                let n = 2 * 3 * 11 * 9;
+                let v: Vec<f64> = match ties {
+                    true => (0..n).map(|j| ((j * 7) % 3) as f64).collect(),
+                    false => values(n, 5),
+                };
+                let x = Tensor::from_f64_slice(&v, &[2, 3, 11, 9], DType::F32, d).unwrap();
+                // A non-contiguous input.
+                let x = x.transpose(2, 3).unwrap().requires_grad_(true).unwrap();
+                let y = if is_max {
+                    max_pool2d(&x, k, st, pad).unwrap()
+                } else {
+                    avg_pool2d(&x, k, st, pad).unwrap()
+                };
+                let gy = Tensor::from_f64_slice(&values(y.numel(), 9), y.shape(), DType::F32, d)
                     .unwrap();
-            let x = x.transpose(2, 3).unwrap(); // a non-contiguous input
-            if is_max {
-                max_pool2d(&x, (3, 2), (2, 2), (1, 1)).unwrap()
-            } else {
-                avg_pool2d(&x, (3, 3), (1, 2), (1, 0)).unwrap()
+                y.backward_with(&gy, false).unwrap();
+                [y.detach(), x.grad().unwrap()]
+            };
+            let (got, want) = (run(&dev), run(&cpu));
+            for j in 0..2 {
+                assert_eq!(got[j].shape(), want[j].shape());
+                close(
+                    &got[j].to_f64_vec().unwrap(),
+                    &want[j].to_f64_vec().unwrap(),
+                    1e-6,
+                    &format!("{dev:?} case {i} max {is_max} {}", ["output", "grad"][j]),
+                );
             }
-        };
-        for is_max in [true, false] {
-            let (got, want) = (run(&dev, is_max), run(&cpu, is_max));
-            assert_eq!(got.shape(), want.shape());
-            close(
-                &got.to_f64_vec().unwrap(),
-                &want.to_f64_vec().unwrap(),
-                1e-6,
-                &format!("{dev:?} max {is_max}"),
-            );
         }
     }
 }

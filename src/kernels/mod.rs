@@ -67,6 +67,10 @@ pub enum Kernel {
     Conv2d(DType),
     /// `shaders/pool2d.wgsl` for one float dtype: max and average pooling.
     Pool2d(DType),
+    /// `shaders/pool2d_argmax.wgsl`: max pooling's index per window.
+    Pool2dArgmax(DType),
+    /// `shaders/pool2d_backward.wgsl`: pooling's input gradient, gathered per input element.
+    Pool2dBackward(DType),
     /// `shaders/scatter_add.wgsl` for f32 or i32 (checks its indices).
     ScatterAdd(DType),
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
@@ -306,6 +310,8 @@ impl Kernel {
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Gather))
             .chain([DType::F32, DType::F16].map(Kernel::Conv2d))
             .chain([DType::F32, DType::F16].map(Kernel::Pool2d))
+            .chain([DType::F32, DType::F16].map(Kernel::Pool2dArgmax))
+            .chain([DType::F32, DType::F16].map(Kernel::Pool2dBackward))
             .chain([DType::F32, DType::I32].map(Kernel::ScatterAdd))
             .chain(
                 CoopTile::ALL
@@ -390,6 +396,12 @@ impl Kernel {
                 )
             }
             Kernel::Pool2d(d) => per_dtype(include_str!("../../shaders/pool2d.wgsl"), *d),
+            Kernel::Pool2dArgmax(d) => {
+                per_dtype(include_str!("../../shaders/pool2d_argmax.wgsl"), *d)
+            }
+            Kernel::Pool2dBackward(d) => {
+                per_dtype(include_str!("../../shaders/pool2d_backward.wgsl"), *d)
+            }
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
@@ -453,6 +465,8 @@ impl Kernel {
             Kernel::Gather(d) => Cow::Owned(format!("gather_{d}")),
             Kernel::Conv2d(d) => Cow::Owned(format!("conv2d_{d}")),
             Kernel::Pool2d(d) => Cow::Owned(format!("pool2d_{d}")),
+            Kernel::Pool2dArgmax(d) => Cow::Owned(format!("pool2d_argmax_{d}")),
+            Kernel::Pool2dBackward(d) => Cow::Owned(format!("pool2d_backward_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_name()),
@@ -492,6 +506,8 @@ impl Kernel {
             Kernel::MatmulCoop(..) => 3,
             Kernel::ConvCoop(_) => 4,
             Kernel::Pool2d(_) => 2,
+            Kernel::Pool2dArgmax(_) => 2,
+            Kernel::Pool2dBackward(_) => 3,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
             Kernel::ColumnSum(..) => 2,
@@ -544,7 +560,7 @@ impl Kernel {
             Kernel::ArgReduce(_) => 96,
             Kernel::Gather(_) => 128,
             Kernel::Conv2d(_) => 80,
-            Kernel::Pool2d(_) => 64,
+            Kernel::Pool2d(_) | Kernel::Pool2dArgmax(_) | Kernel::Pool2dBackward(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(..) => 48,
             Kernel::ConvCoop(_) => 112,

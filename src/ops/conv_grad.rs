@@ -127,7 +127,9 @@ pub(super) fn conv2d_backward(
 }
 
 /// grad_input of max (first maximum of each window takes the gradient, as in PyTorch) or
-/// average pooling (count_include_pad).
+/// average pooling (count_include_pad): one gathering kernel on a GPU
+/// (`shaders/pool2d_backward.wgsl`); on the CPU device, the reference, from strided window
+/// views, one accumulation per tap.
 pub(super) fn pool2d_backward(
     x: &Tensor,
     out: Option<&Tensor>,
@@ -138,6 +140,9 @@ pub(super) fn pool2d_backward(
 ) -> Result<Tensor> {
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let (oh, ow) = (g.shape()[2], g.shape()[3]);
+    if !x.device().is_cpu() {
+        return pool2d_backward_gpu(x, out.is_some(), g, kernel, stride, padding);
+    }
     let fill = if out.is_some() {
         f64::NEG_INFINITY
     } else {
@@ -166,4 +171,75 @@ pub(super) fn pool2d_backward(
         }
     }
     gx.narrow(2, padding.0, h)?.narrow(3, padding.1, w)
+}
+
+/// `pool2d_backward` on a GPU: one invocation per input element gathers the gradients of the
+/// windows that contain it (for max pooling, those whose index names it).
+fn pool2d_backward_gpu(
+    x: &Tensor,
+    is_max: bool,
+    g: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor> {
+    let op = if is_max {
+        "max_pool2d_backward"
+    } else {
+        "avg_pool2d_backward"
+    };
+    let (x, g) = (x.contiguous()?, g.contiguous()?);
+    let s = x.shape();
+    let gx = Tensor::empty(s, x.dtype(), x.device())?;
+    if gx.numel() == 0 {
+        return Ok(gx);
+    }
+    super::u32_of(op, x.layout().offset + x.numel())?;
+    super::u32_of(op, g.layout().offset + g.numel())?;
+    let imm = [
+        s[0] * s[1],
+        s[2],
+        s[3],
+        g.shape()[2],
+        g.shape()[3],
+        kernel.0,
+        kernel.1,
+        stride.0,
+        stride.1,
+        padding.0,
+        padding.1,
+        1,
+        1,
+        is_max as usize,
+        x.layout().offset,
+        g.layout().offset,
+    ]
+    .iter()
+    .map(|&v| super::u32_of(op, v))
+    .collect::<Result<Vec<u32>>>()?;
+    use crate::kernels::{launch, Kernel};
+    // Max pooling: each window's index first (PyTorch's forward returns them; kiln finds them
+    // here from the saved input), so that the gather reads one index per window.
+    let idx = match is_max {
+        true => {
+            let idx = Tensor::empty(g.shape(), crate::tensor::DType::U32, x.device())?;
+            let blocks = [&x.storage.block, &idx.storage.block];
+            launch(
+                Kernel::Pool2dArgmax(x.dtype()),
+                &blocks,
+                &imm,
+                g.numel() as u64,
+            )?;
+            Some(idx)
+        }
+        false => None,
+    };
+    let idx_block = idx.as_ref().map_or(&g.storage.block, |t| &t.storage.block);
+    launch(
+        Kernel::Pool2dBackward(x.dtype()),
+        &[&g.storage.block, idx_block, &gx.storage.block],
+        &imm,
+        gx.numel() as u64,
+    )?;
+    Ok(gx)
 }

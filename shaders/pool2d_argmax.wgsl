@@ -1,0 +1,64 @@
+// max_pool2d's indices, as PyTorch's `max_pool2d_with_indices` returns them: per output
+// window of a contiguous NCHW input, the position (iy * w + ix) the forward pass picks
+// (`pool2d.wgsl`'s rule: the first strict maximum in row-major order, a NaN replacing it),
+// for the input gradient (`pool2d_backward.wgsl`). One invocation per output element.
+{{ENABLES}}
+struct Params {
+    nc: u32,
+    h: u32,
+    w: u32,
+    oh: u32,
+    ow: u32,
+    kh: u32,
+    kw: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    dh: u32,
+    dw: u32,
+    is_max: u32,
+    x_off: u32,
+    g_off: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> idx: array<u32>;
+
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let e = gid.x + gid.y * nw.x * 256u;
+    if e >= p.nc * p.oh * p.ow {
+        return;
+    }
+    let ox = e % p.ow;
+    let oy = (e / p.ow) % p.oh;
+    let plane = e / (p.ow * p.oh);
+    var best = bitcast<f32>(0xff800000u);
+    var at = 0xffffffffu;
+    for (var ky = 0u; ky < p.kh; ky++) {
+        let iy = i32(oy * p.sh + ky * p.dh) - i32(p.ph);
+        if iy < 0 || iy >= i32(p.h) {
+            continue;
+        }
+        for (var kx = 0u; kx < p.kw; kx++) {
+            let ix = i32(ox * p.sw + kx * p.dw) - i32(p.pw);
+            if ix < 0 || ix >= i32(p.w) {
+                continue;
+            }
+            let q = u32(iy) * p.w + u32(ix);
+            let v = f32(x[p.x_off + plane * p.h * p.w + q]);
+            if at == 0xffffffffu || is_nan(v) || (!is_nan(best) && v > best) {
+                best = v;
+                at = q;
+            }
+        }
+    }
+    idx[e] = at;
+}
