@@ -137,7 +137,9 @@ fn pooling_matches_the_cpu_and_pytorch() {
     // Forward and input gradient against the CPU: windows that overlap (ResNet's 3x3 stride 2
     // padded max pool), a rectangular one, strided averages, a non-contiguous input, and ties
     // (integer values: the first maximum in row-major order takes the gradient).
-    let cases: [(bool, (usize, usize), (usize, usize), (usize, usize), bool); 5] = [
+    // (max, kernel, stride, padding, ties)
+    type Pair = (usize, usize);
+    let cases: [(bool, Pair, Pair, Pair, bool); 5] = [
         (true, (3, 2), (2, 2), (1, 1), false),
         (true, (3, 3), (2, 2), (1, 1), false),
         (true, (3, 3), (2, 2), (1, 1), true),
