@@ -1,6 +1,9 @@
 // max_pool2d / avg_pool2d over a contiguous NCHW input, one invocation per output element.
 // Max ignores padding (NaN propagates); average divides by the whole window (PyTorch's
-// count_include_pad=True default).
+// count_include_pad=True default). The max's position in the input plane (iy * w + ix: the
+// first strict maximum in row-major order, a NaN replacing it, PyTorch's index rule) is
+// tracked too: `Kernel::Pool2dArgmax` stores it instead of the value, for the input gradient
+// (`pool2d_backward.wgsl`).
 {{ENABLES}}
 struct Params {
     nc: u32,
@@ -24,7 +27,7 @@ struct Params {
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{O}}>;
 
 fn is_nan(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
@@ -40,6 +43,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let oy = (e / p.ow) % p.oh;
     let plane = e / (p.ow * p.oh);
     var best = bitcast<f32>(0xff800000u | p.pad);
+    var at = 0xffffffffu;
     var sum = 0.0;
     for (var ky = 0u; ky < p.kh; ky++) {
         let iy = i32(oy * p.sh + ky * p.dh) - i32(p.ph);
@@ -51,16 +55,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             if ix < 0 || ix >= i32(p.w) {
                 continue;
             }
-            let v = f32(x[p.x_off + (plane * p.h + u32(iy)) * p.w + u32(ix)]);
+            let q = u32(iy) * p.w + u32(ix);
+            let v = f32(x[p.x_off + plane * p.h * p.w + q]);
             sum += v;
-            if is_nan(v) || (!is_nan(best) && v > best) {
+            if at == 0xffffffffu || is_nan(v) || (!is_nan(best) && v > best) {
                 best = v;
+                at = q;
             }
         }
     }
-    if p.is_max == 1u {
-        out[e] = {{T}}(best);
-    } else {
-        out[e] = {{T}}(sum / f32(p.kh * p.kw));
-    }
+    {{STORE}}
 }

@@ -2,7 +2,7 @@
 // per input element, gathering from the (at most ceil(k/s) x ceil(k/s)) output windows that
 // contain it, so no two invocations write one element and no atomics are needed:
 // - max: a window's gradient goes to the element whose position its index names
-//   (`pool2d_argmax.wgsl`, PyTorch's rule);
+//   (`pool2d.wgsl` as `Kernel::Pool2dArgmax`, PyTorch's rule);
 // - average: every element of the window gets g / (kh * kw) (count_include_pad=True).
 {{ENABLES}}
 struct Params {

@@ -135,8 +135,9 @@ fn pooling_matches_the_cpu_and_pytorch() {
         );
     }
     // Forward and input gradient against the CPU: windows that overlap (ResNet's 3x3 stride 2
-    // padded max pool), a rectangular one, strided averages, a non-contiguous input, and ties
-    // (integer values: the first maximum in row-major order takes the gradient).
+    // padded max pool), a rectangular one, strided averages, a non-contiguous input, the
+    // output's gradient at an offset, and ties (integer values: the first maximum in
+    // row-major order takes the gradient).
     // (max, kernel, stride, padding, ties)
     type Pair = (usize, usize);
     let cases: [(bool, Pair, Pair, Pair, bool); 5] = [
@@ -162,7 +163,13 @@ fn pooling_matches_the_cpu_and_pytorch() {
                 } else {
                     avg_pool2d(&x, k, st, pad).unwrap()
                 };
-                let gy = Tensor::from_f64_slice(&values(y.numel(), 9), y.shape(), DType::F32, d)
+                // The output's gradient from an offset (the second of two stacked batches).
+                let mut shape = y.shape().to_vec();
+                shape[0] *= 2;
+                let n = shape.iter().product();
+                let gy = Tensor::from_f64_slice(&values(n, 9), &shape, DType::F32, d)
+                    .unwrap()
+                    .narrow(0, y.shape()[0], y.shape()[0])
                     .unwrap();
                 y.backward_with(&gy, false).unwrap();
                 [y.detach(), x.grad().unwrap()]

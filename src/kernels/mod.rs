@@ -67,7 +67,7 @@ pub enum Kernel {
     Conv2d(DType),
     /// `shaders/pool2d.wgsl` for one float dtype: max and average pooling.
     Pool2d(DType),
-    /// `shaders/pool2d_argmax.wgsl`: max pooling's index per window.
+    /// `shaders/pool2d.wgsl` storing max pooling's index per window instead of its value.
     Pool2dArgmax(DType),
     /// `shaders/pool2d_backward.wgsl`: pooling's input gradient, gathered per input element.
     Pool2dBackward(DType),
@@ -395,10 +395,22 @@ impl Kernel {
                         .replace("{{ADD}}", add),
                 )
             }
-            Kernel::Pool2d(d) => per_dtype(include_str!("../../shaders/pool2d.wgsl"), *d),
-            Kernel::Pool2dArgmax(d) => {
-                per_dtype(include_str!("../../shaders/pool2d_argmax.wgsl"), *d)
-            }
+            Kernel::Pool2d(d) => per_dtype(
+                &include_str!("../../shaders/pool2d.wgsl")
+                    .replace("{{O}}", "{{T}}")
+                    .replace(
+                        "{{STORE}}",
+                        "if p.is_max == 1u {\n        out[e] = {{T}}(best);\n    } else {\n        \
+                         out[e] = {{T}}(sum / f32(p.kh * p.kw));\n    }",
+                    ),
+                *d,
+            ),
+            Kernel::Pool2dArgmax(d) => per_dtype(
+                &include_str!("../../shaders/pool2d.wgsl")
+                    .replace("{{O}}", "u32")
+                    .replace("{{STORE}}", "out[e] = at;"),
+                *d,
+            ),
             Kernel::Pool2dBackward(d) => {
                 per_dtype(include_str!("../../shaders/pool2d_backward.wgsl"), *d)
             }

@@ -224,12 +224,12 @@ fn pool2d_backward_gpu(
         true => {
             let idx = Tensor::empty(g.shape(), crate::tensor::DType::U32, x.device())?;
             let blocks = [&x.storage.block, &idx.storage.block];
-            launch(
-                Kernel::Pool2dArgmax(x.dtype()),
-                &blocks,
-                &imm,
-                g.numel() as u64,
-            )?;
+            // The forward kernel's immediates: its last (bits OR'd into the initial -inf) is
+            // zero, where the gather's is g's offset.
+            let mut fwd = imm.clone();
+            fwd[15] = 0;
+            let n = g.numel() as u64;
+            launch(Kernel::Pool2dArgmax(x.dtype()), &blocks, &fwd, n)?;
             Some(idx)
         }
         false => None,
