@@ -183,3 +183,35 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
         }
     }
 }
+
+/// f32 products with too few tiles to fill a large GPU, whose K is split into chunks summed
+/// after: a long K (4096) over a 512x10 output, and a K of 512 under a wide, flat output (the
+/// MLP's 10x4096 head gradient `g^T @ h`, A transposed), against the CPU; and a product just
+/// under the size where the split pays (unsplit), for contrast.
+#[test]
+fn split_k_products_match_the_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for (i, &(m, k, n, ta)) in [
+            (512, 4096, 10, false),
+            (10, 512, 4096, true),
+            (10, 768, 4096, false),
+            (8, 512, 1024, true),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let a = operand(m, k, ta, 5 + i as u64, &dev);
+            let b = operand(k, n, false, 9 + i as u64, &dev);
+            let got = a.matmul(&b).unwrap();
+            let want = a
+                .to_device(&cpu)
+                .unwrap()
+                .matmul(&b.to_device(&cpu).unwrap())
+                .unwrap();
+            let e = worst(&got, &want);
+            assert!(e < 2e-4, "{dev:?} {m}x{k}x{n} a^T {ta}: error {e}");
+        }
+    }
+}

@@ -232,17 +232,23 @@ fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
     }))
 }
 
-/// Chunks to split K into, for 2-D f32 products on a GPU with too few 64x64 tiles to fill it
-/// and a long K (each chunk at least 128 deep, about 128 workgroups in all).
+/// Chunks to split K into, for 2-D products on a GPU with too few 64x64 tiles to fill it: a
+/// long K under 32 tiles (about 128 workgroups in all), or, in f32, a K of 512 or more under
+/// 128 tiles where the product is large enough for the extra sum to pay (about 256
+/// workgroups: the MLP's 10x4096 head gradient, K = 512, went from 64 workgroups); each chunk
+/// at least 128 deep.
 fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<usize> {
-    if a.device().is_cpu() || a.dtype() == DType::F64 || !batch.is_empty() || k < 1024 {
+    if a.device().is_cpu() || a.dtype() == DType::F64 || !batch.is_empty() {
         return None;
     }
     let tiles = m.div_ceil(64) * n.div_ceil(64);
-    if tiles >= 32 {
+    let long = k >= 1024 && tiles < 32;
+    let wide = a.dtype() == DType::F32 && k >= 512 && tiles < 128 && m * n * k >= 1 << 24;
+    if !long && !wide {
         return None;
     }
-    let mut s = (k / 128).min(128 / tiles).max(1);
+    let workgroups = if long { 128 } else { 256 };
+    let mut s = (k / 128).min(workgroups / tiles).max(1);
     s = 1 << s.ilog2();
     while s > 1 && !k.is_multiple_of(s) {
         s /= 2;
