@@ -1,6 +1,6 @@
-// The vec4 variant's operand access (f32, whole tiles: m and n multiples of 128, k of 16;
+// The vec4 variant's operand access (f32, whole tiles: m a multiple of 128, n of 4, k of 16;
 // offsets and the strides that are not 1 multiples of 4; a contiguous output): every global
-// access is a 16-byte vector along the operand's unit-stride dim, with no guards. An operand
+// access is a 16-byte vector along the operand's unit-stride dim, guarded only past n. An operand
 // whose unit-stride dim is the tile's shared-memory row (a's m, b's n) is stored as one vec4;
 // the other layout scatters its four k values into four rows.
 @group(0) @binding(0) var<storage, read_write> a: array<vec4<f32>>;
@@ -16,9 +16,17 @@ fn load_a4(base: u32, m0: u32, k0: u32, v: u32) -> vec4<f32> {
     return a[(base + (k0 + v / 32u) * p.sak + m0) / 4u + v % 32u];
 }
 
+// N need only be a multiple of 4: B's vectors and the stores past it are skipped (the MLP's
+// `g^T @ x` with N = 784 runs here whole).
 fn load_b4(base: u32, n0: u32, k0: u32, v: u32) -> vec4<f32> {
     if p.sbn == 1u {
+        if n0 + 4u * (v % 32u) >= p.n {
+            return vec4<f32>();
+        }
         return b[(base + (k0 + v / 32u) * p.sbk + n0) / 4u + v % 32u];
+    }
+    if n0 + v / 4u >= p.n {
+        return vec4<f32>();
     }
     return b[(base + (n0 + v / 4u) * p.sbn + k0) / 4u + v % 4u];
 }
@@ -54,6 +62,9 @@ fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
 
 // Columns n..n+3 of row m, plus the bias where asked.
 fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
+    if n >= p.n {
+        return;
+    }
     var x = v;
     if (p.flags & 1u) != 0u {
         x += bias[(p.off_bias + n) / 4u];

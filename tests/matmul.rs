@@ -55,8 +55,17 @@ fn vec4_matmul_reads_every_layout() {
     for dev in gpus() {
         // The vec4 kernel is a 128-tile kernel: force it for these few tiles.
         kiln::ops::force_matmul_tile(Some(128));
-        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            let (m, k, n) = (128, 48, 256);
+        // n = 260: a partial last tile of columns (the kernel skips B's vectors and the stores
+        // past n).
+        for (ta, tb, n) in [
+            (false, false, 256),
+            (false, true, 256),
+            (true, false, 256),
+            (true, true, 256),
+            (false, false, 260),
+            (true, true, 260),
+        ] {
+            let (m, k) = (128, 48);
             let a = operand(m, k, ta, 1, &dev);
             let b = operand(k, n, tb, 2, &dev);
             let got = a.matmul(&b).unwrap();
@@ -66,7 +75,7 @@ fn vec4_matmul_reads_every_layout() {
                 .matmul(&b.to_device(&cpu).unwrap())
                 .unwrap();
             let e = worst(&got, &want);
-            assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb}: error {e}");
+            assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n}: error {e}");
         }
         // A batch whose operands are slices of one tensor (batch strides multiples of 4).
         let x = operand(2 * 128, 32, false, 3, &dev)

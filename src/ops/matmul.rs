@@ -320,8 +320,9 @@ fn scalar_forced() -> bool {
     *FORCED.get_or_init(|| std::env::var("KILN_MATMUL_SCALAR").is_ok_and(|v| v == "1"))
 }
 
-/// Whether the vec4 128-tile kernel takes this f32 product: whole tiles, and every operand
-/// read as 16-byte vectors along its unit-stride dim.
+/// Whether the vec4 128-tile kernel takes this f32 product: whole tiles of rows (N a multiple
+/// of 4: the last tile of columns may be partial), and every operand read as 16-byte vectors
+/// along its unit-stride dim.
 fn vec4_eligible(
     [m, n, k]: [usize; 3],
     [off_a, sab, sam, sak]: [usize; 4],
@@ -329,7 +330,7 @@ fn vec4_eligible(
 ) -> bool {
     let aligned = |v: usize| v.is_multiple_of(4);
     m.is_multiple_of(128)
-        && n.is_multiple_of(128)
+        && n.is_multiple_of(4)
         && k.is_multiple_of(16)
         && [off_a, sab, off_b, sbb].into_iter().all(aligned)
         && ((sak == 1 && aligned(sam)) || (sam == 1 && aligned(sak)))
