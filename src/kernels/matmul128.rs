@@ -18,16 +18,42 @@ pub(crate) enum Io {
     /// The convolution's forward pass, or its weight's gradient, on vec4 loads from NHWC
     /// operands (`shaders/conv_gemm_{fwd4,wgrad4}.wgsl`). The loads get the global k: the
     /// slice's plus the K split's start (`kb`, zero outside wgrad).
+    /// With `wide` (64 rows only), a 64x256 tile: each invocation computes 4 rows by 16
+    /// columns (five shared reads per 64 FMAs instead of three per 32), B's second 128 columns
+    /// in a third shared tile (`tile_c`).
     ConvVec4 {
         bm: u32,
+        wide: bool,
     },
 }
 
 impl Io {
     fn bm(self) -> u32 {
         match self {
-            Io::Conv { bm } | Io::ConvVec4 { bm } => bm,
+            Io::Conv { bm } | Io::ConvVec4 { bm, .. } => bm,
             _ => 128,
+        }
+    }
+
+    fn wide(self) -> bool {
+        matches!(self, Io::ConvVec4 { wide: true, .. })
+    }
+
+    /// Columns per tile.
+    fn bn(self) -> u32 {
+        if self.wide() {
+            256
+        } else {
+            128
+        }
+    }
+
+    /// B's vec4 loads per invocation per slice on the vec4 paths.
+    fn b_vec4s(self) -> usize {
+        if self.wide() {
+            4
+        } else {
+            2
         }
     }
 
@@ -41,12 +67,12 @@ impl Io {
 /// per 256 elements of each operand, or two vec4s; a convolution first works out the slice's
 /// window (`slice_a`, `slice_b`) once per invocation.
 fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
-    if let Io::ConvVec4 { bm } = io {
+    if let Io::ConvVec4 { bm, .. } = io {
         for r in 0..(bm / 64) as usize {
             let e = r * 256;
             let _ = writeln!(out, "{indent}ra[{r}] = load_a4(m0, kb + {k}, li + {e}u);");
         }
-        for r in 0..2 {
+        for r in 0..io.b_vec4s() {
             let _ = writeln!(out, "{indent}rb[{r}] = load_b4(pb{r}, kb + {k});");
         }
         return;
@@ -88,12 +114,13 @@ fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
 /// Stores of the prefetch registers into the shared buffer at `base`.
 fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
     if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
-        for r in 0..2 {
+        let store_b = if io.wide() { "store_b4w" } else { "store_b4" };
+        for r in 0..io.b_vec4s() {
             let e = r * 256;
             if r < io.bm() as usize / 64 {
                 let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
             }
-            let _ = writeln!(out, "{indent}store_b4({base}, li + {e}u, rb[{r}]);");
+            let _ = writeln!(out, "{indent}{store_b}({base}, li + {e}u, rb[{r}]);");
         }
         return;
     }
@@ -135,12 +162,25 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
             "            let {v} = tile_{buf}[cur + {kk}u * {{{{ROW}}}}u{half} + {sw}{s}];"
         );
     }
+    if io.wide() {
+        for (v, half) in [("b2_lo", ""), ("b2_hi", " + 16u")] {
+            let _ = writeln!(
+                out,
+                "            let {v} = tile_c[cur + {kk}u * {{{{ROW}}}}u{half} + xs{s}];"
+            );
+        }
+    }
     for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
+        // The wide tile's columns 128.. go where the 128-row tile keeps its rows 64..
+        let (a2, b2lo, b2hi) = match io.wide() {
+            true => ("a_lo", "b2_lo", "b2_hi"),
+            false => ("a_hi", "b_lo", "b_hi"),
+        };
         for (acc, a, b) in [
             (format!("acc{i}l"), "a_lo", "b_lo"),
             (format!("acc{i}h"), "a_lo", "b_hi"),
-            (format!("acc{}l", i + 4), "a_hi", "b_lo"),
-            (format!("acc{}h", i + 4), "a_hi", "b_hi"),
+            (format!("acc{}l", i + 4), a2, b2lo),
+            (format!("acc{}h", i + 4), a2, b2hi),
         ] {
             if a == "a_hi" && !full {
                 continue;
@@ -158,15 +198,36 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
 /// the operand access `io` provides.
 pub(crate) fn main_fn(io: Io) -> String {
     let full = io.bm() == 128;
-    let mut out = String::from(
-        "@compute @workgroup_size(16, 16)\n\
+    // The wide tile's columns 128..255 of B: a third shared tile, and the store that picks it
+    // (B's vectors scatter four k values into four rows, as `conv_gemm_fwd4.wgsl`'s do).
+    let wide = if io.wide() {
+        "var<workgroup> tile_c: array<vec4<f32>, {{TILE}}>;\n\n\
+         fn store_b4w(buf: u32, v: u32, x: vec4<f32>) {\n\
+         \x20   let n = v / 4u;\n\
+         \x20   if n < 128u {\n\
+         \x20       store_b4(buf, v, x);\n\
+         \x20       return;\n\
+         \x20   }\n\
+         \x20   let c = n - 128u;\n\
+         \x20   let k = 4u * (v % 4u);\n\
+         \x20   for (var j = 0u; j < 4u; j++) {\n\
+         \x20       tile_c[tile_at(buf, k + j, c)][c % 4u] = x[j];\n\
+         \x20   }\n\
+         }\n\n"
+    } else {
+        ""
+    };
+    let mut out = String::from(wide);
+    out += "@compute @workgroup_size(16, 16)\n\
          fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n\
-         \x20   let bt = wg.z;\n",
-    );
+         \x20   let bt = wg.z;\n";
     let _ = writeln!(out, "    let m0 = wg.y * {}u;", io.bm());
-    out += "    let n0 = wg.x * 128u;\n";
+    let _ = writeln!(out, "    let n0 = wg.x * {}u;", io.bn());
     out += match io {
         Io::Conv { .. } => "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n",
+        Io::ConvVec4 { wide: true, .. } => {
+            "    let kb = bt * p.k;\n    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n    let pb2 = pre_b4(n0, li + 512u);\n    let pb3 = pre_b4(n0, li + 768u);\n"
+        }
         Io::ConvVec4 { .. } => {
             "    let kb = bt * p.k;\n    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n"
         }
@@ -176,7 +237,9 @@ pub(crate) fn main_fn(io: Io) -> String {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    out += if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
+    out += if io.wide() {
+        "    var ra: array<vec4<f32>, 1>;\n    var rb: array<vec4<f32>, 4>;\n"
+    } else if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
         "    var ra: array<vec4<f32>, 2>;\n    var rb: array<vec4<f32>, 2>;\n"
     } else {
         "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n"
@@ -221,6 +284,18 @@ pub(crate) fn main_fn(io: Io) -> String {
         if full {
             let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_lo, acc{}l);", i + 4);
             let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_hi, acc{}h);", i + 4);
+        }
+        if io.wide() {
+            let _ = writeln!(
+                out,
+                "    store4(bt, r_lo + {i}u, c_lo + 128u, acc{}l);",
+                i + 4
+            );
+            let _ = writeln!(
+                out,
+                "    store4(bt, r_lo + {i}u, c_hi + 128u, acc{}h);",
+                i + 4
+            );
         }
     }
     out += "}\n";

@@ -165,6 +165,9 @@ pub struct ConvGemm {
     pub dtype: DType,
     pub padded: bool,
     pub bm64: bool,
+    /// A 64x256 tile (`FwdVec4` with 64 rows, swizzled rows, where a workgroup may have 48
+    /// KiB of shared memory: three 16 KiB tiles).
+    pub wide: bool,
 }
 
 impl ConvGemm {
@@ -190,8 +193,18 @@ impl ConvGemm {
                             dtype,
                             padded,
                             bm64,
+                            wide: false,
                         });
                     }
+                }
+                if mode == ConvMode::FwdVec4 {
+                    v.push(ConvGemm {
+                        mode,
+                        dtype,
+                        padded: false,
+                        bm64: true,
+                        wide: true,
+                    });
                 }
             }
         }
@@ -231,7 +244,8 @@ impl ConvGemm {
             io
         };
         let (v, kind) = if self.mode.vec4() {
-            ("vec4<f32>", matmul128::Io::ConvVec4 { bm: self.bm() })
+            let (bm, wide) = (self.bm(), self.wide);
+            ("vec4<f32>", matmul128::Io::ConvVec4 { bm, wide })
         } else {
             ("{{T}}", matmul128::Io::Conv { bm: self.bm() })
         };
@@ -255,9 +269,10 @@ impl ConvGemm {
             ConvMode::PointwiseWgrad => "pointwise_wgrad",
         };
         format!(
-            "conv_gemm_{mode}_{}_{}{}",
+            "conv_gemm_{mode}_{}_{}{}{}",
             self.dtype,
             self.bm(),
+            if self.wide { "x256" } else { "" },
             if self.padded { "_padded" } else { "" }
         )
     }

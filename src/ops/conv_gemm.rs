@@ -154,11 +154,20 @@ fn run(
     flip: bool,
 ) -> Result<()> {
     let [a, b, out] = operands;
+    // The 64x256 tile where 64 rows suffice and the device gives a workgroup 48 KiB (three
+    // swizzled 16 KiB tiles); `KILN_CONV_NARROW` keeps 64x128 for comparisons.
+    let wide = mode == ConvMode::FwdVec4
+        && m <= 64
+        && a.device()
+            .adapter_info()
+            .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 48 * 1024)
+        && std::env::var_os("KILN_CONV_NARROW").is_none();
     let kernel = ConvGemm {
         mode,
         dtype: a.dtype(),
-        padded: padded(a),
+        padded: padded(a) && !wide,
         bm64: m <= 64,
+        wide,
     };
     let aligned = match mode {
         ConvMode::Fwd | ConvMode::FwdVec4 => g.cg().is_multiple_of(16),
@@ -201,7 +210,7 @@ fn run(
         u32_of(op, end(t))?;
     }
     let groups = (
-        u32_of(op, n.div_ceil(128))?,
+        u32_of(op, n.div_ceil(if wide { 256 } else { 128 }))?,
         u32_of(op, m.div_ceil(kernel.bm() as usize))?,
         u32_of(op, p.groups * splits)?,
     );
