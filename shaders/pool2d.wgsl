@@ -5,26 +5,7 @@
 // tracked too: `Kernel::Pool2dArgmax` stores it instead of the value, for the input gradient
 // (`pool2d_backward.wgsl`).
 {{ENABLES}}
-struct Params {
-    nc: u32,
-    h: u32,
-    w: u32,
-    oh: u32,
-    ow: u32,
-    kh: u32,
-    kw: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    is_max: u32,
-    x_off: u32,
-    pad: u32,
-}
-
-var<immediate> p: Params;
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{O}}>;
@@ -42,7 +23,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let ox = e % p.ow;
     let oy = (e / p.ow) % p.oh;
     let plane = e / (p.ow * p.oh);
-    var best = bitcast<f32>(0xff800000u | p.pad);
+    var best = bitcast<f32>(0xff800000u | p.extra);
     var at = 0xffffffffu;
     var sum = 0.0;
     for (var ky = 0u; ky < p.kh; ky++) {

@@ -5,26 +5,7 @@
 //   (`pool2d.wgsl` as `Kernel::Pool2dArgmax`, PyTorch's rule);
 // - average: every element of the window gets g / (kh * kw) (count_include_pad=True).
 {{ENABLES}}
-struct Params {
-    nc: u32,
-    h: u32,
-    w: u32,
-    oh: u32,
-    ow: u32,
-    kh: u32,
-    kw: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    is_max: u32,
-    x_off: u32,
-    g_off: u32,
-}
-
-var<immediate> p: Params;
+{{PARAMS}}
 
 @group(0) @binding(0) var<storage, read_write> g: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> idx: array<u32>;
@@ -40,6 +21,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let iy = q / p.w;
     let ix = q % p.w;
     let plane = e / (p.h * p.w);
+    // The last immediate is the gradient's offset here.
+    let g_off = p.extra;
     var acc = 0.0;
     // The output rows whose windows reach input row iy: oy * sh + tap * dh = iy + ph for a
     // tap in [0, kh), so oy runs from ceil((iy + ph - (kh - 1) * dh) / sh) to
@@ -62,9 +45,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             }
             let o = (plane * p.oh + oy) * p.ow + ox;
             if p.is_max == 0u {
-                acc += f32(g[p.g_off + o]) / f32(p.kh * p.kw);
+                acc += f32(g[g_off + o]) / f32(p.kh * p.kw);
             } else if idx[o] == q {
-                acc += f32(g[p.g_off + o]);
+                acc += f32(g[g_off + o]);
             }
         }
     }

@@ -412,6 +412,7 @@ impl Kernel {
             }
             Kernel::Pool2d(d) => per_dtype(
                 &include_str!("../../shaders/pool2d.wgsl")
+                    .replace("{{PARAMS}}", include_str!("../../shaders/pool2d_params.wgsl"))
                     .replace("{{O}}", "{{T}}")
                     .replace(
                         "{{STORE}}",
@@ -422,13 +423,16 @@ impl Kernel {
             ),
             Kernel::Pool2dArgmax(d) => per_dtype(
                 &include_str!("../../shaders/pool2d.wgsl")
+                    .replace("{{PARAMS}}", include_str!("../../shaders/pool2d_params.wgsl"))
                     .replace("{{O}}", "u32")
                     .replace("{{STORE}}", "out[e] = at;"),
                 *d,
             ),
-            Kernel::Pool2dBackward(d) => {
-                per_dtype(include_str!("../../shaders/pool2d_backward.wgsl"), *d)
-            }
+            Kernel::Pool2dBackward(d) => per_dtype(
+                &include_str!("../../shaders/pool2d_backward.wgsl")
+                    .replace("{{PARAMS}}", include_str!("../../shaders/pool2d_params.wgsl")),
+                *d,
+            ),
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),

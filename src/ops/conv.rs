@@ -175,6 +175,52 @@ fn conv2d_forward(
     Ok(out)
 }
 
+/// One pooling window's geometry, as `shaders/pool2d*.wgsl` read it.
+#[derive(Clone, Copy)]
+pub(super) struct Pool2dWindow {
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub is_max: bool,
+}
+
+impl Pool2dWindow {
+    /// The kernels' immediates over contiguous `x` [n, c, h, w] and an output of `out` rows and
+    /// columns; `extra`, the last, is the gradient's offset in the backward kernel (zero in the
+    /// forward kernel, whose initial -inf it is OR'd into at run time).
+    pub fn immediates(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        (oh, ow): (usize, usize),
+        extra: usize,
+    ) -> Result<Vec<u32>> {
+        let s = x.shape();
+        let (k, st, p) = (self.kernel, self.stride, self.padding);
+        [
+            s[0] * s[1],
+            s[2],
+            s[3],
+            oh,
+            ow,
+            k.0,
+            k.1,
+            st.0,
+            st.1,
+            p.0,
+            p.1,
+            1,
+            1,
+            self.is_max as usize,
+            x.layout().offset,
+            extra,
+        ]
+        .iter()
+        .map(|&v| u32_of(op, v))
+        .collect()
+    }
+}
+
 fn pool2d(
     x: &Tensor,
     kernel: (usize, usize),
@@ -253,27 +299,13 @@ fn pool2d_forward(
         crate::cpu::pool2d(&x, &out, kernel, stride, padding, is_max);
         return Ok(out);
     }
-    let imm = [
-        n * c,
-        h,
-        w,
-        oh,
-        ow,
-        kernel.0,
-        kernel.1,
-        stride.0,
-        stride.1,
-        padding.0,
-        padding.1,
-        1,
-        1,
-        is_max as usize,
-        x.layout().offset,
-        0,
-    ]
-    .iter()
-    .map(|&v| u32_of(op, v))
-    .collect::<Result<Vec<u32>>>()?;
+    let window = Pool2dWindow {
+        kernel,
+        stride,
+        padding,
+        is_max,
+    };
+    let imm = window.immediates(op, &x, (oh, ow), 0)?;
     launch(
         Kernel::Pool2d(x.dtype()),
         &[&x.storage.block, &out.storage.block],

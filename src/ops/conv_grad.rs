@@ -196,27 +196,14 @@ fn pool2d_backward_gpu(
     }
     super::u32_of(op, x.layout().offset + x.numel())?;
     super::u32_of(op, g.layout().offset + g.numel())?;
-    let imm = [
-        s[0] * s[1],
-        s[2],
-        s[3],
-        g.shape()[2],
-        g.shape()[3],
-        kernel.0,
-        kernel.1,
-        stride.0,
-        stride.1,
-        padding.0,
-        padding.1,
-        1,
-        1,
-        is_max as usize,
-        x.layout().offset,
-        g.layout().offset,
-    ]
-    .iter()
-    .map(|&v| super::u32_of(op, v))
-    .collect::<Result<Vec<u32>>>()?;
+    let window = super::conv::Pool2dWindow {
+        kernel,
+        stride,
+        padding,
+        is_max,
+    };
+    let out_hw = (g.shape()[2], g.shape()[3]);
+    let imm = window.immediates(op, &x, out_hw, g.layout().offset)?;
     use crate::kernels::{launch, Kernel};
     // Max pooling: each window's index first (PyTorch's forward returns them; kiln finds them
     // here from the saved input), so that the gather reads one index per window.
@@ -224,10 +211,7 @@ fn pool2d_backward_gpu(
         true => {
             let idx = Tensor::empty(g.shape(), crate::tensor::DType::U32, x.device())?;
             let blocks = [&x.storage.block, &idx.storage.block];
-            // The forward kernel's immediates: its last (bits OR'd into the initial -inf) is
-            // zero, where the gather's is g's offset.
-            let mut fwd = imm.clone();
-            fwd[15] = 0;
+            let fwd = window.immediates(op, &x, out_hw, 0)?;
             let n = g.numel() as u64;
             launch(Kernel::Pool2dArgmax(x.dtype()), &blocks, &fwd, n)?;
             Some(idx)
