@@ -1,24 +1,11 @@
 // fwd on whole vectors (f32, one group, channels a multiple of 16 so that a 16-deep slice lies
-// in one tap): A = wp [o][tap][ci] read as vec4s along k; B = the input in NHWC, gathered four
+// in one tap): A = wp [o][tap][ci] (`conv_gemm_out4.wgsl`); B = the input in NHWC, gathered four
 // channels of one pixel at one tap per vec4, which the NCHW gather (`conv_gemm_fwd.wgsl`) reads
 // as scalars a plane apart. Vector v of a slice: row (A) or pixel (B) v / 4, k quad v % 4.
 // out = y, NCHW (+ bias), or every s-th row and column of it (`out_plane`, `out_rs`, `out_cs`).
 // The input's gradient runs here too, as the forward pass of the output's gradient with the
 // kernel rotated (flags bit 2): at stride 1 whole, at stride s one phase (a residue of the row
 // and column mod s) at a time, each phase a stride-1 convolution with a sub-kernel.
-// With flags bit 2 (the input gradient), tap t of the slice is read from row tap taps - 1 - t.
-fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
-    let m = m0 + v / 4u;
-    var k = k0;
-    if (p.flags & 4u) != 0u {
-        k = (p.kh * p.kw - 1u - k0 / p.c) * p.c + k0 % p.c;
-    }
-    if m < p.m {
-        return a[(p.off_a + m * p.k + k) / 4u + v % 4u];
-    }
-    return vec4<f32>();
-}
-
 struct PreB4 {
     ok: bool,
     // b's vector index of (img, 0, 0, quad).
@@ -51,9 +38,5 @@ fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
 }
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
-    let n = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_b[tile_at(buf, k + j, n)][n % 4u] = x[j];
-    }
+    scatter_b4(buf, v, x);
 }

@@ -1,18 +1,24 @@
-// Shared by the vec4 modes that produce the output (`conv_gemm_{fwd4,fwd_nchw4,pw}.wgsl`): the
-// swizzled tile, A's four k values of one row scattered into four tile rows, and the NCHW store
-// (+ bias) through the output's strides (`out_plane`, `out_rs`, `out_cs`: a whole tensor, or
+// Shared by the vec4 modes that produce the output (`conv_gemm_{fwd4,pw}.wgsl`): A, the weight
+// as rows of K, scattered into four tile rows per vector, and the NCHW store (+ bias) through
+// the output's strides (`out_plane`, `out_rs`, `out_cs`: a whole tensor, or
 // every s-th row and column of one for a phase of a strided convolution's input gradient).
-fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
-    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
+// A = the weight as rows of K, read as vec4s along k: `[o][tap][c]` (forward; `[m][k]` for a
+// pointwise convolution, one tap). With flags bit 2 (the input gradient), tap t of the slice is
+// read from row tap taps - 1 - t.
+fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
+    let m = m0 + v / 4u;
+    var k = k0;
+    if (p.flags & 4u) != 0u {
+        k = (p.kh * p.kw - 1u - k0 / p.c) * p.c + k0 % p.c;
+    }
+    if m < p.m {
+        return a[(p.off_a + m * p.k + k) / 4u + v % 4u];
+    }
+    return vec4<f32>();
 }
 
-// Vector v of A's slice: row v / 4, k quad v % 4.
 fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    let m = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
-    }
+    scatter_a4(buf, v, x);
 }
 
 // Output channel m, pixels n..n+3.

@@ -6,14 +6,6 @@
 //   B = the input (or the output's gradient) [img][k][pixel], four pixels per vector, one
 //       tile store, the vector's image and pixel fixed per invocation.
 // out = NCHW [img][m][pixel] (+ bias), through `conv_gemm_out4.wgsl`.
-fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
-    let m = m0 + v / 4u;
-    if m < p.m {
-        return a[(p.off_a + m * p.k + k0) / 4u + v % 4u];
-    }
-    return vec4<f32>();
-}
-
 struct PreB4 {
     ok: bool,
     // b's element index of (img, channel 0, pixel), and the slice row this invocation loads.

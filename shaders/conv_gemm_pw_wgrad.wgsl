@@ -2,10 +2,8 @@
 // from NCHW on vec4 loads: dw [o][c] = sum over pixels of dy [img][o][q] * x [img][c][q]. Both
 // operands are read along K (the pixel, split as the other wgrads: every k here is global and
 // checked against k_total), four pixels of one image per vector (hw a multiple of 4), and
-// scattered into four tile rows. out = this split's f32 partial of dw [split][o][c].
-fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
-    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
-}
+// scattered into four tile rows. out = this split's f32 partial of dw [split][o][c]
+// (`conv_gemm_partials.wgsl`).
 
 // Channel `row` of `channels` at pixels k..k+3 of a [img][channel][pixel] tensor from `off`.
 fn plane_at(off: u32, channels: u32, row: u32, k: u32) -> u32 {
@@ -41,28 +39,9 @@ fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
 
 // Vector v holds four k values of one row (A) or column (B): four tile rows.
 fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    let m = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
-    }
+    scatter_a4(buf, v, x);
 }
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
-    let n = v / 4u;
-    let k = 4u * (v % 4u);
-    for (var j = 0u; j < 4u; j++) {
-        tile_b[tile_at(buf, k + j, n)][n % 4u] = x[j];
-    }
-}
-
-fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m {
-        return;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        if n + j < p.n {
-            out[p.off_out + (bt * p.m + m) * p.n + n + j] = v[j];
-        }
-    }
+    scatter_b4(buf, v, x);
 }

@@ -84,14 +84,3 @@ fn load_b(pb: PreB, s: SliceB, k0: u32, r: u32) -> f32 {
     }
     return f32(b[s.base + ci * p.h * p.w + u32(ih) * p.w + u32(iw)]);
 }
-
-fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m {
-        return;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        if n + j < p.n {
-            out[p.off_out + (bt * p.m + m) * p.n + n + j] = {{O}}(v[j]);
-        }
-    }
-}

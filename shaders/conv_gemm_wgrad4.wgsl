@@ -8,10 +8,6 @@
 // so every k here is global and checked against k_total. Vector v of a slice: k row v / (BM/4)
 // (A) or v / 32 (B), columns 4 * (v % ...). out = this split's f32 partial of dw
 // [split][co][tap][ci], summed after as the scalar wgrad's.
-fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
-    return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
-}
-
 fn load_a4(m0: u32, k0: u32, v: u32) -> vec4<f32> {
     let m = m0 + 4u * (v % (BM / 4u));
     let k = k0 + v / (BM / 4u);
@@ -62,13 +58,4 @@ fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
     tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
-}
-
-fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m || n >= p.n {
-        return;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        out[p.off_out + (bt * p.m + m) * p.n + n + j] = v[j];
-    }
 }

@@ -48,6 +48,11 @@ impl Io {
         }
     }
 
+    /// A's vec4 loads per invocation per slice on the vec4 paths.
+    fn a_vec4s(self) -> usize {
+        self.bm() as usize / 64
+    }
+
     /// B's vec4 loads per invocation per slice on the vec4 paths.
     fn b_vec4s(self) -> usize {
         if self.wide() {
@@ -67,8 +72,8 @@ impl Io {
 /// per 256 elements of each operand, or two vec4s; a convolution first works out the slice's
 /// window (`slice_a`, `slice_b`) once per invocation.
 fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
-    if let Io::ConvVec4 { bm, .. } = io {
-        for r in 0..(bm / 64) as usize {
+    if let Io::ConvVec4 { .. } = io {
+        for r in 0..io.a_vec4s() {
             let e = r * 256;
             let _ = writeln!(out, "{indent}ra[{r}] = load_a4(m0, kb + {k}, li + {e}u);");
         }
@@ -117,7 +122,7 @@ fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
         let store_b = if io.wide() { "store_b4w" } else { "store_b4" };
         for r in 0..io.b_vec4s() {
             let e = r * 256;
-            if r < io.bm() as usize / 64 {
+            if r < io.a_vec4s() {
                 let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
             }
             let _ = writeln!(out, "{indent}{store_b}({base}, li + {e}u, rb[{r}]);");
@@ -223,27 +228,34 @@ pub(crate) fn main_fn(io: Io) -> String {
          \x20   let bt = wg.z;\n";
     let _ = writeln!(out, "    let m0 = wg.y * {}u;", io.bm());
     let _ = writeln!(out, "    let n0 = wg.x * {}u;", io.bn());
-    out += match io {
-        Io::Conv { .. } => "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n",
-        Io::ConvVec4 { wide: true, .. } => {
-            "    let kb = bt * p.k;\n    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n    let pb2 = pre_b4(n0, li + 512u);\n    let pb3 = pre_b4(n0, li + 768u);\n"
+    match io {
+        Io::Conv { .. } => {
+            out += "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n"
         }
         Io::ConvVec4 { .. } => {
-            "    let kb = bt * p.k;\n    let pb0 = pre_b4(n0, li);\n    let pb1 = pre_b4(n0, li + 256u);\n"
+            out += "    let kb = bt * p.k;\n";
+            for r in 0..io.b_vec4s() {
+                let _ = writeln!(out, "    let pb{r} = pre_b4(n0, li + {}u);", r * 256);
+            }
         }
-        _ => "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n",
-    };
+        _ => {
+            out +=
+                "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n"
+        }
+    }
     for i in 0..8 {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    out += if io.wide() {
-        "    var ra: array<vec4<f32>, 1>;\n    var rb: array<vec4<f32>, 4>;\n"
-    } else if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
-        "    var ra: array<vec4<f32>, 2>;\n    var rb: array<vec4<f32>, 2>;\n"
+    if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
+        let (na, nb) = (io.a_vec4s(), io.b_vec4s());
+        let _ = writeln!(
+            out,
+            "    var ra: array<vec4<f32>, {na}>;\n    var rb: array<vec4<f32>, {nb}>;"
+        );
     } else {
-        "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n"
-    };
+        out += "    var ra: array<f32, 8>;\n    var rb: array<f32, 8>;\n";
+    }
     loads(&mut out, "0u", "    ", io);
     stores(&mut out, "0u", "    ", io);
     out += "    workgroupBarrier();\n";

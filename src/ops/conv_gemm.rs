@@ -109,6 +109,9 @@ struct Forced {
     nchw: bool,
     /// `KILN_CONV_NHWC`: the tensor-core convolution always writes NHWC and transposes after.
     nhwc: bool,
+    /// `KILN_CONV_NARROW`: 64-row f32 convolutions keep the 64x128 tile where the 64x256 one
+    /// would run.
+    narrow: bool,
 }
 
 fn forced() -> &'static Forced {
@@ -119,6 +122,7 @@ fn forced() -> &'static Forced {
             direct: set("KILN_CONV_DIRECT"),
             nchw: set("KILN_CONV_NCHW"),
             nhwc: set("KILN_CONV_NHWC"),
+            narrow: set("KILN_CONV_NARROW"),
         }
     })
 }
@@ -155,13 +159,13 @@ fn run(
 ) -> Result<()> {
     let [a, b, out] = operands;
     // The 64x256 tile where 64 rows suffice and the device gives a workgroup 48 KiB (three
-    // swizzled 16 KiB tiles); `KILN_CONV_NARROW` keeps 64x128 for comparisons.
+    // swizzled 16 KiB tiles).
     let wide = mode == ConvMode::FwdVec4
         && m <= 64
         && a.device()
             .adapter_info()
             .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 48 * 1024)
-        && std::env::var_os("KILN_CONV_NARROW").is_none();
+        && !forced().narrow;
     let kernel = ConvGemm {
         mode,
         dtype: a.dtype(),

@@ -4,6 +4,7 @@
 //! `g^T @ view`. Exact for any stride, padding, dilation and groups; kh*kw matmuls per group.
 
 use super::Conv2dParams;
+use crate::kernels::{launch, Kernel};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -204,7 +205,6 @@ fn pool2d_backward_gpu(
     };
     let out_hw = (g.shape()[2], g.shape()[3]);
     let imm = window.immediates(op, &x, out_hw, g.layout().offset)?;
-    use crate::kernels::{launch, Kernel};
     // Max pooling: each window's index first (PyTorch's forward returns them; kiln finds them
     // here from the saved input), so that the gather reads one index per window.
     let idx = match is_max {
