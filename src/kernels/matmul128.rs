@@ -149,15 +149,23 @@ fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
 }
 
 /// One k step of the slice: four vec4 shared reads, 64 FMAs (three and 32 for a 64-row tile).
+/// The wide tile reads the 128-row tile's four: its rows 32.. where that one has 64.., and
+/// its columns 128.. from `tile_c` where that one has 64.. from `tile_b`.
 fn k_step(out: &mut String, kk: usize, io: Io) {
-    let full = io.bm() == 128;
+    let full = io.bm() == 128 || io.wide();
     let s = kk % 8;
+    let a_hi = if io.wide() { " + 8u" } else { " + 16u" };
+    let (b_hi_buf, b_hi) = if io.wide() {
+        ("c", "")
+    } else {
+        ("b", " + 16u")
+    };
     let _ = writeln!(out, "        {{");
     for (v, buf, half, sw) in [
         ("a_lo", "a", "", "ys"),
-        ("a_hi", "a", " + 16u", "ys"),
+        ("a_hi", "a", a_hi, "ys"),
         ("b_lo", "b", "", "xs"),
-        ("b_hi", "b", " + 16u", "xs"),
+        ("b_hi", b_hi_buf, b_hi, "xs"),
     ] {
         if v == "a_hi" && !full {
             continue;
@@ -167,25 +175,12 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
             "            let {v} = tile_{buf}[cur + {kk}u * {{{{ROW}}}}u{half} + {sw}{s}];"
         );
     }
-    if io.wide() {
-        for (v, half) in [("b2_lo", ""), ("b2_hi", " + 16u")] {
-            let _ = writeln!(
-                out,
-                "            let {v} = tile_c[cur + {kk}u * {{{{ROW}}}}u{half} + xs{s}];"
-            );
-        }
-    }
     for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
-        // The wide tile's columns 128.. go where the 128-row tile keeps its rows 64..
-        let (a2, b2lo, b2hi) = match io.wide() {
-            true => ("a_lo", "b2_lo", "b2_hi"),
-            false => ("a_hi", "b_lo", "b_hi"),
-        };
         for (acc, a, b) in [
             (format!("acc{i}l"), "a_lo", "b_lo"),
             (format!("acc{i}h"), "a_lo", "b_hi"),
-            (format!("acc{}l", i + 4), a2, b2lo),
-            (format!("acc{}h", i + 4), a2, b2hi),
+            (format!("acc{}l", i + 4), "a_hi", "b_lo"),
+            (format!("acc{}h", i + 4), "a_hi", "b_hi"),
         ] {
             if a == "a_hi" && !full {
                 continue;
@@ -263,7 +258,11 @@ pub(crate) fn main_fn(io: Io) -> String {
     // of 32 covers 8 columns by 4 rows of blocks (not 16 by 2), so that its B reads span 128
     // bytes: f32 products 0.8-1.6% faster on the H100. The 64-row tile keeps the plain layout
     // (the same remap cost its 3x3 convolution 7%: 21.3 -> 19.7 TFLOP/s).
-    out += if full {
+    out += if io.wide() {
+        // 8 x 32 blocks: a subgroup is one row of blocks (A's reads one broadcast address, B's
+        // 512 contiguous bytes).
+        "    let tx = li % 32u;\n    let ty = li / 32u;\n"
+    } else if full {
         "    let tx = (li % 8u) + 8u * ((li / 32u) % 2u);\n    let ty = (li / 8u) % 4u + 4u * (li / 64u);\n"
     } else {
         "    let tx = l.x;\n    let ty = l.y;\n"
@@ -286,28 +285,22 @@ pub(crate) fn main_fn(io: Io) -> String {
     out += "        let next = {{HALF}}u - cur;\n        if more {\n";
     stores(&mut out, "next", "            ", io);
     out += "        }\n        workgroupBarrier();\n        cur = next;\n    }\n";
-    out += "    let r_lo = m0 + 4u * ty;\n\
-            \x20   let r_hi = m0 + 64u + 4u * ty;\n\
-            \x20   let c_lo = n0 + 4u * tx;\n\
-            \x20   let c_hi = n0 + 64u + 4u * tx;\n";
+    // The wide tile: rows 4 ty.. and 32 + 4 ty.., columns 4 tx.. and 128 + 4 tx..
+    let (r_hi, c_hi) = if io.wide() { (32, 128) } else { (64, 64) };
+    let _ = write!(
+        out,
+        "    let r_lo = m0 + 4u * ty;\n\
+         \x20   let r_hi = m0 + {r_hi}u + 4u * ty;\n\
+         \x20   let c_lo = n0 + 4u * tx;\n\
+         \x20   let c_hi = n0 + {c_hi}u + 4u * tx;\n"
+    );
+    let full = full || io.wide();
     for i in 0..4 {
         let _ = writeln!(out, "    store4(bt, r_lo + {i}u, c_lo, acc{i}l);");
         let _ = writeln!(out, "    store4(bt, r_lo + {i}u, c_hi, acc{i}h);");
         if full {
             let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_lo, acc{}l);", i + 4);
             let _ = writeln!(out, "    store4(bt, r_hi + {i}u, c_hi, acc{}h);", i + 4);
-        }
-        if io.wide() {
-            let _ = writeln!(
-                out,
-                "    store4(bt, r_lo + {i}u, c_lo + 128u, acc{}l);",
-                i + 4
-            );
-            let _ = writeln!(
-                out,
-                "    store4(bt, r_lo + {i}u, c_hi + 128u, acc{}h);",
-                i + 4
-            );
         }
     }
     out += "}\n";

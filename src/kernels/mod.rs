@@ -44,6 +44,8 @@ pub enum Kernel {
     Transpose(DType),
     /// `shaders/transpose_pairs.wgsl`: the same copy for 16-bit elements, two to a word.
     TransposePairs,
+    /// `shaders/transpose_two.wgsl`: two of `Transpose`'s copies in one launch.
+    TransposeTwo(DType),
     /// `shaders/softmax.wgsl`, specialised.
     Softmax(SoftmaxKernel),
     /// `shaders/matmul.wgsl` for one float dtype: tiled, batched, strided.
@@ -147,6 +149,7 @@ impl Kernel {
             .chain(ReduceKernel::all().into_iter().map(Kernel::Reduce))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
             .chain([Kernel::TransposePairs])
+            .chain([DType::F32, DType::F16].map(Kernel::TransposeTwo))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .chain([DType::F32, DType::F16].map(Kernel::MatmulReg))
@@ -204,6 +207,9 @@ impl Kernel {
             Kernel::Transpose(d) => per_dtype(include_str!("../../shaders/transpose.wgsl"), *d),
             Kernel::TransposePairs => {
                 Cow::Borrowed(include_str!("../../shaders/transpose_pairs.wgsl"))
+            }
+            Kernel::TransposeTwo(d) => {
+                per_dtype(include_str!("../../shaders/transpose_two.wgsl"), *d)
             }
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
@@ -316,6 +322,7 @@ impl Kernel {
             Kernel::Reduce(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::TransposePairs => Cow::Borrowed("transpose_pairs"),
+            Kernel::TransposeTwo(d) => Cow::Owned(format!("transpose_two_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
@@ -365,6 +372,7 @@ impl Kernel {
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
             Kernel::TransposePairs => 2,
+            Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
             Kernel::Matmul128Vec4(_) => 4,
             Kernel::Predicate(k) => k.bindings(),
@@ -420,6 +428,7 @@ impl Kernel {
             Kernel::Elementwise(_) => 112,
             Kernel::Reduce(_) => 96,
             Kernel::Transpose(_) | Kernel::TransposePairs => 32,
+            Kernel::TransposeTwo(_) => 64,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,

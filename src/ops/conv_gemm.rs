@@ -260,8 +260,8 @@ pub(super) fn forward_coop(
     if bias.as_ref().is_some_and(|b| b.layout().offset % 8 != 0) {
         return Ok(None);
     }
-    let xh = nhwc(x)?;
-    let wp = nhwc(weight)?;
+    let (xh, wp) =
+        super::contiguous_two(&x.permute(&[0, 2, 3, 1])?, &weight.permute(&[0, 2, 3, 1])?)?;
     let (m, n, k) = (g.n * g.oh * g.ow, g.o, g.taps() * g.c);
     // Straight into NCHW where every image's pixels are whole 8-runs (56x56, 28x28), else NHWC
     // and a transpose after (14x14, 7x7).
@@ -346,10 +346,13 @@ pub(super) fn forward(
         return pointwise(OP, x, weight, bias, g, out);
     }
     // [o, cg, kh, kw] -> [o, kh, kw, cg]: a tap's channels together.
-    let wp = nhwc(weight)?;
+    let w_taps = weight.permute(&[0, 2, 3, 1])?;
     if vec4_suits(x, g) {
-        return forward_vec4(OP, &nhwc(x)?, &wp, bias, g, out, false);
+        // The input's NHWC copy and the weight's in one launch.
+        let (xh, wp) = super::contiguous_two(&x.permute(&[0, 2, 3, 1])?, &w_taps)?;
+        return forward_vec4(OP, &xh, &wp, bias, g, out, false);
     }
+    let wp = w_taps.contiguous()?;
     run(
         OP,
         ConvMode::Fwd,
@@ -462,12 +465,12 @@ pub(super) fn grads(
     const OP: &str = "conv2d_backward";
     // The NHWC copy of the output's gradient, made on first use.
     let mut gh: Option<Tensor> = None;
-    let mut nhwc_gy = || -> Result<Tensor> {
-        if let Some(t) = &gh {
+    let nhwc_gy = |gh: &mut Option<Tensor>| -> Result<Tensor> {
+        if let Some(t) = gh {
             return Ok(t.clone());
         }
         let t = nhwc(gy)?;
-        gh = Some(t.clone());
+        *gh = Some(t.clone());
         Ok(t)
     };
     let dx = if needs[0] {
@@ -479,9 +482,15 @@ pub(super) fn grads(
                 pointwise(OP, gy, &wt, None, &r, &dx)?;
                 dx
             }
-            (Some(r), _) if vec4_suits(gy, &r) => rotated_input_grad(&nhwc_gy()?, weight, g, &r)?,
+            (Some(r), _) if vec4_suits(gy, &r) => {
+                // [o, c, kh, kw] -> [c, kh, kw, o] beside the gradient's NHWC copy (the first).
+                let wt = weight.permute(&[1, 2, 3, 0])?;
+                let (gh_new, wt) = super::contiguous_two(&gy.permute(&[0, 2, 3, 1])?, &wt)?;
+                gh = Some(gh_new.clone());
+                rotated_input_grad(&gh_new, &wt, g, &r)?
+            }
             (_, Some(phases)) if phases.suits(gy) => {
-                phased_input_grad(&nhwc_gy()?, weight, &phases)?
+                phased_input_grad(&nhwc_gy(&mut gh)?, weight, &phases)?
             }
             _ => input_grad(gy, weight, g)?,
         })
@@ -492,9 +501,12 @@ pub(super) fn grads(
         Some(x) if pointwise_suits(x, g) && gy.layout().offset.is_multiple_of(4) => {
             Some(weight_grad(gy, x, g, ConvMode::PointwiseWgrad)?)
         }
-        Some(x) if wgrad_vec4_suits(gy, g) => {
-            Some(weight_grad(&nhwc_gy()?, &nhwc(x)?, g, ConvMode::WgradVec4)?)
-        }
+        Some(x) if wgrad_vec4_suits(gy, g) => Some(weight_grad(
+            &nhwc_gy(&mut gh)?,
+            &nhwc(x)?,
+            g,
+            ConvMode::WgradVec4,
+        )?),
         Some(x) => Some(weight_grad(gy, &x.contiguous()?, g, ConvMode::Wgrad)?),
         None => None,
     };
@@ -502,18 +514,17 @@ pub(super) fn grads(
 }
 
 /// The input's gradient at stride 1 as the forward pass of `rotated` (`Geometry::rotated`):
-/// `FwdVec4` on `gh`, the NHWC copy of the output's gradient, the rotation read in the kernel.
+/// `FwdVec4` on `gh`, the NHWC copy of the output's gradient, and `wt`, the weight as
+/// `[c, kh, kw, o]` (A's rows are input channels, K runs over (tap, output channel)); the
+/// kernel reads the taps in reverse.
 fn rotated_input_grad(
     gh: &Tensor,
-    weight: &Tensor,
+    wt: &Tensor,
     g: &Geometry,
     rotated: &Geometry,
 ) -> Result<Tensor> {
-    // [o, c, kh, kw] -> [c, kh, kw, o]: A's rows are input channels, K runs over
-    // (tap, output channel); the kernel reads the taps in reverse.
-    let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
     let dx = Tensor::empty(&[g.n, g.c, g.h, g.w], gh.dtype(), gh.device())?;
-    forward_vec4("conv2d_backward", gh, &wt, None, rotated, &dx, true)?;
+    forward_vec4("conv2d_backward", gh, wt, None, rotated, &dx, true)?;
     Ok(dx)
 }
 

@@ -160,28 +160,77 @@ fn gpu_elementwise(
     let out = out.unwrap_or(a);
     let b_layout = b.map_or(&a.layout, |b| &b.layout);
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
-    let (shape, strides) = (&c.shape, &c.strides);
     let n = out.numel();
-    // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): the tiled kernel keeps
-    // reads and writes coalesced. `x` reads down its rows (unit stride along the output's
-    // rows), the output is contiguous from its start.
+    // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): through shared memory
+    // (the tiled kernel, the default), or the strided copy that reads across rows directly (no
+    // barrier: what a CPU adapter prefers).
+    let job = match inplace || form != Form::Unary(UnaryOp::Identity) {
+        true => None,
+        false => transpose_job(op, a, out, &c)?,
+    };
+    if let Some(job) = job {
+        let pick = tune::pick(
+            a.device(),
+            "transpose",
+            || job.key(a.dtype),
+            n as u64,
+            &TRANSPOSE_CANDIDATES,
+            |t| {
+                if t {
+                    job.launch(a, out)
+                } else {
+                    gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+                }
+            },
+        )?;
+        if pick {
+            return job.launch(a, out);
+        }
+    }
+    gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+}
+
+/// The transposed copy's two variants, the tiled one first (the default).
+const TRANSPOSE_CANDIDATES: [(bool, &str); 2] = [(true, "tiled"), (false, "strided")];
+
+/// A copy of `a` into the contiguous `out` that is a 2-D transpose or a batch of them
+/// (`transpose.wgsl`'s contract: `x` read down its rows, the output contiguous from its start).
+#[derive(Clone, Copy)]
+struct TransposeJob {
+    /// `[rows, cols, off, lda, sb, 0, 0, 0]`.
+    imm: [u32; 8],
+    batch: u32,
+}
+
+/// `a`'s copy into `out` as a `TransposeJob`, where the coalesced layouts `c` (operands
+/// `[a, a, out]`) have that form and the grid fits.
+fn transpose_job(
+    op: &'static str,
+    a: &Tensor,
+    out: &Tensor,
+    c: &Coalesced,
+) -> Result<Option<TransposeJob>> {
+    let (shape, strides) = (&c.shape, &c.strides);
     let r = shape.len();
     let transposed = (r == 2 || r == 3)
-        && !inplace
-        && form == Form::Unary(UnaryOp::Identity)
         && out.layout.offset == 0
         && strides[0][r - 2] == 1
         && strides[2][r - 1] == 1
         && strides[2][r - 2] == shape[r - 1]
         && (r == 2 || strides[2][0] == shape[1] * shape[2]);
+    if !transposed {
+        return Ok(None);
+    }
     let (batch, rows, cols) = match r {
         3 => (shape[0], shape[1], shape[2]),
-        2 => (1, shape[0], shape[1]),
-        _ => (0, 0, 0),
+        _ => (1, shape[0], shape[1]),
     };
-    if transposed && rows.div_ceil(32) <= 65535 && cols.div_ceil(32) <= 65535 && batch <= 65535 {
-        let sb = if r == 3 { strides[0][0] } else { 0 };
-        let imm = [
+    if rows.div_ceil(32) > 65535 || cols.div_ceil(32) > 65535 || batch > 65535 {
+        return Ok(None);
+    }
+    let sb = if r == 3 { strides[0][0] } else { 0 };
+    Ok(Some(TransposeJob {
+        imm: [
             u32_of(op, rows)?,
             u32_of(op, cols)?,
             u32_of(op, a.layout.offset)?,
@@ -190,44 +239,118 @@ fn gpu_elementwise(
             0,
             0,
             0,
-        ];
-        let (rows, cols, batch) = (imm[0], imm[1], batch as u32);
-        // 16-bit elements two to a word where every row and offset starts on a word.
-        let pairs = a.dtype.size_bytes() == 2 && imm[..5].iter().all(|v| v % 2 == 0);
-        let tiled = || {
-            let (kernel, tile) = match pairs {
-                true => (Kernel::TransposePairs, 64),
-                false => (Kernel::Transpose(a.dtype), 32),
-            };
-            launch_groups(
-                kernel,
-                &[&a.storage.block, &out.storage.block],
-                &imm,
-                (rows.div_ceil(tile), cols.div_ceil(tile), batch),
-            )
-        };
-        // Through shared memory (the default), or the strided copy that reads across rows
-        // directly (no barrier: what a CPU adapter prefers).
-        let key = || {
-            let (r, c) = (tune::class(rows as usize), tune::class(cols as usize));
-            match batch {
-                1 => format!("{} {r}x{c}", a.dtype),
-                _ => format!("{} {}x{r}x{c}", a.dtype, tune::class(batch as usize)),
-            }
-        };
-        let candidates = [(true, "tiled"), (false, "strided")];
-        let pick = tune::pick(a.device(), "transpose", key, n as u64, &candidates, |t| {
-            if t {
-                tiled()
-            } else {
-                gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
-            }
-        })?;
-        if pick {
-            return tiled();
+        ],
+        batch: batch as u32,
+    }))
+}
+
+impl TransposeJob {
+    /// The tuner's key: dtype and the size classes of batch, rows and columns.
+    fn key(&self, d: DType) -> String {
+        let (r, c) = (
+            tune::class(self.imm[0] as usize),
+            tune::class(self.imm[1] as usize),
+        );
+        match self.batch {
+            1 => format!("{d} {r}x{c}"),
+            b => format!("{d} {}x{r}x{c}", tune::class(b as usize)),
         }
     }
-    gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+
+    /// 32x32 tiles along rows and along columns.
+    fn tiles(&self) -> (u32, u32) {
+        (self.imm[0].div_ceil(32), self.imm[1].div_ceil(32))
+    }
+
+    /// The tiled copy on its own; 16-bit elements two to a word where every row and offset
+    /// starts on a word.
+    fn launch(&self, a: &Tensor, out: &Tensor) -> Result<()> {
+        let pairs = a.dtype.size_bytes() == 2 && self.imm[..5].iter().all(|v| v % 2 == 0);
+        let (kernel, tile) = match pairs {
+            true => (Kernel::TransposePairs, 64),
+            false => (Kernel::Transpose(a.dtype), 32),
+        };
+        let (rows, cols) = (self.imm[0], self.imm[1]);
+        launch_groups(
+            kernel,
+            &[&a.storage.block, &out.storage.block],
+            &self.imm,
+            (rows.div_ceil(tile), cols.div_ceil(tile), self.batch),
+        )
+    }
+}
+
+/// `a.contiguous()` and `b.contiguous()` for two GPU tensors of one float dtype whose copies
+/// are batched transposes: one launch (`Kernel::TransposeTwo`, `b`'s tiles in workgroup layers
+/// after `a`'s) where the tuner picks the tiled copy for `a`, else two copies. A convolution's
+/// input goes to NHWC with its weight permuted beside it: on the H100 the weight's own launch
+/// (147 KB) cost 9 us of the 3x3 64->64 forward's 331, a barrier and a kernel's ramp.
+pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "contiguous";
+    let separate = || Ok((a.contiguous()?, b.contiguous()?));
+    if a.device().is_cpu()
+        || a.device() != b.device()
+        || a.dtype != b.dtype
+        || !matches!(a.dtype, DType::F32 | DType::F16)
+        || a.is_contiguous()
+        || b.is_contiguous()
+    {
+        return separate();
+    }
+    let outs = [a, b].map(|t| Tensor::empty(t.shape(), t.dtype, t.device()));
+    let [Ok(oa), Ok(ob)] = outs else {
+        return separate();
+    };
+    let ca = coalesce_for_kernel(OP, a.shape(), &[&a.layout, &a.layout, &oa.layout])?;
+    let cb = coalesce_for_kernel(OP, b.shape(), &[&b.layout, &b.layout, &ob.layout])?;
+    let (Some(ja), Some(jb)) = (
+        transpose_job(OP, a, &oa, &ca)?,
+        transpose_job(OP, b, &ob, &cb)?,
+    ) else {
+        return separate();
+    };
+    let form = Form::Unary(UnaryOp::Identity);
+    let tiled = tune::pick(
+        a.device(),
+        "transpose",
+        || ja.key(a.dtype),
+        a.numel() as u64,
+        &TRANSPOSE_CANDIDATES,
+        |t| {
+            if t {
+                ja.launch(a, &oa)
+            } else {
+                gpu_elementwise_flat(form, a, None, None, &oa, false, &ca, OP)
+            }
+        },
+    )?;
+    // b's tiles, numbered across a's (x, y) grid, fill the layers after a's batch.
+    let ((ra, ca_tiles), (rb, cb_tiles)) = (ja.tiles(), jb.tiles());
+    let layer = ra * ca_tiles;
+    let extra = (rb * cb_tiles * jb.batch).div_ceil(layer);
+    if !tiled || ja.batch + extra > 65535 {
+        drop((oa, ob));
+        return separate();
+    }
+    let mut imm = [0u32; 16];
+    imm[..8].copy_from_slice(&ja.imm);
+    imm[5] = ja.batch;
+    imm[8..].copy_from_slice(&jb.imm);
+    imm[13] = jb.batch;
+    imm[14] = rb;
+    imm[15] = cb_tiles;
+    launch_groups(
+        Kernel::TransposeTwo(a.dtype),
+        &[
+            &a.storage.block,
+            &oa.storage.block,
+            &b.storage.block,
+            &ob.storage.block,
+        ],
+        &imm,
+        (ra, ca_tiles, ja.batch + extra),
+    )?;
+    Ok((oa, ob))
 }
 
 /// `gpu_elementwise` through the elementwise kernel, operands coalesced into `c`.
