@@ -6,11 +6,16 @@ fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
     return buf + k * {{ROW}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
 }
 
+// The same in A's tile, whose rows are shorter in the 64x256 tile.
+fn tile_at_a(buf: u32, k: u32, c: u32) -> u32 {
+    return buf + k * {{ROW_A}}u + ((c / 4u) ^ ((k % 8u) * {{SWZ}}u));
+}
+
 fn scatter_a4(buf: u32, v: u32, x: vec4<f32>) {
     let m = v / 4u;
     let k = 4u * (v % 4u);
     for (var j = 0u; j < 4u; j++) {
-        tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
+        tile_a[tile_at_a(buf, k + j, m)][m % 4u] = x[j];
     }
 }
 

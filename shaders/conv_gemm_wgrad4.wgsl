@@ -53,7 +53,7 @@ fn load_b4(pb: PreB4, k0: u32) -> vec4<f32> {
 }
 
 fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    tile_a[tile_at(buf, v / (BM / 4u), 4u * (v % (BM / 4u)))] = x;
+    tile_a[tile_at_a(buf, v / (BM / 4u), 4u * (v % (BM / 4u)))] = x;
 }
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {

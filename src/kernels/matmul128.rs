@@ -35,7 +35,7 @@ impl Io {
         }
     }
 
-    fn wide(self) -> bool {
+    pub(crate) fn wide(self) -> bool {
         matches!(self, Io::ConvVec4 { wide: true, .. })
     }
 
@@ -116,14 +116,24 @@ fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
     }
 }
 
+/// A's shared buffer beside B's `base`: the same offset, except in the wide tile, whose A
+/// rows are half as long (`a_buffer`).
+fn a_base(base: &str, io: Io) -> String {
+    match (io.wide(), base) {
+        (true, "0u") | (false, _) => base.to_string(),
+        (true, _) => format!("{base}_a"),
+    }
+}
+
 /// Stores of the prefetch registers into the shared buffer at `base`.
 fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
+    let base_a = a_base(base, io);
     if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
         let store_b = if io.wide() { "store_b4w" } else { "store_b4" };
         for r in 0..io.b_vec4s() {
             let e = r * 256;
             if r < io.a_vec4s() {
-                let _ = writeln!(out, "{indent}store_a4({base}, li + {e}u, ra[{r}]);");
+                let _ = writeln!(out, "{indent}store_a4({base_a}, li + {e}u, ra[{r}]);");
             }
             let _ = writeln!(out, "{indent}{store_b}({base}, li + {e}u, rb[{r}]);");
         }
@@ -136,7 +146,7 @@ fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
             let _ = write!(
                 out,
                 "{indent}    let c = a_coord(li + {e}u);\n\
-                 {indent}    tile_a[{base} + c.y * {{{{ROW}}}}u + ((c.x / 4u) ^ ((c.y % 8u) * {{{{SWZ}}}}u))][c.x % 4u] = ra[{r}];\n"
+                 {indent}    tile_a[{base_a} + c.y * {{{{ROW_A}}}}u + ((c.x / 4u) ^ ((c.y % 8u) * {{{{SWZ}}}}u))][c.x % 4u] = ra[{r}];\n"
             );
         }
         let _ = write!(
@@ -170,9 +180,13 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
         if v == "a_hi" && !full {
             continue;
         }
+        let (cur, row) = match buf {
+            "a" => (a_base("cur", io) + " + ", "ROW_A"),
+            _ => ("cur + ".to_string(), "ROW"),
+        };
         let _ = writeln!(
             out,
-            "            let {v} = tile_{buf}[cur + {kk}u * {{{{ROW}}}}u{half} + {sw}{s}];"
+            "            let {v} = tile_{buf}[{cur}{kk}u * {{{{{row}}}}}u{half} + {sw}{s}];"
         );
     }
     for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
@@ -272,6 +286,9 @@ pub(crate) fn main_fn(io: Io) -> String {
         let _ = writeln!(out, "    let ys{i} = ty ^ ({i}u * {{{{SWZ}}}}u);");
         let _ = writeln!(out, "    let xs{i} = tx ^ ({i}u * {{{{SWZ}}}}u);");
     }
+    if io.wide() {
+        out += "    var cur_a = 0u;\n";
+    }
     out += "    var cur = 0u;\n\
             \x20   for (var k0 = 0u; k0 < p.k; k0 += 16u) {\n\
             \x20       let k1 = k0 + 16u;\n\
@@ -282,9 +299,17 @@ pub(crate) fn main_fn(io: Io) -> String {
     for kk in 0..16 {
         k_step(&mut out, kk, io);
     }
-    out += "        let next = {{HALF}}u - cur;\n        if more {\n";
+    out += "        let next = {{HALF}}u - cur;\n";
+    if io.wide() {
+        out += "        let next_a = {{HALF_A}}u - cur_a;\n";
+    }
+    out += "        if more {\n";
     stores(&mut out, "next", "            ", io);
-    out += "        }\n        workgroupBarrier();\n        cur = next;\n    }\n";
+    out += "        }\n        workgroupBarrier();\n        cur = next;\n";
+    if io.wide() {
+        out += "        cur_a = next_a;\n";
+    }
+    out += "    }\n";
     // The wide tile: rows 4 ty.. and 32 + 4 ty.., columns 4 tx.. and 128 + 4 tx..
     let (r_hi, c_hi) = if io.wide() { (32, 128) } else { (64, 64) };
     let _ = write!(

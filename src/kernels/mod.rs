@@ -120,7 +120,15 @@ pub(crate) fn tiled_128(
     padded: bool,
     kind: matmul128::Io,
 ) -> String {
-    let (row, swz) = if padded { (33, 0) } else { (32, 1) };
+    // Rows of vec4s padded to 33 (where the device allows 33 KiB of shared memory) or swizzled.
+    // The wide tile (64x256, only where a workgroup may have 48 KiB) is always padded, its A
+    // rows (64 values) to 17: 42.5 KiB in all, and no swizzled indices held in registers.
+    let (row, swz) = if padded || kind.wide() {
+        (33, 0)
+    } else {
+        (32, 1)
+    };
+    let row_a = if kind.wide() { 17 } else { row };
     per_dtype(
         &include_str!("../../shaders/matmul128.wgsl")
             .replace("{{PARAMS}}", params)
@@ -128,6 +136,9 @@ pub(crate) fn tiled_128(
         d,
     )
     .replace("{{MAIN}}", &matmul128::main_fn(kind))
+    .replace("{{ROW_A}}", &row_a.to_string())
+    .replace("{{TILE_A}}", &(32 * row_a).to_string())
+    .replace("{{HALF_A}}", &(16 * row_a).to_string())
     .replace("{{ROW}}", &row.to_string())
     .replace("{{SWZ}}", &swz.to_string())
     .replace("{{TILE}}", &(32 * row).to_string())
