@@ -14,6 +14,7 @@
 // of 16 rows of {{ROW}} vec4s. So that stores of one column by consecutive invocations spread over
 // the banks, rows are either padded to 33 vec4s (where the device allows 33 KiB of shared
 // memory) or, at 32 KiB (lavapipe's limit), row k keeps vec4 column c at c ^ (k % 8).
+// tile_a's rows are as long as tile_b's, except in the convolution's 64x256 tile (17 vec4s).
 var<workgroup> tile_a: array<vec4<f32>, {{TILE_A}}>;
 var<workgroup> tile_b: array<vec4<f32>, {{TILE}}>;
 

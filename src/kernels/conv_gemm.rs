@@ -63,8 +63,8 @@ pub struct ConvGemm {
     pub dtype: DType,
     pub padded: bool,
     pub bm64: bool,
-    /// A 64x256 tile (`FwdVec4` with 64 rows, swizzled rows, where a workgroup may have 48
-    /// KiB of shared memory: three 16 KiB tiles).
+    /// A 64x256 tile (`FwdVec4` with 64 rows, where a workgroup may have 48 KiB of shared
+    /// memory: three tiles with padded rows, 42.5 KiB; `padded` does not apply).
     pub wide: bool,
 }
 

@@ -18,9 +18,10 @@ pub(crate) enum Io {
     /// The convolution's forward pass, or its weight's gradient, on vec4 loads from NHWC
     /// operands (`shaders/conv_gemm_{fwd4,wgrad4}.wgsl`). The loads get the global k: the
     /// slice's plus the K split's start (`kb`, zero outside wgrad).
-    /// With `wide` (64 rows only), a 64x256 tile: each invocation computes 4 rows by 16
-    /// columns (five shared reads per 64 FMAs instead of three per 32), B's second 128 columns
-    /// in a third shared tile (`tile_c`).
+    /// With `wide` (64 rows only), a 64x256 tile: each invocation computes 8 rows by 8
+    /// columns as in the 128x128 tile (four shared reads per 64 FMAs), B's second 128 columns
+    /// in a third shared tile (`tile_c`), the rows padded (A's 64 values to 17 vec4s, B's to
+    /// 33), never swizzled: the swizzle's 16 indices held in registers cost the tile 5%.
     ConvVec4 {
         bm: u32,
         wide: bool,
