@@ -137,9 +137,10 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
 }
 
 /// f16 products as an MLP with 784 inputs and 10 classes meets them under autocast (ragged K
-/// or N; a long K over a narrow N, which takes split-K), against the CPU's f32 product of the
-/// same f16 values: only f16 roundings of partial results differ. On adapters with cooperative
-/// matrices the ragged ones split into a tensor-core part and a SIMT rest.
+/// or N, `g^T @ x` with A transposed; a long K over a narrow N, which takes split-K; few output
+/// tiles of two row-major operands), against the CPU's f32 product of the same f16 values: only
+/// f16 roundings of partial results differ. On adapters with cooperative matrices the ragged
+/// dim is padded with zeros to whole tiles, and the few tiles take the eight-subgroup tile.
 #[test]
 fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -148,15 +149,29 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
         .into_iter()
         .filter(|d| !d.is_cpu() && d.adapter_info().is_some_and(|i| i.features.shader_f16))
     {
-        for (m, k, n, b_t) in [
-            (64, 784, 128, true),
-            (128, 64, 784, false),
-            (64, 4096, 10, true),
+        for (m, k, n, a_t, b_t) in [
+            (64, 784, 128, false, true),
+            (128, 64, 784, false, false),
+            (256, 128, 784, true, false),
+            (256, 512, 256, false, false),
+            (64, 4096, 10, false, true),
         ] {
             let a = Tensor::randn(&[m, k], DType::F32, &cpu)
                 .unwrap()
                 .to_dtype(DType::F16)
                 .unwrap();
+            let ga = match a_t {
+                true => a
+                    .to_device(&dev)
+                    .unwrap()
+                    .t()
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+                    .t()
+                    .unwrap(),
+                false => a.to_device(&dev).unwrap(),
+            };
             let b = Tensor::randn(&[k, n], DType::F32, &cpu)
                 .unwrap()
                 .to_dtype(DType::F16)
@@ -173,7 +188,7 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
                     .unwrap(),
                 false => b.to_device(&dev).unwrap(),
             };
-            let got = a.to_device(&dev).unwrap().matmul(&gb).unwrap();
+            let got = ga.matmul(&gb).unwrap();
             assert_eq!(got.dtype(), DType::F16);
             let got = got.to_f64_vec().unwrap();
             let want = a

@@ -382,8 +382,8 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             ("A^T @ B^T", Box::new(|| at.matmul(&bt))),
         ];
         for ((name, f), layout) in cases.into_iter().zip(kiln::kernels::CoopLayout::ALL) {
-            // The shapes tried for this layout (the first that fits runs).
-            let tiles = kiln::kernels::CoopTile::for_layout(layout)
+            // The shapes tried for this layout at 4096^2 (32 x 32 tiles; the first that fits runs).
+            let tiles = kiln::kernels::CoopTile::for_layout(layout, 32 * 32)
                 .iter()
                 .map(|t| t.name(layout))
                 .collect::<Vec<_>>()

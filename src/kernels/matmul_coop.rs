@@ -207,18 +207,22 @@ impl CoopTile {
         group: 8,
     };
 
-    /// The shapes to try for a product in `layout`, best first: `KILN_COOP_TILE` alone where
-    /// set (read once); else the layout's fastest on the H100 (f16 4096, BENCHMARKS.md), then
-    /// the default (whose 128x128 tiles and K slices of 32 fit more products).
-    pub fn for_layout(layout: CoopLayout) -> &'static [CoopTile] {
+    /// The shapes to try for a product in `layout` with `tiles` 128x128 output tiles, best
+    /// first: `KILN_COOP_TILE` alone where set (read once); else the layout's fastest on the
+    /// H100 (f16 4096, BENCHMARKS.md), then the default (whose 128x128 tiles and K slices of 32
+    /// fit more products). With both operands row-major and fewer than 256 tiles (under two
+    /// workgroups per SM of a large GPU: an MLP's `g @ W` at batch 512), the eight-subgroup
+    /// tile first: one workgroup keeps an SM busy where the default's four subgroups count on
+    /// a second (H100, 512x4096x4096: 117 -> 78 us).
+    pub fn for_layout(layout: CoopLayout, tiles: usize) -> &'static [CoopTile] {
         static OVERRIDE: std::sync::OnceLock<Option<[CoopTile; 1]>> = std::sync::OnceLock::new();
         if let Some(t) = OVERRIDE.get_or_init(|| Self::from_env().map(|t| [t])) {
             return t;
         }
-        if layout.b_t && !layout.a_t {
-            &[CoopTile::DEEP, CoopTile::TALL, CoopTile::DEFAULT]
-        } else {
-            &[CoopTile::DEFAULT]
+        match (layout.a_t, layout.b_t) {
+            (false, true) => &[CoopTile::DEEP, CoopTile::TALL, CoopTile::DEFAULT],
+            (false, false) if tiles < 256 => &[CoopTile::DEEP, CoopTile::DEFAULT],
+            _ => &[CoopTile::DEFAULT],
         }
     }
 

@@ -56,7 +56,7 @@ fn flatten_batch(a: Tensor, b: Tensor, batch_shape: &[usize]) -> Result<Batched>
 /// Returns the tile shape, the layout and the two leading dimensions.
 fn coop_tile(
     a: &Tensor,
-    [m, n, k]: [usize; 3],
+    [m, n, k, batch]: [usize; 4],
     fa: &Tensor,
     fb: &Tensor,
     s: [usize; 6],
@@ -84,7 +84,8 @@ fn coop_tile(
     }
     let layout = CoopLayout { a_t, b_t };
     let shared = g.info.limits.max_compute_workgroup_storage_size;
-    let tile = *CoopTile::for_layout(layout).iter().find(|t| {
+    let tiles = m.div_ceil(128) * n.div_ceil(128) * batch;
+    let tile = *CoopTile::for_layout(layout, tiles).iter().find(|t| {
         m % t.block_m() as usize == 0
             && n % t.block_n() as usize == 0
             && k % t.k_step() as usize == 0
@@ -258,11 +259,12 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
 
 /// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
 /// number of its tiles (an MLP's 784-wide input: `x @ W1^T` with K = 784, `g^T @ x` with
-/// N = 784). A ragged N splits into `cat(A @ B[:, :nc], A @ B[:, nc:])`: the whole tiles on
-/// tensor cores, the rest on the SIMT kernel. A ragged K is padded with zeros to whole K slices
-/// (copies of the operands, each in its own orientation): splitting K instead would round two
-/// partial sums to f16 and lose up to 6e-3 to cancellation (measured on the H100). On the H100
-/// (784-4096-4096-10, batch 512) the two products took 250 and 346 us on the SIMT kernel.
+/// N = 784): the ragged dim padded with zeros to whole tiles (copies of the operands, each in
+/// its own orientation) and, for N, the first n columns of the product kept (one copy).
+/// Splitting K instead would round two partial sums to f16 and lose up to 6e-3 to
+/// cancellation (measured on the H100); splitting N into the whole tiles on tensor cores and
+/// the rest on the SIMT kernel cost `g^T @ x` 153 us on the H100 (the 16-column rest 80 us,
+/// the concatenation 34) where the SIMT kernel alone had taken 346 us.
 fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Tensor>> {
     let Some(g) = a.device().gpu().filter(|g| crate::kernels::coop_f16(g)) else {
         return Ok(None);
@@ -279,7 +281,7 @@ fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Te
         b_t: b.strides()[1] != 1,
     };
     let shared = g.info.limits.max_compute_workgroup_storage_size;
-    let Some(t) = CoopTile::for_layout(layout)
+    let Some(t) = CoopTile::for_layout(layout, m.div_ceil(128) * n.div_ceil(128))
         .iter()
         .find(|t| m.is_multiple_of(t.block_m() as usize) && t.valid(shared))
     else {
@@ -289,27 +291,29 @@ fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Te
     if kc == 0 || nc == 0 || (kc == k && nc == n) {
         return Ok(None);
     }
-    if nc < n {
-        let main = matmul_forward(a, &b.narrow(1, 0, nc)?, None)?;
-        let rest = matmul_forward(a, &b.narrow(1, nc, n - nc)?, None)?;
-        return Tensor::cat(&[main, rest], 1).map(Some);
-    }
-    let kp = kc + t.k_step() as usize;
-    // `x` [rows, k] (or its transpose, as stored) copied into zeros [rows, kp].
-    let pad = |x: &Tensor, k_dim: usize, transposed: bool| -> Result<Tensor> {
+    // `x` (or its transpose, as stored) copied into zeros with dim `d` of the product's
+    // orientation grown to `size`.
+    let pad = |x: &Tensor, d: usize, transposed: bool, size: usize| -> Result<Tensor> {
         let stored = if transposed { x.t()? } else { x.clone() };
-        let k_dim = if transposed { 1 - k_dim } else { k_dim };
+        let d = if transposed { 1 - d } else { d };
         let mut shape = stored.shape().to_vec();
-        shape[k_dim] = kp;
+        let len = shape[d];
+        shape[d] = size;
         let p = Tensor::zeros(&shape, DType::F16, x.device())?;
-        p.narrow(k_dim as isize, 0, k)?.copy_(&stored)?;
+        p.narrow(d as isize, 0, len)?.copy_(&stored)?;
         if transposed {
             p.t()
         } else {
             Ok(p)
         }
     };
-    let (ap, bp) = (pad(a, 1, layout.a_t)?, pad(b, 0, layout.b_t)?);
+    if nc < n {
+        let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
+        let out = matmul_forward(a, &bp, None)?;
+        return out.narrow(1, 0, n)?.contiguous().map(Some);
+    }
+    let kp = kc + t.k_step() as usize;
+    let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
     matmul_forward(&ap, &bp, None).map(Some)
 }
 
@@ -450,7 +454,7 @@ fn matmul_forward(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>) -> Result<T
             );
         } else if let Some((tile, layout, lda, ldb)) = coop_tile(
             a,
-            [m, n, k],
+            [m, n, k, flat.batch],
             fa,
             fb,
             [sam, sak, sbk, sbn, flat.sab, flat.sbb],
