@@ -351,3 +351,47 @@ fn the_trace_names_the_variant() {
         "no adapter with timestamps to profile kernels on"
     );
 }
+
+/// The narrow products (`shaders/matmul_narrow.wgsl`: 16 or fewer columns, or rows, over a
+/// long K) and the tiled path they are measured against, each forced, against the CPU: a
+/// classifier head `x @ W^T` (B a transposed view) with its bias added in the kernel, its
+/// weight's gradient `g^T @ h` (A a transposed view), and plain row-major operands.
+#[test]
+fn both_narrow_product_variants_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for dtype in dtypes(&dev) {
+            for variant in ["narrow", "tiled"] {
+                let what = |case: &str| format!("{case} {dtype} {variant} on {}", dev.name());
+                let tol = if dtype == DType::F16 { 4e-3 } else { 1e-4 };
+                forced("matmul narrow", variant, || {
+                    // The head: [64, 1024] @ [1024, 10]^T + bias.
+                    let x = random(&[64, 1024], dtype, 11, &dev);
+                    let w = random(&[10, 1024], dtype, 12, &dev);
+                    let b = random(&[10], dtype, 13, &dev);
+                    let got = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
+                    let [xc, wc, bc] = [&x, &w, &b]
+                        .map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
+                    let want = kiln::ops::linear(&xc, &wc, Some(&bc)).unwrap();
+                    assert_close(&got, &want, tol, &what("x @ W^T + b"));
+                    // The head's weight gradient: [10, 64]^T-view @ [64 -> K = 300, 300].
+                    let g = random(&[300, 10], dtype, 14, &dev);
+                    let h = random(&[300, 520], dtype, 15, &dev);
+                    let got = g.t().unwrap().matmul(&h).unwrap();
+                    let [gc, hc] =
+                        [&g, &h].map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
+                    let want = gc.t().unwrap().matmul(&hc).unwrap();
+                    assert_close(&got, &want, tol, &what("g^T @ h"));
+                    // Row-major operands, 3 columns.
+                    let a = random(&[40, 700], dtype, 16, &dev);
+                    let c = random(&[700, 3], dtype, 17, &dev);
+                    let got = a.matmul(&c).unwrap();
+                    let [ac, cc] =
+                        [&a, &c].map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
+                    let want = ac.matmul(&cc).unwrap();
+                    assert_close(&got, &want, tol, &what("a @ c"));
+                });
+            }
+        }
+    }
+}

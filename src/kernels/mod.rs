@@ -59,6 +59,9 @@ pub enum Kernel {
     /// The 128-tile kernel for f32 operands in whole tiles with 16-byte aligned rows
     /// (`shaders/matmul128_vec4.wgsl`): vector loads, no guards, and a bias epilogue (addmm).
     Matmul128Vec4(bool),
+    /// `shaders/matmul_narrow.wgsl` for one float dtype: a product with 16 or fewer columns
+    /// (`false`: entry `rows`) or rows (`true`: entry `cols`).
+    MatmulNarrow(DType, bool),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
@@ -170,6 +173,11 @@ impl Kernel {
                     .flat_map(|d| [Kernel::Matmul128(d, false), Kernel::Matmul128(d, true)]),
             )
             .chain([false, true].map(Kernel::Matmul128Vec4))
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [false, true].map(move |c| Kernel::MatmulNarrow(d, c))),
+            )
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
@@ -225,6 +233,9 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
+            Kernel::MatmulNarrow(d, _) => {
+                per_dtype(include_str!("../../shaders/matmul_narrow.wgsl"), *d)
+            }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
             Kernel::Optim(k, d) => {
@@ -337,6 +348,10 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
+            Kernel::MatmulNarrow(d, cols) => Cow::Owned(format!(
+                "matmul_narrow_{}_{d}",
+                if *cols { "cols" } else { "rows" }
+            )),
             Kernel::Matmul128(d, padded) => Cow::Owned(format!(
                 "matmul128_{d}{}",
                 if *padded { "_padded" } else { "" }
@@ -386,6 +401,7 @@ impl Kernel {
             Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
             Kernel::Matmul128Vec4(_) => 4,
+            Kernel::MatmulNarrow(..) => 4,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
@@ -443,6 +459,7 @@ impl Kernel {
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,
+            Kernel::MatmulNarrow(..) => 64,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,
@@ -473,6 +490,8 @@ impl Kernel {
         match self {
             Kernel::Optim(k, _) => self.entry_point_of(*k),
             Kernel::BatchNorm(b) => b.entry_point(),
+            Kernel::MatmulNarrow(_, false) => "rows",
+            Kernel::MatmulNarrow(_, true) => "cols",
             _ => "main",
         }
     }

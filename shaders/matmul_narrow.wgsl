@@ -1,0 +1,189 @@
+// Products with one narrow side (16 or fewer columns, or rows), which leave the tiled kernels'
+// tiles mostly empty and their few workgroups each a long K: an MLP's classifier head,
+// `h @ W^T` with 10 columns and K = 4096, and its weight's gradient `g^T @ h` with 10 rows.
+// Any strides; f32 accumulation; `{{T}}` in and out. Each invocation keeps all 16 outputs of
+// the narrow side in four vec4 accumulators (written out, not indexed: an indexed array went
+// to memory) over its share of K, and the workgroup adds the shares in shared memory.
+//
+// `rows`: out[m, 0..n] for n <= 16, one workgroup per row m (x, then y past 65535 rows), the
+// 256 invocations splitting K (+ bias[j] where flagged).
+// `cols`: out[0..m, j] for m <= 16, one workgroup per 32 columns j: 32 columns by 8 lanes of K,
+// so that B's rows are read 32 elements at a time and A's elements are the same across a
+// subgroup.
+{{ENABLES}}
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    off_a: u32,
+    sam: u32,
+    sak: u32,
+    off_b: u32,
+    sbk: u32,
+    sbn: u32,
+    off_out: u32,
+    // Bit 0: add bias[j] (rows).
+    flags: u32,
+    off_bias: u32,
+    // Workgroups along x (rows: the row is x + y * groups_x).
+    groups_x: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
+
+var<workgroup> part0: array<vec4<f32>, 256>;
+var<workgroup> part1: array<vec4<f32>, 256>;
+var<workgroup> part2: array<vec4<f32>, 256>;
+var<workgroup> part3: array<vec4<f32>, 256>;
+
+// Columns 4q..4q+3 of B's row k, zero past the last column: loads without branches (the
+// index clamped, the value masked), so that a step's loads all issue before its FMAs.
+fn b_quad(k: u32, q: u32) -> vec4<f32> {
+    let base = p.off_b + k * p.sbk;
+    let j = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+    let c = min(j, vec4<u32>(p.n - 1u)) * p.sbn + vec4<u32>(base);
+    let v = vec4<f32>(f32(b[c.x]), f32(b[c.y]), f32(b[c.z]), f32(b[c.w]));
+    return select(vec4<f32>(), v, j < vec4<u32>(p.n));
+}
+
+// Rows 4q..4q+3 of A's column k, zero past the last row (as `b_quad`).
+fn a_quad(k: u32, q: u32) -> vec4<f32> {
+    let base = p.off_a + k * p.sak;
+    let i = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+    let c = min(i, vec4<u32>(p.m - 1u)) * p.sam + vec4<u32>(base);
+    let v = vec4<f32>(f32(a[c.x]), f32(a[c.y]), f32(a[c.z]), f32(a[c.w]));
+    return select(vec4<f32>(), v, i < vec4<u32>(p.m));
+}
+
+// Adds the `lanes` shares that invocations t, t + stride, ... hold (t < stride) into slot t.
+fn reduce(t: u32, stride: u32, lanes: u32) {
+    for (var s = lanes / 2u; s > 0u; s >>= 1u) {
+        if t < s * stride {
+            part0[t] += part0[t + s * stride];
+            part1[t] += part1[t + s * stride];
+            part2[t] += part2[t + s * stride];
+            part3[t] += part3[t + s * stride];
+        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(256)
+fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * p.groups_x;
+    var acc0 = vec4<f32>();
+    var acc1 = vec4<f32>();
+    var acc2 = vec4<f32>();
+    var acc3 = vec4<f32>();
+    if row < p.m {
+        let a_row = p.off_a + row * p.sam;
+        // Two k steps at a time (their loads before their FMAs), then the last one.
+        var k = t;
+        for (; k + 256u < p.k; k += 512u) {
+            let x0 = vec4<f32>(f32(a[a_row + k * p.sak]));
+            let x1 = vec4<f32>(f32(a[a_row + (k + 256u) * p.sak]));
+            let b00 = b_quad(k, 0u);
+            let b01 = b_quad(k + 256u, 0u);
+            let b10 = b_quad(k, 1u);
+            let b11 = b_quad(k + 256u, 1u);
+            acc0 = fma(x1, b01, fma(x0, b00, acc0));
+            acc1 = fma(x1, b11, fma(x0, b10, acc1));
+            if p.n > 8u {
+                let b20 = b_quad(k, 2u);
+                let b21 = b_quad(k + 256u, 2u);
+                let b30 = b_quad(k, 3u);
+                let b31 = b_quad(k + 256u, 3u);
+                acc2 = fma(x1, b21, fma(x0, b20, acc2));
+                acc3 = fma(x1, b31, fma(x0, b30, acc3));
+            }
+        }
+        if k < p.k {
+            let x = vec4<f32>(f32(a[a_row + k * p.sak]));
+            acc0 = fma(x, b_quad(k, 0u), acc0);
+            acc1 = fma(x, b_quad(k, 1u), acc1);
+            acc2 = fma(x, b_quad(k, 2u), acc2);
+            acc3 = fma(x, b_quad(k, 3u), acc3);
+        }
+    }
+    part0[t] = acc0;
+    part1[t] = acc1;
+    part2[t] = acc2;
+    part3[t] = acc3;
+    workgroupBarrier();
+    reduce(t, 1u, 256u);
+    if row < p.m && t < p.n {
+        let q = t / 4u;
+        var v = part0[0][t % 4u];
+        if q == 1u {
+            v = part1[0][t % 4u];
+        } else if q == 2u {
+            v = part2[0][t % 4u];
+        } else if q == 3u {
+            v = part3[0][t % 4u];
+        }
+        if (p.flags & 1u) != 0u {
+            v += f32(bias[p.off_bias + t]);
+        }
+        out[p.off_out + row * p.n + t] = {{T}}(v);
+    }
+}
+
+@compute @workgroup_size(256)
+fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let c = t % 32u;
+    let lane = t / 32u;
+    let j = wg.x * 32u + c;
+    var acc0 = vec4<f32>();
+    var acc1 = vec4<f32>();
+    var acc2 = vec4<f32>();
+    var acc3 = vec4<f32>();
+    if j < p.n {
+        let b_col = p.off_b + j * p.sbn;
+        // Four k steps at a time (their loads before their FMAs), then the rest one by one.
+        var k = lane;
+        for (; k + 24u < p.k; k += 32u) {
+            let x0 = vec4<f32>(f32(b[b_col + k * p.sbk]));
+            let x1 = vec4<f32>(f32(b[b_col + (k + 8u) * p.sbk]));
+            let x2 = vec4<f32>(f32(b[b_col + (k + 16u) * p.sbk]));
+            let x3 = vec4<f32>(f32(b[b_col + (k + 24u) * p.sbk]));
+            acc0 = fma(a_quad(k + 24u, 0u), x3, fma(a_quad(k + 16u, 0u), x2, fma(a_quad(k + 8u, 0u), x1, fma(a_quad(k, 0u), x0, acc0))));
+            acc1 = fma(a_quad(k + 24u, 1u), x3, fma(a_quad(k + 16u, 1u), x2, fma(a_quad(k + 8u, 1u), x1, fma(a_quad(k, 1u), x0, acc1))));
+            if p.m > 8u {
+                acc2 = fma(a_quad(k + 24u, 2u), x3, fma(a_quad(k + 16u, 2u), x2, fma(a_quad(k + 8u, 2u), x1, fma(a_quad(k, 2u), x0, acc2))));
+                acc3 = fma(a_quad(k + 24u, 3u), x3, fma(a_quad(k + 16u, 3u), x2, fma(a_quad(k + 8u, 3u), x1, fma(a_quad(k, 3u), x0, acc3))));
+            }
+        }
+        for (; k < p.k; k += 8u) {
+            let x = vec4<f32>(f32(b[b_col + k * p.sbk]));
+            acc0 = fma(a_quad(k, 0u), x, acc0);
+            acc1 = fma(a_quad(k, 1u), x, acc1);
+            acc2 = fma(a_quad(k, 2u), x, acc2);
+            acc3 = fma(a_quad(k, 3u), x, acc3);
+        }
+    }
+    part0[t] = acc0;
+    part1[t] = acc1;
+    part2[t] = acc2;
+    part3[t] = acc3;
+    workgroupBarrier();
+    reduce(t, 32u, 8u);
+    if t < 32u && j < p.n {
+        let sums = array<vec4<f32>, 4>(part0[t], part1[t], part2[t], part3[t]);
+        for (var q = 0u; q < 4u; q++) {
+            for (var r = 0u; r < 4u; r++) {
+                let i = 4u * q + r;
+                if i < p.m {
+                    out[p.off_out + i * p.n + j] = {{T}}(sums[q][r]);
+                }
+            }
+        }
+    }
+}
