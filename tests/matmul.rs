@@ -205,6 +205,33 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
                 );
             }
         }
+        // A Linear's `x @ W^T + b`, K whole tiles or ragged (padded): on tensor cores the bias
+        // is added in the kernel, before the rounding.
+        let f16 = |shape: &[usize]| {
+            Tensor::randn(shape, DType::F32, &cpu)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap()
+        };
+        for k in [128, 784] {
+            let (x, w, b) = (f16(&[256, k]), f16(&[128, k]), f16(&[128]));
+            let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let got = kiln::ops::linear(&on(&x), &on(&w), Some(&on(&b)))
+                .unwrap()
+                .to_f64_vec()
+                .unwrap();
+            let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = kiln::ops::linear(&wide(&x), &wide(&w), Some(&wide(&b)))
+                .unwrap()
+                .to_f64_vec()
+                .unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
+                    "{dev:?} linear with bias, K = {k}: {g} vs {w}"
+                );
+            }
+        }
     }
 }
 

@@ -120,7 +120,20 @@ pub struct CoopTile {
 
 const MATMUL_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
     batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
-    ldb: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
+    ldb: u32,\n    flags: u32,\n    off_bias: u32,\n}\n";
+
+/// The product's bias (flags bit 0: `addmm`'s row of n f16 values, at an offset of whole
+/// 16-byte vectors), added to the f32 sums before the rounding, as cuBLAS's epilogue does.
+const MATMUL_BIAS: &str =
+    "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
+fn mm_bias(col: u32) -> array<f32, 8> {\n    \
+    if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
+    let v = bias[(p.off_bias + col) / 8u];\n    \
+    let u0 = unpack2x16float(v.x);\n    \
+    let u1 = unpack2x16float(v.y);\n    \
+    let u2 = unpack2x16float(v.z);\n    \
+    let u3 = unpack2x16float(v.w);\n    \
+    return array<f32, 8>(u0.x, u0.y, u1.x, u1.y, u2.x, u2.y, u3.x, u3.y);\n}\n";
 
 /// Padding of a shared row, in words (16 bytes).
 const PAD: u32 = 4;
@@ -367,7 +380,7 @@ impl CoopTile {
     /// operands' bindings: with the gather declared before them, the same module ran the 3x3
     /// 64->64 convolution at 57 TFLOP/s instead of 81 on the H100).
     pub(super) fn generate(&self, layout: CoopLayout, conv: Option<[&str; 2]>) -> String {
-        let [header, extra] = conv.unwrap_or([MATMUL_PARAMS, ""]);
+        let [header, extra] = conv.unwrap_or([MATMUL_PARAMS, MATMUL_BIAS]);
         let conv = conv.is_some();
         let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
         let (sta, stb) = self.staged(layout);
@@ -678,8 +691,10 @@ impl CoopTile {
                     )
                 } else {
                     format!(
-                        "{{\n        {read}\n        c[(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
-                        pack(&|e| format!("q[{e}]"))
+                        "{{\n        {read}\n        \
+                         let bb = mm_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
+                         c[(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
+                        pack(&|e| format!("q[{e}] + bb[{e}]"))
                     )
                 };
                 if conv {

@@ -406,7 +406,7 @@ impl Kernel {
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
-            Kernel::MatmulCoop(..) => 3,
+            Kernel::MatmulCoop(..) => 4,
             Kernel::ConvCoop(_) => 4,
             Kernel::Pool2d(_) => 2,
             Kernel::Pool2dArgmax(_) => 2,

@@ -374,7 +374,12 @@ fn narrow_product(
 /// cancellation (measured on the H100); splitting N into the whole tiles on tensor cores and
 /// the rest on the SIMT kernel cost `g^T @ x` 153 us on the H100 (the 16-column rest 80 us,
 /// the concatenation 34) where the SIMT kernel alone had taken 346 us.
-fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Tensor>> {
+fn coop_split(
+    a: &Tensor,
+    b: &Tensor,
+    [m, n, k]: [usize; 3],
+    bias: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
     let Some(g) = a.device().gpu().filter(|g| crate::kernels::coop_f16(g)) else {
         return Ok(None);
     };
@@ -419,11 +424,12 @@ fn coop_split(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Result<Option<Te
     if nc < n {
         let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
         let out = matmul_forward(a, &bp, None)?;
-        return out.narrow(1, 0, n)?.contiguous().map(Some);
+        return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
     }
     let kp = kc + t.k_step() as usize;
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
-    matmul_forward(&ap, &bp, None).map(Some)
+    // The padded product has the same [m, n]: its kernel can add the bias.
+    matmul_forward(&ap, &bp, bias).map(Some)
 }
 
 /// `KILN_MATMUL_SCALAR=1`: the scalar 128-tile kernel even where the vec4 one applies (for
@@ -534,13 +540,15 @@ fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) 
         }
         return add_bias(sum.reshape(&shape)?, bias);
     }
-    if let Some(out) = coop_split(&a2, &b2, [m, n, k])? {
-        let out = match (a.rank(), b.rank()) {
-            (1, _) => out.reshape(&[n as isize])?,
-            (_, 1) => out.reshape(&[m as isize])?,
-            _ => out,
+    // Two matrices: the bias goes with the product (into a tensor-core kernel's epilogue
+    // where it can); a vector operand's product is reshaped first.
+    let matrices = a.rank() == 2 && b.rank() == 2;
+    if let Some(out) = coop_split(&a2, &b2, [m, n, k], bias.filter(|_| matrices))? {
+        return match (a.rank(), b.rank()) {
+            (1, _) => add_bias(out.reshape(&[n as isize])?, bias),
+            (_, 1) => add_bias(out.reshape(&[m as isize])?, bias),
+            _ => Ok(out),
         };
-        return add_bias(out, bias);
     }
     let full = |tail: [usize; 2]| {
         batch_shape
@@ -578,7 +586,15 @@ fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) 
             fb,
             [sam, sak, sbk, sbn, flat.sab, flat.sbb],
         ) {
-            // Tensor cores: f32 accumulators, rounded to f16 in the kernel.
+            // Tensor cores: f32 accumulators, rounded to f16 in the kernel, the bias added
+            // before the rounding where it is a row of n f16 values on whole 16-byte vectors.
+            let fused = bias.filter(|t| {
+                t.dtype() == DType::F16
+                    && t.shape() == [n]
+                    && t.strides() == [1]
+                    && t.layout().offset.is_multiple_of(8)
+                    && t.device() == a.device()
+            });
             let imm = [
                 m,
                 n,
@@ -590,8 +606,8 @@ fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) 
                 fb.layout().offset,
                 flat.sbb,
                 ldb,
-                0,
-                0,
+                fused.is_some() as usize,
+                fused.map_or(0, |t| t.layout().offset),
             ]
             .iter()
             .map(|&v| u32_of(OP, v))
@@ -603,10 +619,18 @@ fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) 
             );
             launch_groups(
                 Kernel::MatmulCoop(tile, layout),
-                &[&fa.storage.block, &fb.storage.block, &out.storage.block],
+                &[
+                    &fa.storage.block,
+                    &fb.storage.block,
+                    &out.storage.block,
+                    fused.map_or(&fa.storage.block, |t| &t.storage.block),
+                ],
                 &imm,
                 groups,
             )?;
+            if fused.is_some() {
+                bias = None;
+            }
         } else {
             // 128x128 tiles where the product fills them (KILN_MATMUL_TILE=64 forces 64).
             // 128-tiles once there are enough of them to spread (measured on the H100: the
