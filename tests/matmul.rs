@@ -136,6 +136,15 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
     }
 }
 
+/// `t` on `dev`, stored transposed (and viewed back) where `transposed`: a Linear's `W^T`.
+fn on_device(t: &Tensor, dev: &Device, transposed: bool) -> Tensor {
+    let g = t.to_device(dev).unwrap();
+    match transposed {
+        true => g.t().unwrap().contiguous().unwrap().t().unwrap(),
+        false => g,
+    }
+}
+
 /// f16 products as an MLP with 784 inputs and 10 classes meets them under autocast (ragged K
 /// or N, `g^T @ x` with A transposed; a long K over a narrow N, which takes split-K; few output
 /// tiles of two row-major operands), against the CPU's f32 product of the same f16 values: only
@@ -160,34 +169,12 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
                 .unwrap()
                 .to_dtype(DType::F16)
                 .unwrap();
-            let ga = match a_t {
-                true => a
-                    .to_device(&dev)
-                    .unwrap()
-                    .t()
-                    .unwrap()
-                    .contiguous()
-                    .unwrap()
-                    .t()
-                    .unwrap(),
-                false => a.to_device(&dev).unwrap(),
-            };
+            let ga = on_device(&a, &dev, a_t);
             let b = Tensor::randn(&[k, n], DType::F32, &cpu)
                 .unwrap()
                 .to_dtype(DType::F16)
                 .unwrap();
-            let gb = match b_t {
-                true => b
-                    .to_device(&dev)
-                    .unwrap()
-                    .t()
-                    .unwrap()
-                    .contiguous()
-                    .unwrap()
-                    .t()
-                    .unwrap(),
-                false => b.to_device(&dev).unwrap(),
-            };
+            let gb = on_device(&b, &dev, b_t);
             let got = ga.matmul(&gb).unwrap();
             assert_eq!(got.dtype(), DType::F16);
             let got = got.to_f64_vec().unwrap();

@@ -4,6 +4,7 @@
 //! and an epilogue that adds the bias and writes NCHW where every image's pixels are whole
 //! 8-runs. Here: its immediates and gather (WGSL), its tile shapes and their choice.
 
+use super::matmul_coop::{BIAS8, BIAS_BINDING};
 use super::{CoopLayout, CoopTile};
 
 /// The convolution's operands: A (the gathered input) row-major, B (the weight) transposed.
@@ -24,8 +25,8 @@ const PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n  
 /// K slice's tap and first channel (the slice lies in one tap: `fits_conv`), `gather` the eight
 /// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
 /// 16-byte load of the NHWC input.
-const GATHER: &str = "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
-struct Row {\n    base: u32,\n    ih: i32,\n    iw: i32,\n    ok: bool,\n}\n\n\
+const GATHER: &str =
+    "struct Row {\n    base: u32,\n    ih: i32,\n    iw: i32,\n    ok: bool,\n}\n\n\
 struct Slice {\n    dy: i32,\n    dx: i32,\n    v: u32,\n}\n\n\
 fn conv_row(m: u32, v: u32) -> Row {\n    \
     let ohw = p.oh * p.ow;\n    \
@@ -42,14 +43,6 @@ fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
     if r.ok && ih >= 0 && iw >= 0 && ih < i32(p.h) && iw < i32(p.w) {\n        \
     return a[r.base + (u32(ih) * p.w + u32(iw)) * p.c8 + s.v];\n    }\n    \
     return vec4<u32>();\n}\n\n\
-fn conv_bias(col: u32) -> array<f32, 8> {\n    \
-    if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
-    let v = bias[(p.off_bias + col) / 8u];\n    \
-    let u0 = unpack2x16float(v.x);\n    \
-    let u1 = unpack2x16float(v.y);\n    \
-    let u2 = unpack2x16float(v.z);\n    \
-    let u3 = unpack2x16float(v.w);\n    \
-    return array<f32, 8>(u0.x, u0.y, u1.x, u1.y, u2.x, u2.y, u3.x, u3.y);\n}\n\n\
 fn conv_bias1(co: u32) -> f32 {\n    \
     if (p.flags & 1u) == 0u {\n        return 0.0;\n    }\n    \
     let at = p.off_bias + co;\n    \
@@ -106,7 +99,9 @@ impl CoopTile {
     /// input, B the weight as `[o][tap][ci]` (transposed: `b_t`), C NCHW (flags bit 1) or
     /// `[pixel][o]` (NHWC).
     pub fn conv_source(&self) -> String {
-        self.generate(LAYOUT, Some([PARAMS, GATHER]))
+        // The bias binding, the gather, and the bias reads shared with the product's epilogue.
+        let extra = format!("{BIAS_BINDING}{GATHER}\n{BIAS8}");
+        self.generate(LAYOUT, Some([PARAMS, &extra]))
     }
 
     pub fn conv_name(&self) -> String {

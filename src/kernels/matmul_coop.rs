@@ -122,11 +122,15 @@ const MATMUL_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u
     batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
     ldb: u32,\n    flags: u32,\n    off_bias: u32,\n}\n";
 
-/// The product's bias (flags bit 0: `addmm`'s row of n f16 values, at an offset of whole
-/// 16-byte vectors), added to the f32 sums before the rounding, as cuBLAS's epilogue does.
-const MATMUL_BIAS: &str =
-    "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n\
-fn mm_bias(col: u32) -> array<f32, 8> {\n    \
+/// The bias binding of the product and of the convolution (`conv_coop.rs`), after the
+/// operands'.
+pub(super) const BIAS_BINDING: &str =
+    "@group(0) @binding(3) var<storage, read_write> bias: array<vec4<u32>>;\n\n";
+
+/// `bias8(col)`: the eight f16 bias values from column `col` (a multiple of 8, at an offset of
+/// whole 16-byte vectors) as f32, zeros where flags bit 0 is clear; added to the f32 sums
+/// before the rounding, as cuBLAS's epilogue does (`addmm`, a convolution's bias).
+pub(super) const BIAS8: &str = "fn bias8(col: u32) -> array<f32, 8> {\n    \
     if (p.flags & 1u) == 0u {\n        return array<f32, 8>();\n    }\n    \
     let v = bias[(p.off_bias + col) / 8u];\n    \
     let u0 = unpack2x16float(v.x);\n    \
@@ -380,7 +384,8 @@ impl CoopTile {
     /// operands' bindings: with the gather declared before them, the same module ran the 3x3
     /// 64->64 convolution at 57 TFLOP/s instead of 81 on the H100).
     pub(super) fn generate(&self, layout: CoopLayout, conv: Option<[&str; 2]>) -> String {
-        let [header, extra] = conv.unwrap_or([MATMUL_PARAMS, MATMUL_BIAS]);
+        let product_extra = format!("{BIAS_BINDING}{BIAS8}");
+        let [header, extra] = conv.unwrap_or([MATMUL_PARAMS, &product_extra]);
         let conv = conv.is_some();
         let (t, bm, bn, bk) = (self.threads(), self.block_m(), self.block_n(), self.bk);
         let (sta, stb) = self.staged(layout);
@@ -685,14 +690,14 @@ impl CoopTile {
                 let rows = if conv {
                     format!(
                         "if m0 + sg_m + lane / 2u + {r}u < p.m {{\n        {read}\n        \
-                         let bb = conv_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
+                         let bb = bias8(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
                          c[p.off_c / 8u + (o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
                         pack(&|e| format!("q[{e}] + bb[{e}]"))
                     )
                 } else {
                     format!(
                         "{{\n        {read}\n        \
-                         let bb = mm_bias(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
+                         let bb = bias8(n0 + sg_n + (lane % 2u) * 8u + {c}u);\n        \
                          c[(o + {r}u * ldc + {c}u) / 8u] = {};\n    }}",
                         pack(&|e| format!("q[{e}] + bb[{e}]"))
                     )
