@@ -170,7 +170,10 @@ impl GpuDevice {
                 mapped_at_creation: false,
             })
         };
-        let stream = Arc::new(Mutex::new(Stream::new(gl)));
+        let stream = Arc::new(Mutex::new(Stream::new(
+            gl,
+            super::stream::spin_before_wait(info.device_type),
+        )));
         let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
         let source = WgpuSource {
             #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]

@@ -18,8 +18,19 @@ pub(crate) const DISPATCHES_PER_SUBMIT: usize = 128;
 /// `DISPATCHES_PER_SUBMIT` (TCP's slow start). See Note [One stream, batched submits].
 const FIRST_BATCH: usize = 4;
 
-/// How long a wait spins on non-blocking polls before it blocks.
-const SPIN_BEFORE_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long a wait spins on non-blocking polls before it blocks, on an adapter of `kind`. On a
+/// GPU 2 ms, as CUDA spins by default while the host has cores to spare
+/// (`cudaDeviceScheduleAuto`): a blocked thread's wake-up leaves the GPU idle until the host
+/// has recorded its next work, and it varies. On the H100, GradScaler's one read per AMP step
+/// (MLP 784-4096-4096-10, batch 512) gave SGD 1.16-1.27 ms and Adam 1.12-1.47 with 50 us of
+/// spinning, 0.97-1.07 and 1.02-1.08 with 2 ms. On a CPU adapter (lavapipe, llvmpipe) 50 us: a
+/// spinning thread there takes a core from the driver's own threads, which run the shaders.
+pub(crate) fn spin_before_wait(kind: wgpu::DeviceType) -> std::time::Duration {
+    match kind {
+        wgpu::DeviceType::Cpu => std::time::Duration::from_micros(50),
+        _ => std::time::Duration::from_millis(2),
+    }
+}
 
 pub(crate) struct Stream {
     encoder: Option<wgpu::CommandEncoder>,
@@ -34,12 +45,15 @@ pub(crate) struct Stream {
     /// Highest sequence number known complete; written by `on_submitted_work_done` callbacks.
     completed: Arc<AtomicU64>,
     gl: GlSerial,
+    /// `spin_before_wait` for the adapter.
+    spin: std::time::Duration,
 }
 
 impl Stream {
-    pub fn new(gl: GlSerial) -> Self {
+    pub fn new(gl: GlSerial, spin: std::time::Duration) -> Self {
         Stream {
             gl,
+            spin,
             encoder: None,
             pass: None,
             recorded: 0,
@@ -169,6 +183,7 @@ impl Stream {
             index,
             completed: self.completed.clone(),
             gl: self.gl,
+            spin: self.spin,
         })
     }
 
@@ -186,14 +201,16 @@ pub(crate) struct Wait {
     index: Option<wgpu::SubmissionIndex>,
     completed: Arc<AtomicU64>,
     gl: GlSerial,
+    spin: std::time::Duration,
 }
 
 impl Wait {
     pub fn block(self, device: &wgpu::Device) -> Result<(), wgpu::PollError> {
-        // Spin on non-blocking polls for a short while first: a blocking wait costs a semaphore
-        // wake-up (about 20 us on the H100) that short jobs need not pay.
+        // Spin on non-blocking polls first (`spin_before_wait`): a blocking wait costs a
+        // semaphore wake-up (about 20 us on the H100, and more when the thread was descheduled)
+        // that short jobs need not pay.
         let spin = std::time::Instant::now();
-        while spin.elapsed() < SPIN_BEFORE_WAIT {
+        while spin.elapsed() < self.spin {
             let polled = {
                 let _gl = self.gl.guard();
                 device.poll(wgpu::PollType::Poll)
