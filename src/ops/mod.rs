@@ -294,6 +294,8 @@ pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)>
         || !matches!(a.dtype, DType::F32 | DType::F16)
         || a.is_contiguous()
         || b.is_contiguous()
+        || a.numel() == 0
+        || b.numel() == 0
     {
         return separate();
     }
