@@ -272,7 +272,8 @@ fn narrow_product(
     bias: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "matmul";
-    let cols = m <= 16 && n >= 16 && k <= 4096;
+    // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them.)
+    let cols = m <= 16 && n >= 16 && k <= 4096 && n.div_ceil(32) <= 65535;
     let rows = n <= 16 && m >= 16;
     if a.device().is_cpu()
         || !matches!(a.dtype(), DType::F32 | DType::F16)
