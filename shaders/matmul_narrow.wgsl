@@ -63,8 +63,14 @@ fn a_quad(k: u32, q: u32) -> vec4<f32> {
     return select(vec4<f32>(), v, i < vec4<u32>(p.m));
 }
 
-// Adds the `lanes` shares that invocations t, t + stride, ... hold (t < stride) into slot t.
-fn reduce(t: u32, stride: u32, lanes: u32) {
+// The workgroup's sum of the `lanes` shares `acc` that invocations t % stride, + stride, ...
+// hold: each invocation's share into shared memory, then added pairwise into slot t % stride.
+fn reduce(t: u32, stride: u32, lanes: u32, acc: array<vec4<f32>, 4>) -> array<vec4<f32>, 4> {
+    part0[t] = acc[0];
+    part1[t] = acc[1];
+    part2[t] = acc[2];
+    part3[t] = acc[3];
+    workgroupBarrier();
     for (var s = lanes / 2u; s > 0u; s >>= 1u) {
         if t < s * stride {
             part0[t] += part0[t + s * stride];
@@ -74,6 +80,8 @@ fn reduce(t: u32, stride: u32, lanes: u32) {
         }
         workgroupBarrier();
     }
+    let slot = t % stride;
+    return array<vec4<f32>, 4>(part0[slot], part1[slot], part2[slot], part3[slot]);
 }
 
 @compute @workgroup_size(256)
@@ -113,22 +121,9 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             acc3 = fma(x, b_quad(k, 3u), acc3);
         }
     }
-    part0[t] = acc0;
-    part1[t] = acc1;
-    part2[t] = acc2;
-    part3[t] = acc3;
-    workgroupBarrier();
-    reduce(t, 1u, 256u);
+    let sums = reduce(t, 1u, 256u, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
     if row < p.m && t < p.n {
-        let q = t / 4u;
-        var v = part0[0][t % 4u];
-        if q == 1u {
-            v = part1[0][t % 4u];
-        } else if q == 2u {
-            v = part2[0][t % 4u];
-        } else if q == 3u {
-            v = part3[0][t % 4u];
-        }
+        var v = sums[t / 4u][t % 4u];
         if (p.flags & 1u) != 0u {
             v += f32(bias[p.off_bias + t]);
         }
@@ -169,14 +164,8 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             acc3 = fma(a_quad(k, 3u), x, acc3);
         }
     }
-    part0[t] = acc0;
-    part1[t] = acc1;
-    part2[t] = acc2;
-    part3[t] = acc3;
-    workgroupBarrier();
-    reduce(t, 32u, 8u);
+    let sums = reduce(t, 32u, 8u, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
     if t < 32u && j < p.n {
-        let sums = array<vec4<f32>, 4>(part0[t], part1[t], part2[t], part3[t]);
         for (var q = 0u; q < 4u; q++) {
             for (var r = 0u; r < 4u; r++) {
                 let i = 4u * q + r;

@@ -24,6 +24,13 @@ fn worst(got: &Tensor, want: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// `worst` of `a @ b` on their device against the same product on `cpu`.
+fn product_error(a: &Tensor, b: &Tensor, cpu: &Device) -> f32 {
+    let got = a.matmul(b).unwrap();
+    let on_cpu = |t: &Tensor| t.to_device(cpu).unwrap();
+    worst(&got, &on_cpu(a).matmul(&on_cpu(b)).unwrap())
+}
+
 /// A [rows, cols] view of random values: with `transposed`, the transpose of a contiguous
 /// [cols, rows + 4] tensor's last `rows` columns (unit stride along rows); else the last `cols`
 /// columns of a [rows, cols + 4] tensor. Either way an offset of 4 and a row stride of 4 more.
@@ -68,13 +75,7 @@ fn vec4_matmul_reads_every_layout() {
             let (m, k) = (128, 48);
             let a = operand(m, k, ta, 1, &dev);
             let b = operand(k, n, tb, 2, &dev);
-            let got = a.matmul(&b).unwrap();
-            let want = a
-                .to_device(&cpu)
-                .unwrap()
-                .matmul(&b.to_device(&cpu).unwrap())
-                .unwrap();
-            let e = worst(&got, &want);
+            let e = product_error(&a, &b, &cpu);
             assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n}: error {e}");
         }
         // A batch whose operands are slices of one tensor (batch strides multiples of 4).
@@ -246,13 +247,7 @@ fn split_products_match_the_cpu() {
         {
             let a = operand(m, k, ta, 5 + i as u64, &dev);
             let b = operand(k, n, false, 9 + i as u64, &dev);
-            let got = a.matmul(&b).unwrap();
-            let want = a
-                .to_device(&cpu)
-                .unwrap()
-                .matmul(&b.to_device(&cpu).unwrap())
-                .unwrap();
-            let e = worst(&got, &want);
+            let e = product_error(&a, &b, &cpu);
             assert!(e < 2e-4, "{dev:?} {m}x{k}x{n} a^T {ta}: error {e}");
         }
     }

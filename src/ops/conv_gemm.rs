@@ -5,7 +5,7 @@
 //! does not suit: depthwise convolutions (a GEMM of one row per group), the CPU device, and
 //! GL, whose llvmpipe compiles a 128-tile variant in about 90 s.
 
-use super::{u32_of, Conv2dParams};
+use super::{end, u32_of, Conv2dParams};
 use crate::kernels::{launch_groups, ConvGemm, ConvMode, CoopTile, Kernel};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
@@ -131,18 +131,6 @@ fn padded(t: &Tensor) -> bool {
     t.device()
         .adapter_info()
         .is_some_and(|i| i.limits.max_compute_workgroup_storage_size >= 33 * 1024)
-}
-
-/// One past the last element index `t` reaches.
-fn end(t: &Tensor) -> usize {
-    let l = t.layout();
-    l.offset
-        + t.shape()
-            .iter()
-            .zip(t.strides())
-            .map(|(&n, &s)| n.saturating_sub(1) * s)
-            .sum::<usize>()
-        + 1
 }
 
 /// Launches one mode over GEMM `[m, n, k]` (k of one split), `z` workgroup layers.

@@ -315,11 +315,7 @@ fn narrow_product(
     .collect::<Result<Vec<u32>>>()?;
     // Every element index the kernel computes must fit a u32 too.
     for t in [a, b] {
-        let [r, c] = [t.shape()[0], t.shape()[1]];
-        u32_of(
-            OP,
-            t.layout().offset + (r - 1) * t.strides()[0] + (c - 1) * t.strides()[1],
-        )?;
+        u32_of(OP, super::end(t))?;
     }
     let groups = match cols {
         true => (u32_of(OP, n.div_ceil(32))?, 1, 1),

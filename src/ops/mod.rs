@@ -71,6 +71,18 @@ fn check_supported(form: Form, dtype: DType, op: &'static str) -> Result<Element
     Ok(k)
 }
 
+/// One past the last element index `t` reaches.
+fn end(t: &Tensor) -> usize {
+    let l = t.layout();
+    l.offset
+        + t.shape()
+            .iter()
+            .zip(t.strides())
+            .map(|(&n, &s)| n.saturating_sub(1) * s)
+            .sum::<usize>()
+        + 1
+}
+
 fn u32_of(op: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::TooLarge {
         op,
@@ -160,38 +172,19 @@ fn gpu_elementwise(
     let out = out.unwrap_or(a);
     let b_layout = b.map_or(&a.layout, |b| &b.layout);
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
-    let n = out.numel();
     // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): through shared memory
-    // (the tiled kernel, the default), or the strided copy that reads across rows directly (no
-    // barrier: what a CPU adapter prefers).
+    // or strided, as the tuner picks (`TransposeJob::tiled_wins`).
     let job = match inplace || form != Form::Unary(UnaryOp::Identity) {
         true => None,
         false => transpose_job(op, a, out, &c)?,
     };
     if let Some(job) = job {
-        let pick = tune::pick(
-            a.device(),
-            "transpose",
-            || job.key(a.dtype),
-            n as u64,
-            &TRANSPOSE_CANDIDATES,
-            |t| {
-                if t {
-                    job.launch(a, out)
-                } else {
-                    gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
-                }
-            },
-        )?;
-        if pick {
+        if job.tiled_wins(a, out, &c, op)? {
             return job.launch(a, out);
         }
     }
     gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
 }
-
-/// The transposed copy's two variants, the tiled one first (the default).
-const TRANSPOSE_CANDIDATES: [(bool, &str); 2] = [(true, "tiled"), (false, "strided")];
 
 /// A copy of `a` into the contiguous `out` that is a 2-D transpose or a batch of them
 /// (`transpose.wgsl`'s contract: `x` read down its rows, the output contiguous from its start).
@@ -257,6 +250,31 @@ impl TransposeJob {
         }
     }
 
+    /// Whether the tiled copy (the default) is the tuner's pick for copying `a` into `out`
+    /// (coalesced as `c`) over the strided copy that reads across rows directly (no barrier:
+    /// what a CPU adapter prefers). Measuring runs both on the operands.
+    fn tiled_wins(
+        &self,
+        a: &Tensor,
+        out: &Tensor,
+        c: &Coalesced,
+        op: &'static str,
+    ) -> Result<bool> {
+        let candidates = [(true, "tiled"), (false, "strided")];
+        let form = Form::Unary(UnaryOp::Identity);
+        tune::pick(
+            a.device(),
+            "transpose",
+            || self.key(a.dtype),
+            out.numel() as u64,
+            &candidates,
+            |t| match t {
+                true => self.launch(a, out),
+                false => gpu_elementwise_flat(form, a, None, None, out, false, c, op),
+            },
+        )
+    }
+
     /// 32x32 tiles along rows and along columns.
     fn tiles(&self) -> (u32, u32) {
         (self.imm[0].div_ceil(32), self.imm[1].div_ceil(32))
@@ -311,21 +329,7 @@ pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)>
     ) else {
         return separate();
     };
-    let form = Form::Unary(UnaryOp::Identity);
-    let tiled = tune::pick(
-        a.device(),
-        "transpose",
-        || ja.key(a.dtype),
-        a.numel() as u64,
-        &TRANSPOSE_CANDIDATES,
-        |t| {
-            if t {
-                ja.launch(a, &oa)
-            } else {
-                gpu_elementwise_flat(form, a, None, None, &oa, false, &ca, OP)
-            }
-        },
-    )?;
+    let tiled = ja.tiled_wins(a, &oa, &ca, OP)?;
     // b's tiles, numbered across a's (x, y) grid, fill the layers after a's batch.
     let ((ra, ca_tiles), (rb, cb_tiles)) = (ja.tiles(), jb.tiles());
     let layer = ra * ca_tiles;
