@@ -10,6 +10,10 @@
 // `cols`: out[0..m, j] for m <= 16, one workgroup per 32 columns j: 32 columns by 8 lanes of K,
 // so that B's rows are read 32 elements at a time and A's elements are the same across a
 // subgroup.
+// `short`: a K of 16 or less (the head's input gradient `g @ W`, K = 10), which the tiled
+// kernels run as one slice with every step's loads and barriers for 10 FMAs per output:
+// one invocation per column and four rows (64 columns by 16 rows per workgroup), K walked
+// serially; the output's write, one coalesced store per row, is the cost.
 {{ENABLES}}
 struct Params {
     m: u32,
@@ -22,7 +26,7 @@ struct Params {
     sbk: u32,
     sbn: u32,
     off_out: u32,
-    // Bit 0: add bias[j] (rows).
+    // Bit 0: add bias[j] (rows, short).
     flags: u32,
     off_bias: u32,
     // Workgroups along x (rows: the row is x + y * groups_x).
@@ -173,6 +177,34 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                     out[p.off_out + i * p.n + j] = {{T}}(sums[q][r]);
                 }
             }
+        }
+    }
+}
+
+@compute @workgroup_size(64, 4)
+fn short(@builtin(global_invocation_id) g: vec3<u32>) {
+    let j = g.x;
+    let r0 = 4u * g.y;
+    if j >= p.n || r0 >= p.m {
+        return;
+    }
+    // Rows r0..r0+3 of A (the last one repeated past m), whose elements are the same across a
+    // subgroup; B's column j, consecutive across it, as are the stores.
+    let rows = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u)) * p.sam
+        + vec4<u32>(p.off_a);
+    let b_col = p.off_b + j * p.sbn;
+    var acc = vec4<f32>();
+    for (var k = 0u; k < p.k; k++) {
+        let at = rows + vec4<u32>(k * p.sak);
+        let x = vec4<f32>(f32(a[at.x]), f32(a[at.y]), f32(a[at.z]), f32(a[at.w]));
+        acc = fma(x, vec4<f32>(f32(b[b_col + k * p.sbk])), acc);
+    }
+    if (p.flags & 1u) != 0u {
+        acc += vec4<f32>(f32(bias[p.off_bias + j]));
+    }
+    for (var r = 0u; r < 4u; r++) {
+        if r0 + r < p.m {
+            out[p.off_out + (r0 + r) * p.n + j] = {{T}}(acc[r]);
         }
     }
 }

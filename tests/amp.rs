@@ -402,6 +402,17 @@ fn a_skipped_step_leaves_parameters_and_adam_state_bit_identical() {
     }
 }
 
+/// An f32's bits, every NaN as one: NVIDIA's GPUs return the canonical NaN from arithmetic on
+/// a NaN (as CUDA's do, so PyTorch's unscaled NaN gradients are canonical there too), where the
+/// CPU keeps the operand's payload.
+fn bits(f: f32) -> u32 {
+    if f.is_nan() {
+        f32::NAN.to_bits()
+    } else {
+        f.to_bits()
+    }
+}
+
 #[test]
 fn on_device_unscale_matches_the_tensor_op_reference() {
     // Sizes for the vec4 kernel (8), the scalar one (7) and a single element.
@@ -427,12 +438,68 @@ fn on_device_unscale_matches_the_tensor_op_reference() {
                 scaler.unscale_(&opt).unwrap();
                 let g = w.grad().unwrap().to_vec::<f32>().unwrap();
                 let stepped = scaler.step(&mut opt).unwrap();
-                (g.iter().map(|f| f.to_bits()).collect(), stepped)
+                (g.iter().map(|&f| bits(f)).collect(), stepped)
             };
             let want = result(&cpu);
             assert_eq!(want.1, bad.is_none());
             for dev in Device::all_gpus() {
                 assert_eq!(result(&dev), want, "{dev:?} n={n} bad={bad:?}");
+            }
+        }
+    }
+}
+
+/// Many gradients at once (ten, so two launches of the multi-gradient kernel, seven to a
+/// launch, plus one of 7 elements on the single kernel), sizes over several workgroups: the
+/// unscaled values bit for bit and the skip decision as on the CPU, with an inf or a NaN
+/// placed in the first launch, in the second, deep in a large gradient, or nowhere.
+#[test]
+fn unscaling_many_gradients_matches_the_cpu() {
+    let sizes = [8usize, 4100, 12, 7, 1024, 4, 2048 + 16, 40, 300, 65536];
+    let cpu = Device::cpu().unwrap();
+    for bad in [
+        None,
+        Some((1, 4099)),
+        Some((8, 0)),
+        Some((9, 60000)),
+        Some((6, 5)),
+    ] {
+        let result = |dev: &Device| -> (Vec<Vec<u32>>, bool) {
+            let params: Vec<Tensor> = sizes
+                .iter()
+                .map(|&n| leaf(0.0, &[n], DType::F32, dev))
+                .collect();
+            let mut opt = Sgd::new(params.clone(), 1.0).unwrap();
+            let mut scaler = GradScaler::with_options(8.0, 2.0, 0.5, 100, true).unwrap();
+            scaler.scale(&params[0].sum_all().unwrap()).unwrap();
+            for (j, (p, &n)) in params.iter().zip(&sizes).enumerate() {
+                let mut v: Vec<f32> = (0..n)
+                    .map(|i| (i as f32 - 7.7) * (j as f32 + 0.3))
+                    .collect();
+                if let Some((bj, bi)) = bad {
+                    if bj == j {
+                        v[bi] = if bj % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                    }
+                }
+                set_grad(p, &v);
+            }
+            scaler.unscale_(&opt).unwrap();
+            let grads = params
+                .iter()
+                .map(|p| {
+                    let g = p.grad().unwrap().to_vec::<f32>().unwrap();
+                    g.iter().map(|&f| bits(f)).collect()
+                })
+                .collect();
+            (grads, scaler.step(&mut opt).unwrap())
+        };
+        let want = result(&cpu);
+        assert_eq!(want.1, bad.is_none());
+        for dev in Device::all_gpus() {
+            let got = result(&dev);
+            assert_eq!(got.1, want.1, "{dev:?} bad={bad:?}: stepped");
+            for (j, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+                assert!(g == w, "{dev:?} bad={bad:?}: gradient {j} differs");
             }
         }
     }

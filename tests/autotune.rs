@@ -353,9 +353,11 @@ fn the_trace_names_the_variant() {
 }
 
 /// The narrow products (`shaders/matmul_narrow.wgsl`: 16 or fewer columns, or rows, over a
-/// long K) and the tiled path they are measured against, each forced, against the CPU: a
-/// classifier head `x @ W^T` (B a transposed view) with its bias added in the kernel, its
-/// weight's gradient `g^T @ h` (A a transposed view), and plain row-major operands.
+/// long K, or a K of 16 or less) and the tiled path they are measured against, each forced,
+/// against the CPU: a classifier head `x @ W^T` (B a transposed view) with its bias added in
+/// the kernel, its weight's gradient `g^T @ h` (A a transposed view), plain row-major
+/// operands, the head's input gradient `g @ W` (K = 10, N not a multiple of 4), and a layer
+/// with seven inputs `x @ W^T + b` (K = 7, B a transposed view, the bias in the kernel).
 #[test]
 fn both_narrow_product_variants_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -390,7 +392,44 @@ fn both_narrow_product_variants_match_the_cpu() {
                         [&a, &c].map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
                     let want = ac.matmul(&cc).unwrap();
                     assert_close(&got, &want, tol, &what("a @ c"));
+                    // K = 10: [70, 10] @ [10, 1030].
+                    let g = random(&[70, 10], dtype, 18, &dev);
+                    let w = random(&[10, 1030], dtype, 19, &dev);
+                    let got = g.matmul(&w).unwrap();
+                    let [gc, wc] =
+                        [&g, &w].map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
+                    let want = gc.matmul(&wc).unwrap();
+                    assert_close(&got, &want, tol, &what("g @ W, K = 10"));
+                    // K = 7 with a bias: [33, 7] @ [300, 7]^T + b.
+                    let x = random(&[33, 7], dtype, 20, &dev);
+                    let w = random(&[300, 7], dtype, 21, &dev);
+                    let b = random(&[300], dtype, 22, &dev);
+                    let got = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
+                    let [xc, wc, bc] = [&x, &w, &b]
+                        .map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
+                    let want = kiln::ops::linear(&xc, &wc, Some(&bc)).unwrap();
+                    assert_close(&got, &want, tol, &what("x @ W^T + b, K = 7"));
                 });
+                // The forced choice is the kernel that ran (where the profiler can see it).
+                if variant == "narrow" && dev.adapter_info().unwrap().features.timestamp_query {
+                    let g = random(&[70, 10], dtype, 18, &dev);
+                    let w = random(&[10, 1030], dtype, 19, &dev);
+                    let options = kiln::profiler::ProfileOptions {
+                        devices: vec![dev.clone()],
+                        profile_memory: false,
+                    };
+                    let (_, prof) = kiln::profiler::profile(&options, || {
+                        forced("matmul narrow", variant, || g.matmul(&w).unwrap());
+                        dev.synchronize()
+                    })
+                    .unwrap();
+                    let kernel = format!("matmul_narrow_short_{dtype}");
+                    assert!(
+                        prof.chrome_trace_json().contains(&kernel),
+                        "{}",
+                        what(&kernel)
+                    );
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 //! `GradScaler`, PyTorch's `torch.amp.GradScaler`: the loss is multiplied by a scale so that
 //! small f16 gradients do not flush to zero; before the optimizer steps, the gradients are
-//! unscaled and checked for inf/NaN on the device (one kernel per gradient, PyTorch's
+//! unscaled and checked for inf/NaN on the device (seven gradients to a kernel, PyTorch's
 //! `_amp_foreach_non_finite_check_and_unscale_`), and the step reads the one `found_inf` flag
 //! back: one host read per step, however many parameters. A step whose gradients overflowed is
 //! skipped (parameters and optimizer state untouched) and the scale backs off; after
@@ -10,7 +10,7 @@
 //! same f32 arithmetic as `_amp_update_scale_`), and reaches kernels as an immediate: `update`
 //! needs no device work and `get_scale` no sync, while the figures stay PyTorch's bit for bit.
 
-use crate::kernels::{launch, Kernel};
+use crate::kernels::{launch, Kernel, AMP_MULTI};
 use crate::ops::{BinaryOp, CmpOp};
 use crate::optim::Optimizer;
 use crate::tensor::{DType, Tensor};
@@ -179,6 +179,9 @@ impl GradScaler {
         let inv_scale = (1.0 / scale as f64) as f32;
         let mut found: Vec<Tensor> = Vec::new();
         no_grad(|| -> Result<()> {
+            // Gradients of whole vec4s on a GPU go `AMP_MULTI` to a launch, as PyTorch's
+            // foreach kernel takes the list; the rest one by one.
+            let mut batches: Vec<(Tensor, Vec<Tensor>)> = Vec::new();
             for g in &grads {
                 let flag = match found.iter().find(|f| f.device() == g.device()) {
                     Some(f) => f.clone(),
@@ -188,7 +191,24 @@ impl GradScaler {
                         f
                     }
                 };
-                unscale_one(g, &flag, inv_scale)?;
+                if !multi_eligible(g) {
+                    unscale_one(g, &flag, inv_scale)?;
+                    continue;
+                }
+                match batches
+                    .iter_mut()
+                    .find(|(f, b)| f.device() == g.device() && b.len() < AMP_MULTI)
+                {
+                    Some((_, b)) => b.push(g.clone()),
+                    None => batches.push((flag, vec![g.clone()])),
+                }
+                if let Some(i) = batches.iter().position(|(_, b)| b.len() == AMP_MULTI) {
+                    let (flag, b) = batches.swap_remove(i);
+                    unscale_many(&b, &flag, inv_scale)?;
+                }
+            }
+            for (flag, b) in &batches {
+                unscale_many(b, flag, inv_scale)?;
             }
             Ok(())
         })?;
@@ -382,6 +402,47 @@ fn read_found(state: &mut OptimizerState) -> Result<f64> {
     }
     state.found_inf_host = Some(sum);
     Ok(sum)
+}
+
+/// A gradient `unscale_many` takes: contiguous on a GPU, whole vec4s at a vec4 offset, every
+/// count and offset a u32.
+fn multi_eligible(g: &Tensor) -> bool {
+    let offset = g.layout().offset;
+    !g.device().is_cpu()
+        && g.numel() > 0
+        && g.is_contiguous()
+        && g.numel().is_multiple_of(4)
+        && offset.is_multiple_of(4)
+        && g.numel() < u32::MAX as usize
+        && offset < u32::MAX as usize
+}
+
+/// `unscale_one` for up to `AMP_MULTI` gradients of one device (`multi_eligible`) in one
+/// launch of `shaders/amp_multi.wgsl`.
+fn unscale_many(grads: &[Tensor], found_inf: &Tensor, inv_scale: f32) -> Result<()> {
+    let Some(first) = grads.first() else {
+        return Ok(());
+    };
+    let mut imm = Vec::with_capacity(2 * AMP_MULTI + 2);
+    let mut blocks = Vec::with_capacity(AMP_MULTI + 1);
+    let mut groups = 0u64;
+    for j in 0..AMP_MULTI {
+        // An unused slot binds the first gradient again, with nothing to do.
+        let g = grads.get(j);
+        let n = g.map_or(0, |g| g.numel() / 4);
+        imm.push(n as u32);
+        imm.push(g.map_or(0, |g| g.layout().offset / 4) as u32);
+        blocks.push(&g.unwrap_or(first).storage.block);
+        groups += (n as u64).div_ceil(256);
+    }
+    imm.push(inv_scale.to_bits());
+    imm.push(found_inf.layout().offset as u32);
+    blocks.push(&found_inf.storage.block);
+    launch(Kernel::AmpUnscaleMulti, &blocks, &imm, groups * 256)?;
+    for g in grads {
+        g.bump_version();
+    }
+    Ok(())
 }
 
 /// `g *= inv_scale` in place, raising `found_inf` (0-d f32) if any element was inf or NaN.

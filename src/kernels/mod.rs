@@ -60,8 +60,8 @@ pub enum Kernel {
     /// (`shaders/matmul128_vec4.wgsl`): vector loads, no guards, and a bias epilogue (addmm).
     Matmul128Vec4(bool),
     /// `shaders/matmul_narrow.wgsl` for one float dtype: a product with 16 or fewer columns
-    /// (`false`: entry `rows`) or rows (`true`: entry `cols`).
-    MatmulNarrow(DType, bool),
+    /// (entry `rows`), rows (`cols`), or a K of 16 or less (`short`).
+    MatmulNarrow(DType, Narrow),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
@@ -96,11 +96,40 @@ pub enum Kernel {
     /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
     /// elements per invocation with `true`. (GradScaler refuses f16 gradients, as PyTorch's.)
     AmpUnscale(bool),
+    /// `shaders/amp_multi.wgsl`: the same over up to `AMP_MULTI` f32 gradients of whole vec4s
+    /// in one launch.
+    AmpUnscaleMulti,
     /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`), f32.
     BatchNorm(BatchNormPass),
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
+    /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in 4-byte
+    /// words (16-byte vectors of them with `true`).
+    CopyRows(bool),
+}
+
+/// The entry points of `shaders/matmul_narrow.wgsl`: which side of the product is narrow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Narrow {
+    /// 16 or fewer columns (a classifier head `h @ W^T`).
+    Rows,
+    /// 16 or fewer rows (its weight's gradient `g^T @ h`).
+    Cols,
+    /// A K of 16 or less (the head's input gradient `g @ W`, or a layer with few inputs).
+    Short,
+}
+
+impl Narrow {
+    pub const ALL: [Narrow; 3] = [Narrow::Rows, Narrow::Cols, Narrow::Short];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            Narrow::Rows => "rows",
+            Narrow::Cols => "cols",
+            Narrow::Short => "short",
+        }
+    }
 }
 
 /// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
@@ -176,7 +205,7 @@ impl Kernel {
             .chain(
                 [DType::F32, DType::F16]
                     .into_iter()
-                    .flat_map(|d| [false, true].map(move |c| Kernel::MatmulNarrow(d, c))),
+                    .flat_map(|d| Narrow::ALL.map(move |c| Kernel::MatmulNarrow(d, c))),
             )
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
@@ -204,6 +233,7 @@ impl Kernel {
                 .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
             )
             .chain([false, true].map(Kernel::AmpUnscale))
+            .chain([Kernel::AmpUnscaleMulti])
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
             .chain(
                 [DType::F32, DType::F16]
@@ -215,6 +245,7 @@ impl Kernel {
                 Kernel::CastVec4(DType::F32, DType::F16),
                 Kernel::CastVec4(DType::F16, DType::F32),
             ])
+            .chain([false, true].map(Kernel::CopyRows))
             .collect()
     }
 
@@ -247,6 +278,7 @@ impl Kernel {
                 let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
                 Cow::Owned(src.replace("{{U}}", u))
             }
+            Kernel::AmpUnscaleMulti => Cow::Owned(amp_multi_source()),
             Kernel::ColumnSum(i, o) => {
                 let f16 = *i == DType::F16 || *o == DType::F16;
                 Cow::Owned(
@@ -334,6 +366,10 @@ impl Kernel {
                         .replace("{{O}}", to.name()),
                 )
             }
+            Kernel::CopyRows(vec4) => Cow::Owned(
+                include_str!("../../shaders/copy_rows.wgsl")
+                    .replace("{{U}}", if *vec4 { "vec4<u32>" } else { "u32" }),
+            ),
         }
     }
 
@@ -348,10 +384,9 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
-            Kernel::MatmulNarrow(d, cols) => Cow::Owned(format!(
-                "matmul_narrow_{}_{d}",
-                if *cols { "cols" } else { "rows" }
-            )),
+            Kernel::MatmulNarrow(d, kind) => {
+                Cow::Owned(format!("matmul_narrow_{}_{d}", kind.entry_point()))
+            }
             Kernel::Matmul128(d, padded) => Cow::Owned(format!(
                 "matmul128_{d}{}",
                 if *padded { "_padded" } else { "" }
@@ -384,6 +419,10 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
+            Kernel::CopyRows(vec4) => {
+                Cow::Borrowed(if *vec4 { "copy_rows_vec4" } else { "copy_rows" })
+            }
+            Kernel::AmpUnscaleMulti => Cow::Borrowed("amp_unscale_f32_multi"),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",
                 if *vec4 { "_vec4" } else { "" }
@@ -413,9 +452,11 @@ impl Kernel {
             Kernel::Pool2dBackward(_) => 3,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
             Kernel::AmpUnscale(_) => 2,
+            Kernel::AmpUnscaleMulti => AMP_MULTI as u32 + 1,
             Kernel::ColumnSum(..) => 2,
             Kernel::BatchNorm(b) => b.bindings(),
             Kernel::CastVec4(..) => 2,
+            Kernel::CopyRows(_) => 2,
         }
     }
 
@@ -471,10 +512,12 @@ impl Kernel {
             Kernel::ConvCoop(_) => 112,
             Kernel::Optim(..) => 64,
             Kernel::AmpUnscale(_) => 16,
+            Kernel::AmpUnscaleMulti => 8 * AMP_MULTI as u32 + 8,
             Kernel::ColumnSum(..) => 32,
             Kernel::ConvGemm(_) => 128,
             Kernel::BatchNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
+            Kernel::CopyRows(_) => 32,
         }
     }
 
@@ -490,14 +533,40 @@ impl Kernel {
         match self {
             Kernel::Optim(k, _) => self.entry_point_of(*k),
             Kernel::BatchNorm(b) => b.entry_point(),
-            Kernel::MatmulNarrow(_, false) => "rows",
-            Kernel::MatmulNarrow(_, true) => "cols",
+            Kernel::MatmulNarrow(_, kind) => kind.entry_point(),
             _ => "main",
         }
     }
 }
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
+/// Gradients per launch of `Kernel::AmpUnscaleMulti`: with the flag, eight storage buffers,
+/// WebGPU's floor for a shader stage.
+pub const AMP_MULTI: usize = 7;
+
+/// `shaders/amp_multi.wgsl` for `AMP_MULTI` gradients: per gradient a count and an offset, a
+/// binding, and a case of the switch.
+fn amp_multi_source() -> String {
+    let mut fields = String::new();
+    let mut bindings = String::new();
+    let mut cases = String::new();
+    for j in 0..AMP_MULTI {
+        fields += &format!("    n{j}: u32,\n    o{j}: u32,\n");
+        bindings +=
+            &format!("@group(0) @binding({j}) var<storage, read_write> g{j}: array<vec4<f32>>;\n");
+        cases += &format!(
+            "        case {j}u: {{\n            g{j}[p.o{j} + i] = unscaled(g{j}[p.o{j} + i]);\n        }}\n"
+        );
+    }
+    let counts: Vec<String> = (0..AMP_MULTI).map(|j| format!("p.n{j}")).collect();
+    include_str!("../../shaders/amp_multi.wgsl")
+        .replace("{{FIELDS}}", &fields)
+        .replace("{{BINDINGS}}", &bindings)
+        .replace("{{CASES}}", &cases)
+        .replace("{{COUNTS}}", &counts.join(", "))
+        .replace("{{N}}", &AMP_MULTI.to_string())
+}
+
 fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
     let enables = if d == DType::F16 { "enable f16;" } else { "" };
     Cow::Owned(

@@ -102,6 +102,21 @@ pub fn force_variant(family: &str, variant: Option<&str>) {
     });
 }
 
+/// `KILN_FORCE_VARIANT=family=variant[,family=variant...]`: `force_variant` for the whole
+/// process, for comparing variants by hand in the bench.
+fn forced_by_env(family: &str) -> Option<String> {
+    static ENV: std::sync::OnceLock<BTreeMap<String, String>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let spec = std::env::var("KILN_FORCE_VARIANT").unwrap_or_default();
+        spec.split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect()
+    })
+    .get(family)
+    .cloned()
+}
+
 /// One tuned key, as the bench and the tune-ahead example report it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TuneRecord {
@@ -249,7 +264,9 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     mut run: impl FnMut(V) -> Result<()>,
 ) -> Result<V> {
     let default = candidates[0].0;
-    let forced = FORCED.with(|f| f.borrow().get(family).cloned());
+    let forced = FORCED
+        .with(|f| f.borrow().get(family).cloned())
+        .or_else(|| forced_by_env(family));
     if let Some(name) = forced {
         if let Some(&(v, _)) = candidates.iter().find(|(_, n)| *n == name) {
             return Ok(v);

@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel};
+use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, Narrow};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -259,12 +259,15 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
 
 /// A 2-D product (f32 or f16, on a GPU) with one narrow side, 16 or fewer columns (`rows`:
 /// an MLP's classifier head `h @ W^T`, K = 4096) or rows (`cols`: its weight's gradient
-/// `g^T @ h`), the other side 16 or more, K of 256 or more: `shaders/matmul_narrow.wgsl`, the
-/// bias added in the `rows` kernel where it is a contiguous row of the dtype. Measured against
-/// the tiled path (split-K, or in f16 a product in f32 between two casts) per size class. On
-/// the H100 (784-4096-4096-10, batch 512, f16 under autocast) those took 98 us for the head and
-/// 72 us for its weight's gradient, most of it a few workgroups each walking a long K or tiles
-/// of 64 rows holding 10.
+/// `g^T @ h`), the other side 16 or more, K of 256 or more; or a K of 16 or less with both
+/// sides 16 or more (`short`: the head's input gradient `g @ W`, K = 10):
+/// `shaders/matmul_narrow.wgsl`, the bias added in the `rows` and `short` kernels where it is
+/// a contiguous row of the dtype. Measured against the tiled path (split-K, or in f16 a
+/// product in f32 between two casts) per size class. On the H100 (784-4096-4096-10, batch
+/// 512, f16 under autocast) those took 98 us for the head and 72 us for its weight's
+/// gradient, most of it a few workgroups each walking a long K or tiles of 64 rows holding
+/// 10; the head's input gradient took 33 us (f32) and 18 us (f16) for a product whose 8 MiB
+/// output is 3 us of HBM time.
 fn narrow_product(
     a: &Tensor,
     b: &Tensor,
@@ -272,20 +275,27 @@ fn narrow_product(
     bias: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "matmul";
-    // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them.)
-    let cols = m <= 16 && n >= 16 && k <= 4096 && n.div_ceil(32) <= 65535;
-    let rows = n <= 16 && m >= 16;
-    if a.device().is_cpu()
-        || !matches!(a.dtype(), DType::F32 | DType::F16)
-        || k < 256
-        || m == 0
-        || n == 0
-        || !(rows || cols)
-    {
+    // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them; `short` one
+    // per 64 columns along x and per 16 rows along y.)
+    let cols = m <= 16 && n >= 16 && (256..=4096).contains(&k) && n.div_ceil(32) <= 65535;
+    let rows = n <= 16 && m >= 16 && k >= 256;
+    let short = (1..=16).contains(&k)
+        && m >= 16
+        && n >= 16
+        && m.div_ceil(16) <= 65535
+        && n.div_ceil(64) <= 65535;
+    let kind = match (short, cols, rows) {
+        (true, _, _) => Narrow::Short,
+        (_, true, _) => Narrow::Cols,
+        (_, _, true) => Narrow::Rows,
+        _ => return Ok(None),
+    };
+    if a.device().is_cpu() || !matches!(a.dtype(), DType::F32 | DType::F16) || m == 0 || n == 0 {
         return Ok(None);
     }
     let fused = bias.filter(|t| {
-        rows && t.dtype() == a.dtype()
+        kind != Narrow::Cols
+            && t.dtype() == a.dtype()
             && t.shape() == [n]
             && t.strides() == [1]
             && t.device() == a.device()
@@ -317,13 +327,14 @@ fn narrow_product(
     for t in [a, b] {
         u32_of(OP, super::end(t))?;
     }
-    let groups = match cols {
-        true => (u32_of(OP, n.div_ceil(32))?, 1, 1),
-        false => (u32_of(OP, groups_x)?, u32_of(OP, m.div_ceil(groups_x))?, 1),
+    let groups = match kind {
+        Narrow::Cols => (u32_of(OP, n.div_ceil(32))?, 1, 1),
+        Narrow::Rows => (u32_of(OP, groups_x)?, u32_of(OP, m.div_ceil(groups_x))?, 1),
+        Narrow::Short => (u32_of(OP, n.div_ceil(64))?, u32_of(OP, m.div_ceil(16))?, 1),
     };
     let launch = || {
         launch_groups(
-            Kernel::MatmulNarrow(a.dtype(), cols),
+            Kernel::MatmulNarrow(a.dtype(), kind),
             &[
                 &a.storage.block,
                 &b.storage.block,
@@ -338,7 +349,7 @@ fn narrow_product(
         format!(
             "{} {} {}x{}x{}",
             a.dtype(),
-            if cols { "cols" } else { "rows" },
+            kind.entry_point(),
             tune::class(m),
             tune::class(n),
             tune::class(k)
@@ -404,14 +415,34 @@ fn coop_split(
     }
     // `x` (or its transpose, as stored) copied into zeros with dim `d` of the product's
     // orientation grown to `size`.
+    // In one pass where the rows are whole 4-byte words (`super::copy_rows`), else a fill and
+    // a copy. Growing dim 0 is growing one long row of the flattened operand.
     let pad = |x: &Tensor, d: usize, transposed: bool, size: usize| -> Result<Tensor> {
         let stored = if transposed { x.t()? } else { x.clone() };
         let d = if transposed { 1 - d } else { d };
         let mut shape = stored.shape().to_vec();
         let len = shape[d];
         shape[d] = size;
-        let p = Tensor::zeros(&shape, DType::F16, x.device())?;
-        p.narrow(d as isize, 0, len)?.copy_(&stored)?;
+        let rows = match d {
+            1 => Some((stored.clone(), size)),
+            _ if stored.is_contiguous() => {
+                let flat = stored.reshape(&[1, stored.numel() as isize])?;
+                Some((flat, size * shape[1]))
+            }
+            _ => None,
+        };
+        let fast = match rows {
+            Some((x, cols)) => super::copy_rows(&x, cols)?,
+            None => None,
+        };
+        let p = match fast {
+            Some(p) => p.reshape(&isize_shape(&shape))?,
+            None => {
+                let p = Tensor::zeros(&shape, DType::F16, x.device())?;
+                p.narrow(d as isize, 0, len)?.copy_(&stored)?;
+                p
+            }
+        };
         if transposed {
             p.t()
         } else {
@@ -421,7 +452,12 @@ fn coop_split(
     if nc < n {
         let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
         let out = matmul_forward(a, &bp, None)?;
-        return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
+        let kept = out.narrow(1, 0, n)?;
+        let kept = match super::copy_rows(&kept, n)? {
+            Some(c) => c,
+            None => kept.contiguous()?,
+        };
+        return add_bias(kept, bias).map(Some);
     }
     let kp = kc + t.k_step() as usize;
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);

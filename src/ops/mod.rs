@@ -424,6 +424,13 @@ pub fn unary(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
 fn unary_forward(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
     let name = op.name();
     check_supported(Form::Unary(op), x.dtype, name)?;
+    // A copy of rows (a matrix narrowed along its columns, or with padded rows): word by
+    // word, where the elementwise kernel indexes each element.
+    if op == UnaryOp::Identity && x.rank() == 2 && !x.is_contiguous() && x.dtype != DType::Bool {
+        if let Some(out) = copy_rows(x, x.shape()[1])? {
+            return Ok(out);
+        }
+    }
     let out = Tensor::empty(x.shape(), x.dtype, x.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -440,6 +447,52 @@ fn unary_forward(x: &Tensor, op: UnaryOp) -> Result<Tensor> {
         }
     }
     Ok(out)
+}
+
+/// `x` (2-D, unit stride along its rows) into a new contiguous `[rows, cols]` tensor of its
+/// dtype: its first `cols` columns where that is fewer, zeros after its columns where more.
+/// One pass of `shaders/copy_rows.wgsl` in 4-byte words (16-byte vectors where every count
+/// and offset allows) where the rows are whole words; `None` where they are not, or on the
+/// CPU, for the caller's elementwise path. No graph is recorded: for copies inside an op.
+pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
+    const OP: &str = "copy_rows";
+    let [rows, x_cols] = *x.shape() else {
+        return Ok(None);
+    };
+    let [stride, unit_stride] = *x.strides() else {
+        return Ok(None);
+    };
+    if x.device().is_cpu() || (unit_stride != 1 && x_cols > 1) {
+        return Ok(None);
+    }
+    let out = Tensor::empty(&[rows, cols], x.dtype(), x.device())?;
+    let es = x.dtype().size_bytes();
+    let copied = x_cols.min(cols);
+    let bytes = [copied, cols, stride, x.layout.offset, out.layout.offset].map(|v| v * es);
+    let Some(unit) = [16, 4]
+        .into_iter()
+        .find(|&u| bytes.iter().all(|b| b.is_multiple_of(u)))
+    else {
+        return Ok(None);
+    };
+    let [copied, cols, stride, x_off, out_off] = bytes.map(|b| b / unit);
+    let total = rows * cols;
+    if total == 0 {
+        return Ok(Some(out));
+    }
+    // Every word index the kernel forms fits a u32.
+    u32_of(OP, x_off + (rows - 1) * stride + copied)?;
+    let imm = [total, cols, copied, stride, x_off, out_off, 0, 0]
+        .into_iter()
+        .map(|v| u32_of(OP, v))
+        .collect::<Result<Vec<u32>>>()?;
+    launch(
+        Kernel::CopyRows(unit == 16),
+        &[&x.storage.block, &out.storage.block],
+        &imm,
+        total as u64,
+    )?;
+    Ok(Some(out))
 }
 
 /// A contiguous copy.

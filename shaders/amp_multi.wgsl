@@ -1,0 +1,51 @@
+// GradScaler's unscale with the inf/NaN check over up to {{N}} f32 gradients in one launch, as
+// PyTorch's `_amp_foreach_non_finite_check_and_unscale_` does over a list: the workgroups are
+// dealt out to the gradients in order, ceil(n / 256) each (n in vec4s), so a workgroup works
+// on one gradient and picks its binding once. Each element is multiplied by inv_scale; any
+// that is not finite before scaling sets `found_inf` to 1.0 (a benign race). The gradients'
+// counts and offsets are in vec4s; an unused slot has a count of 0.
+struct Params {
+{{FIELDS}}    inv_scale: f32,
+    found_off: u32,
+}
+
+var<immediate> p: Params;
+
+{{BINDINGS}}@group(0) @binding({{N}}) var<storage, read_write> found_inf: array<f32>;
+
+fn unscaled(x: vec4<f32>) -> vec4<f32> {
+    // Exponent bits all set: inf or NaN (bit tests survive any fast-math assumption).
+    let bits = bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u);
+    if any(bits == vec4<u32>(0x7f800000u)) {
+        found_inf[p.found_off] = 1.0;
+    }
+    return x * p.inv_scale;
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nw: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let counts = array<u32, {{N}}>({{COUNTS}});
+    var w = wg.x + wg.y * nw.x;
+    var j = 0u;
+    for (; j < {{N}}u; j++) {
+        let groups = (counts[j] + 255u) / 256u;
+        if w < groups {
+            break;
+        }
+        w -= groups;
+    }
+    if j == {{N}}u {
+        return;
+    }
+    let i = w * 256u + t;
+    if i >= counts[j] {
+        return;
+    }
+    switch j {
+{{CASES}}        default: {}
+    }
+}

@@ -1,0 +1,39 @@
+// Rows copied between row strides, in 4-byte words (`{{U}}`: u32, or vec4<u32> where every
+// count and offset is a multiple of 16 bytes), any dtype: out[r, c] = x[r, c] for c < the
+// source's columns, else zero, into a contiguous output. It pads a ragged operand with zeros
+// to whole tensor-core tiles, and keeps the first columns of a padded product, each in one
+// pass at the word width, where the strided elementwise copy moves one f16 per invocation
+// (and the pad was a fill and a copy).
+struct Params {
+    // Output words (or vec4s) in all, and per row.
+    total: u32,
+    out_cols: u32,
+    // Source words per row that are copied (the rest of an output row is zero), the source's
+    // row stride, and both offsets, in the same unit.
+    x_cols: u32,
+    x_stride: u32,
+    x_off: u32,
+    out_off: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> x: array<{{U}}>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{U}}>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 256u;
+    if i >= p.total {
+        return;
+    }
+    let r = i / p.out_cols;
+    let c = i - r * p.out_cols;
+    var v = {{U}}();
+    if c < p.x_cols {
+        v = x[p.x_off + r * p.x_stride + c];
+    }
+    out[p.out_off + i] = v;
+}
