@@ -498,3 +498,120 @@ fn int64_buffers_load_from_safetensors() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// cross_entropy (log_softmax, then nll_loss as one op) against its definition in f64: the
+/// mean over the rows whose target is not -100 (PyTorch's ignore_index), and the logits'
+/// gradient (softmax - one_hot) / count on those rows, zero on the ignored ones; softmax's
+/// own backward against y * (w - sum(w * y)); every target ignored gives NaN, as in PyTorch.
+#[test]
+fn nll_and_cross_entropy_match_their_definitions() {
+    use kiln::nn::{cross_entropy, nll_loss};
+    let (n, c) = (37usize, 10usize);
+    let logits: Vec<f32> = (0..n * c)
+        .map(|i| ((i * 7919 % 1000) as f32 / 100.0 - 5.0) * 0.7)
+        .collect();
+    let targets: Vec<i32> = (0..n as i32)
+        .map(|i| if i % 5 == 3 { -100 } else { (i * 3) % c as i32 })
+        .collect();
+    // The reference, in f64.
+    let mut loss = 0.0f64;
+    let mut grad = vec![0.0f64; n * c];
+    let count = targets.iter().filter(|&&t| t != -100).count() as f64;
+    for i in 0..n {
+        let row = &logits[i * c..(i + 1) * c];
+        let max = row.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+        let z: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+        if targets[i] == -100 {
+            continue;
+        }
+        let t = targets[i] as usize;
+        loss -= (row[t] as f64 - max) - z.ln();
+        for j in 0..c {
+            let p = (row[j] as f64 - max).exp() / z;
+            grad[i * c + j] = (p - (j == t) as u8 as f64) / count;
+        }
+    }
+    loss /= count;
+    for dev in devices() {
+        let x = Tensor::from_slice(&logits, &[n, c], &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let y = Tensor::from_slice(&targets, &[n], &dev).unwrap();
+        let l = cross_entropy(&x, &y).unwrap();
+        assert_eq!(l.grad_fn_name(), Some("NllLossBackward0"), "{dev:?}");
+        let got = l.item::<f32>().unwrap() as f64;
+        assert!(
+            (got - loss).abs() < 1e-5 * (1.0 + loss.abs()),
+            "{dev:?}: loss {got} vs {loss}"
+        );
+        l.backward().unwrap();
+        let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+        for (k, (a, b)) in g.iter().zip(&grad).enumerate() {
+            assert!(
+                (*a as f64 - b).abs() < 1e-6,
+                "{dev:?}: grad {k}: {a} vs {b}"
+            );
+        }
+        // softmax's backward: d/dx sum(softmax(x) * w) = y * (w - sum(w * y)) per row.
+        let w: Vec<f32> = (0..n * c).map(|i| (i % 7) as f32 - 3.0).collect();
+        let x2 = Tensor::from_slice(&logits, &[n, c], &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let wt = Tensor::from_slice(&w, &[n, c], &dev).unwrap();
+        let s = x2.softmax(1).unwrap();
+        s.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+        let yv = s.to_vec::<f32>().unwrap();
+        let g2 = x2.grad().unwrap().to_vec::<f32>().unwrap();
+        for i in 0..n {
+            let dot: f64 = (0..c)
+                .map(|j| w[i * c + j] as f64 * yv[i * c + j] as f64)
+                .sum();
+            for j in 0..c {
+                let want = yv[i * c + j] as f64 * (w[i * c + j] as f64 - dot);
+                let got = g2[i * c + j] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "{dev:?}: softmax grad {i},{j}: {got} vs {want}"
+                );
+            }
+        }
+        // Every target ignored: NaN.
+        let lp = x.detach().log_softmax(1).unwrap();
+        let none = Tensor::from_slice(&vec![-100i32; n], &[n], &dev).unwrap();
+        assert!(
+            nll_loss(&lp, &none)
+                .unwrap()
+                .item::<f32>()
+                .unwrap()
+                .is_nan(),
+            "{dev:?}"
+        );
+    }
+}
+
+/// A target outside [0, C) that is not -100: an error naming nll_loss (at once on the CPU, at
+/// the next sync point on a GPU), and the device and other tensors intact afterwards.
+#[test]
+fn nll_loss_rejects_a_target_out_of_range() {
+    use kiln::nn::nll_loss;
+    use kiln::Error;
+    for dev in devices() {
+        let lp = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
+        for bad in [4i32, -1] {
+            let t = Tensor::from_slice(&[0i32, bad, 2], &[3], &dev).unwrap();
+            let e = nll_loss(&lp, &t).and_then(|l| l.item::<f32>()).unwrap_err();
+            match (&e, dev.is_cpu()) {
+                (Error::IndexOutOfRange { op: "nll_loss", .. }, true) => {}
+                (Error::DeviceAssert { ops, .. }, false) => {
+                    assert!(ops.contains("nll_loss"), "{e}")
+                }
+                _ => panic!("{dev:?}: {e}"),
+            }
+        }
+        let good = Tensor::from_slice(&[0i32, 3, 2], &[3], &dev).unwrap();
+        assert_eq!(nll_loss(&lp, &good).unwrap().item::<f32>().unwrap(), 0.0);
+        assert_eq!(lp.to_vec::<f32>().unwrap(), vec![0.0; 12]);
+    }
+}

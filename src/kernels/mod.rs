@@ -104,6 +104,10 @@ pub enum Kernel {
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
+    /// `shaders/softmax_backward.wgsl` for one float dtype: one invocation per row.
+    SoftmaxBackward(DType),
+    /// `shaders/nll.wgsl` for one float dtype: nll_loss's forward (`false`) or backward.
+    Nll(DType, bool),
     /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in 4-byte
     /// words (16-byte vectors of them with `true`).
     CopyRows(bool),
@@ -246,6 +250,12 @@ impl Kernel {
                 Kernel::CastVec4(DType::F16, DType::F32),
             ])
             .chain([false, true].map(Kernel::CopyRows))
+            .chain([DType::F32, DType::F16].map(Kernel::SoftmaxBackward))
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [false, true].map(move |b| Kernel::Nll(d, b))),
+            )
             .collect()
     }
 
@@ -366,6 +376,10 @@ impl Kernel {
                         .replace("{{O}}", to.name()),
                 )
             }
+            Kernel::SoftmaxBackward(d) => {
+                per_dtype(include_str!("../../shaders/softmax_backward.wgsl"), *d)
+            }
+            Kernel::Nll(d, _) => per_dtype(include_str!("../../shaders/nll.wgsl"), *d),
             Kernel::CopyRows(vec4) => Cow::Owned(
                 include_str!("../../shaders/copy_rows.wgsl")
                     .replace("{{U}}", if *vec4 { "vec4<u32>" } else { "u32" }),
@@ -419,6 +433,11 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
+            Kernel::SoftmaxBackward(d) => Cow::Owned(format!("softmax_backward_{d}")),
+            Kernel::Nll(d, backward) => Cow::Owned(format!(
+                "nll_loss_{}_{d}",
+                if *backward { "backward" } else { "forward" }
+            )),
             Kernel::CopyRows(vec4) => {
                 Cow::Borrowed(if *vec4 { "copy_rows_vec4" } else { "copy_rows" })
             }
@@ -457,6 +476,8 @@ impl Kernel {
             Kernel::BatchNorm(b) => b.bindings(),
             Kernel::CastVec4(..) => 2,
             Kernel::CopyRows(_) => 2,
+            Kernel::Nll(..) => 5,
+            Kernel::SoftmaxBackward(_) => 3,
         }
     }
 
@@ -465,13 +486,17 @@ impl Kernel {
         match self {
             Kernel::Gather(_) => "gather/index_select/embedding",
             Kernel::ScatterAdd(_) => "scatter_add",
+            Kernel::Nll(..) => "nll_loss",
             _ => "kernel",
         }
     }
 
     /// Whether the kernel checks its input and binds the device's assert flag last.
     fn checks_input(&self) -> bool {
-        matches!(self, Kernel::Gather(_) | Kernel::ScatterAdd(_))
+        matches!(
+            self,
+            Kernel::Gather(_) | Kernel::ScatterAdd(_) | Kernel::Nll(..)
+        )
     }
 
     /// Whether the pipeline is built without naga's runtime checks (ALU-bound kernels whose
@@ -518,6 +543,8 @@ impl Kernel {
             Kernel::BatchNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
+            Kernel::Nll(..) => 48,
+            Kernel::SoftmaxBackward(_) => 32,
         }
     }
 
@@ -534,6 +561,8 @@ impl Kernel {
             Kernel::Optim(k, _) => self.entry_point_of(*k),
             Kernel::BatchNorm(b) => b.entry_point(),
             Kernel::MatmulNarrow(_, kind) => kind.entry_point(),
+            Kernel::Nll(_, false) => "forward",
+            Kernel::Nll(_, true) => "backward",
             _ => "main",
         }
     }

@@ -5,7 +5,10 @@ use crate::ops::autocast;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
-/// Negative log-likelihood of `log_probs` [N, C] at class indices `target` [N] (i32), averaged.
+/// Negative log-likelihood of `log_probs` [N, C] at class indices `target` [N] (i32), averaged
+/// over the rows whose target is not PyTorch's default `ignore_index`, -100 (one op with one
+/// backward node, `NllLossBackward0`, as PyTorch's). A target outside [0, C) that is not -100
+/// is an error: at once on the CPU, at the next sync point on a GPU (a device assert).
 pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
     if let Some(v) = autocast::fp32(&[log_probs])? {
         return autocast::suspended(|| nll_loss(&v[0], target));
@@ -24,10 +27,7 @@ pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
             got: target.dtype(),
         });
     }
-    log_probs
-        .gather(1, &target.unsqueeze(1)?)?
-        .mean(&[], false)?
-        .neg()
+    crate::ops::loss::nll_loss(log_probs, target, crate::ops::loss::IGNORE_INDEX)
 }
 
 /// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:

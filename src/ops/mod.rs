@@ -10,6 +10,7 @@ mod conv_grad;
 mod grad;
 mod index;
 mod inplace;
+pub(crate) mod loss;
 mod matmul;
 mod predicate;
 mod random;

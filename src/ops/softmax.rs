@@ -86,6 +86,48 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
     Ok(result)
 }
 
+/// The backward in one launch (`shaders/softmax_backward.wgsl`), on a GPU, where the dim is
+/// the last of a contiguous output and its rows are short (64 or fewer, or any length on a CPU
+/// adapter, where a serial loop per row is also the forward's winner); `None` elsewhere.
+fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<Tensor>> {
+    const OP: &str = "softmax_backward";
+    let Some(info) = y.device().adapter_info() else {
+        return Ok(None);
+    };
+    let last = y.rank() >= 1 && dim(OP, d, y.rank())? == y.rank() - 1;
+    let inner = y.shape().last().copied().unwrap_or(1);
+    let short = inner <= 64 || info.device_type == wgpu::DeviceType::Cpu;
+    if !last || !short || !y.is_contiguous() || g.shape() != y.shape() || g.dtype() != y.dtype() {
+        return Ok(None);
+    }
+    let g = g.contiguous()?;
+    let out = Tensor::empty(y.shape(), y.dtype, y.device())?;
+    let rows = y.numel() / inner.max(1);
+    if rows == 0 || inner == 0 {
+        return Ok(Some(out));
+    }
+    let imm = [
+        u32_of(OP, rows)?,
+        u32_of(OP, inner)?,
+        u32_of(OP, y.layout.offset)?,
+        u32_of(OP, g.layout.offset)?,
+        u32_of(OP, out.layout.offset)?,
+        log as u32,
+        0,
+        0,
+    ];
+    u32_of(OP, y.layout.offset.max(g.layout.offset) + y.numel())?;
+    let blocks = [&y.storage.block, &g.storage.block, &out.storage.block];
+    launch_wg(
+        Kernel::SoftmaxBackward(y.dtype),
+        &blocks,
+        &imm,
+        rows as u64,
+        64,
+    )?;
+    Ok(Some(out))
+}
+
 /// softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g), along `d`.
 /// Both read only the output, which is what PyTorch saves.
 fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
@@ -102,6 +144,9 @@ fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
             let saved = crate::graph::save_output(out, name)?;
             let f: crate::graph::BackwardFn = Box::new(move |g, _| {
                 let y = saved.get()?;
+                if let Some(gx) = backward_rows(&y, g, d, log)? {
+                    return Ok(vec![Some(gx)]);
+                }
                 let dd = if y.rank() == 0 { -1 } else { d };
                 let y = if y.rank() == 0 { y.reshape(&[1])? } else { y };
                 let g1 = g.reshape(&y.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;

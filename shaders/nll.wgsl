@@ -1,0 +1,82 @@
+// nll_loss with the mean reduction, as PyTorch's two kernels compute it: `forward` (one
+// workgroup) sums -log_probs[i, target[i]] over the rows whose target is not ignore_index and
+// divides by their count (PyTorch's total_weight, kept for the backward; 0 / 0 is NaN when every
+// target is ignored); `backward` writes the gradient of the whole [N, C] input,
+// -g / total_weight at each row's target and zero elsewhere. A target outside [0, C) that is not
+// ignore_index raises the device's assert flag (CUDA's device-side assert) and counts nothing.
+{{ENABLES}}
+struct Params {
+    n: u32,
+    c: u32,
+    // log_probs (forward) or the upstream gradient (backward, at x_off).
+    x_off: u32,
+    s0: u32,
+    s1: u32,
+    t_off: u32,
+    st: u32,
+    // forward: the loss; backward: the contiguous [N, C] gradient.
+    out_off: u32,
+    // total_weight (f32).
+    tw_off: u32,
+    ignore: i32,
+    pad0: u32,
+    pad1: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> labels: array<i32>;
+@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> total: array<f32>;
+@group(0) @binding(4) var<storage, read_write> flag: array<atomic<u32>>;
+
+var<workgroup> sums: array<f32, 256>;
+var<workgroup> counts: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn forward(@builtin(local_invocation_index) t: u32) {
+    var s = 0.0;
+    var count = 0.0;
+    for (var i = t; i < p.n; i += 256u) {
+        let ti = labels[p.t_off + i * p.st];
+        if ti == p.ignore {
+            continue;
+        }
+        if ti < 0 || u32(ti) >= p.c {
+            atomicMax(&flag[0], 1u);
+            continue;
+        }
+        s -= f32(x[p.x_off + i * p.s0 + u32(ti) * p.s1]);
+        count += 1.0;
+    }
+    sums[t] = s;
+    counts[t] = count;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if t < k {
+            sums[t] += sums[t + k];
+            counts[t] += counts[t + k];
+        }
+        workgroupBarrier();
+    }
+    if t == 0u {
+        out[p.out_off] = {{T}}(sums[0] / counts[0]);
+        total[p.tw_off] = counts[0];
+    }
+}
+
+@compute @workgroup_size(256)
+fn backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let e = gid.x + gid.y * nw.x * 256u;
+    if e >= p.n * p.c {
+        return;
+    }
+    let i = e / p.c;
+    let j = e - i * p.c;
+    var v = 0.0;
+    if labels[p.t_off + i * p.st] == i32(j) {
+        v = -f32(x[p.x_off]) / total[p.tw_off];
+    }
+    out[p.out_off + e] = {{T}}(v);
+}
