@@ -402,6 +402,104 @@ fn a_skipped_step_leaves_parameters_and_adam_state_bit_identical() {
     }
 }
 
+/// A skipped first step creates no optimizer state and counts no step, so that the next step
+/// is the first: SGD's momentum buffer starts as that step's gradient, Adam's step is 1.
+/// Against the CPU.
+#[test]
+fn a_skipped_first_step_creates_no_state() {
+    let cpu = Device::cpu().unwrap();
+    for adam in [false, true] {
+        let run = |dev: &Device| -> (Vec<(String, Vec<f64>)>, Vec<String>) {
+            cpu.manual_seed(9);
+            let lin = Linear::new(6, 4, true, &cpu).unwrap();
+            let params: Vec<Tensor> = lin
+                .parameters()
+                .iter()
+                .map(|p| {
+                    p.detach()
+                        .to_device(dev)
+                        .unwrap()
+                        .requires_grad_(true)
+                        .unwrap()
+                })
+                .collect();
+            let mut opt: Box<dyn Optimizer> = if adam {
+                Box::new(Adam::new(params.clone(), 1e-2).unwrap())
+            } else {
+                Box::new(
+                    Sgd::new(params.clone(), 0.1)
+                        .unwrap()
+                        .momentum(0.9)
+                        .unwrap(),
+                )
+            };
+            let mut scaler = GradScaler::new();
+            let x = Tensor::from_slice(
+                &(0..24).map(|i| i as f32 * 0.1 - 1.0).collect::<Vec<_>>(),
+                &[4, 6],
+                dev,
+            )
+            .unwrap();
+            let mut after_skip = Vec::new();
+            for inject in [true, false, false] {
+                opt.zero_grad(true).unwrap();
+                let y = x
+                    .matmul(&params[0].t().unwrap())
+                    .unwrap()
+                    .add(&params[1])
+                    .unwrap();
+                let loss = y.square().unwrap().mean(&[], false).unwrap();
+                scaler.scale(&loss).unwrap().backward().unwrap();
+                if inject {
+                    let mut v = params[1].grad().unwrap().to_vec::<f32>().unwrap();
+                    v[2] = f32::INFINITY;
+                    set_grad(&params[1], &v);
+                }
+                assert_eq!(scaler.step(opt.as_mut()).unwrap(), !inject, "{dev:?}");
+                scaler.update(None).unwrap();
+                if inject {
+                    after_skip = opt.state_tensors().into_iter().map(|(n, _)| n).collect();
+                }
+            }
+            let mut state: Vec<(String, Vec<f64>)> = opt
+                .state_tensors()
+                .into_iter()
+                .map(|(n, t)| (n, t.to_f64_vec().unwrap()))
+                .chain(
+                    params
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (format!("param {i}"), p.to_f64_vec().unwrap())),
+                )
+                .collect();
+            state.sort_by(|a, b| a.0.cmp(&b.0));
+            (state, after_skip)
+        };
+        let (want, skipped) = run(&cpu);
+        assert!(
+            skipped.is_empty(),
+            "state after a skipped step on the CPU: {skipped:?}"
+        );
+        for dev in Device::all_gpus() {
+            let (got, skipped) = run(&dev);
+            assert!(
+                skipped.is_empty(),
+                "{dev:?}: state after a skipped step: {skipped:?}"
+            );
+            assert_eq!(got.len(), want.len(), "{dev:?}");
+            for ((gn, g), (wn, w)) in got.iter().zip(&want) {
+                assert_eq!(gn, wn);
+                for (a, b) in g.iter().zip(w) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{dev:?} adam {adam} {gn}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// An f32's bits, every NaN as one: NVIDIA's GPUs return the canonical NaN from arithmetic on
 /// a NaN (as CUDA's do, so PyTorch's unscaled NaN gradients are canonical there too), where the
 /// CPU keeps the operand's payload.
