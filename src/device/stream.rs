@@ -25,7 +25,14 @@ const FIRST_BATCH: usize = 4;
 /// (MLP 784-4096-4096-10, batch 512) gave SGD 1.16-1.27 ms and Adam 1.12-1.47 with 50 us of
 /// spinning, 0.97-1.07 and 1.02-1.08 with 2 ms. On a CPU adapter (lavapipe, llvmpipe) 50 us: a
 /// spinning thread there takes a core from the driver's own threads, which run the shaders.
+/// `KILN_WAIT_SPIN_US` sets it in microseconds for every adapter.
 pub(crate) fn spin_before_wait(kind: wgpu::DeviceType) -> std::time::Duration {
+    if let Some(us) = std::env::var("KILN_WAIT_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return std::time::Duration::from_micros(us);
+    }
     match kind {
         wgpu::DeviceType::Cpu => std::time::Duration::from_micros(50),
         _ => std::time::Duration::from_millis(2),
