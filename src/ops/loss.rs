@@ -28,9 +28,11 @@ pub fn nll_loss(log_probs: &Tensor, target: &Tensor, ignore_index: i32) -> Resul
             Ok(loss)
         },
         |_| {
-            let tw = total
-                .take()
-                .expect("the forward ran before the node is built");
+            // `record` builds the node only after the forward succeeded.
+            let tw = total.take().ok_or_else(|| Error::InvalidArgument {
+                op: OP,
+                msg: "the backward node was built without a forward".into(),
+            })?;
             let saved = crate::graph::save(target)?;
             let (shape, dtype) = (log_probs.shape().to_vec(), log_probs.dtype());
             let f: crate::graph::BackwardFn = Box::new(move |g, _| {
