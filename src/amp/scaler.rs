@@ -177,42 +177,36 @@ impl GradScaler {
         }
         // PyTorch's `scale.double().reciprocal().float()`.
         let inv_scale = (1.0 / scale as f64) as f32;
-        let mut found: Vec<Tensor> = Vec::new();
+        // One flag per device; gradients of whole vec4s on a GPU go `AMP_MULTI` to a launch,
+        // as PyTorch's foreach kernel takes the list, the rest one by one.
+        let mut per_device: Vec<(Tensor, Vec<Tensor>)> = Vec::new();
         no_grad(|| -> Result<()> {
-            // Gradients of whole vec4s on a GPU go `AMP_MULTI` to a launch, as PyTorch's
-            // foreach kernel takes the list; the rest one by one.
-            let mut batches: Vec<(Tensor, Vec<Tensor>)> = Vec::new();
             for g in &grads {
-                let flag = match found.iter().find(|f| f.device() == g.device()) {
-                    Some(f) => f.clone(),
+                let i = match per_device
+                    .iter()
+                    .position(|(f, _)| f.device() == g.device())
+                {
+                    Some(i) => i,
                     None => {
                         let f = Tensor::zeros(&[], DType::F32, g.device())?;
-                        found.push(f.clone());
-                        f
+                        per_device.push((f, Vec::new()));
+                        per_device.len() - 1
                     }
                 };
-                if !multi_eligible(g) {
-                    unscale_one(g, &flag, inv_scale)?;
-                    continue;
-                }
-                match batches
-                    .iter_mut()
-                    .find(|(f, b)| f.device() == g.device() && b.len() < AMP_MULTI)
-                {
-                    Some((_, b)) => b.push(g.clone()),
-                    None => batches.push((flag, vec![g.clone()])),
-                }
-                if let Some(i) = batches.iter().position(|(_, b)| b.len() == AMP_MULTI) {
-                    let (flag, b) = batches.swap_remove(i);
-                    unscale_many(&b, &flag, inv_scale)?;
+                let (flag, many) = &mut per_device[i];
+                match multi_eligible(g) {
+                    true => many.push(g.clone()),
+                    false => unscale_one(g, flag, inv_scale)?,
                 }
             }
-            for (flag, b) in &batches {
-                unscale_many(b, flag, inv_scale)?;
+            for (flag, many) in &per_device {
+                for chunk in many.chunks(AMP_MULTI) {
+                    unscale_many(chunk, flag, inv_scale)?;
+                }
             }
             Ok(())
         })?;
-        state.found_inf = found;
+        state.found_inf = per_device.into_iter().map(|(f, _)| f).collect();
         state.found_inf_host = None;
         state.stage = Stage::Unscaled;
         Ok(())

@@ -1,6 +1,7 @@
 //! The shader registry: every WGSL kernel, reached by a typed id, with its pipeline and
 //! bind-group layout created once per device and cached. One launch path encodes every dispatch.
 
+mod amp;
 mod batch_norm;
 mod conv_coop;
 mod conv_gemm;
@@ -14,6 +15,7 @@ mod softmax;
 pub mod tune;
 
 pub use crate::base::CmpOp;
+pub use amp::AMP_MULTI;
 pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
@@ -288,7 +290,7 @@ impl Kernel {
                 let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
                 Cow::Owned(src.replace("{{U}}", u))
             }
-            Kernel::AmpUnscaleMulti => Cow::Owned(amp_multi_source()),
+            Kernel::AmpUnscaleMulti => Cow::Owned(amp::amp_multi_source()),
             Kernel::ColumnSum(i, o) => {
                 let f16 = *i == DType::F16 || *o == DType::F16;
                 Cow::Owned(
@@ -569,33 +571,6 @@ impl Kernel {
 }
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
-/// Gradients per launch of `Kernel::AmpUnscaleMulti`: with the flag, eight storage buffers,
-/// WebGPU's floor for a shader stage.
-pub const AMP_MULTI: usize = 7;
-
-/// `shaders/amp_multi.wgsl` for `AMP_MULTI` gradients: per gradient a count and an offset, a
-/// binding, and a case of the switch.
-fn amp_multi_source() -> String {
-    let mut fields = String::new();
-    let mut bindings = String::new();
-    let mut cases = String::new();
-    for j in 0..AMP_MULTI {
-        fields += &format!("    n{j}: u32,\n    o{j}: u32,\n");
-        bindings +=
-            &format!("@group(0) @binding({j}) var<storage, read_write> g{j}: array<vec4<f32>>;\n");
-        cases += &format!(
-            "        case {j}u: {{\n            g{j}[p.o{j} + i] = unscaled(g{j}[p.o{j} + i]);\n        }}\n"
-        );
-    }
-    let counts: Vec<String> = (0..AMP_MULTI).map(|j| format!("p.n{j}")).collect();
-    include_str!("../../shaders/amp_multi.wgsl")
-        .replace("{{FIELDS}}", &fields)
-        .replace("{{BINDINGS}}", &bindings)
-        .replace("{{CASES}}", &cases)
-        .replace("{{COUNTS}}", &counts.join(", "))
-        .replace("{{N}}", &AMP_MULTI.to_string())
-}
-
 fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
     let enables = if d == DType::F16 { "enable f16;" } else { "" };
     Cow::Owned(

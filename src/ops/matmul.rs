@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, Narrow};
+use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -257,123 +257,6 @@ fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<
     (s >= 2).then_some(s)
 }
 
-/// A 2-D product (f32 or f16, on a GPU) with one narrow side, 16 or fewer columns (`rows`:
-/// an MLP's classifier head `h @ W^T`, K = 4096) or rows (`cols`: its weight's gradient
-/// `g^T @ h`), the other side 16 or more, K of 256 or more; or a K of 16 or less with both
-/// sides 16 or more (`short`: the head's input gradient `g @ W`, K = 10):
-/// `shaders/matmul_narrow.wgsl`, the bias added in the `rows` and `short` kernels where it is
-/// a contiguous row of the dtype. Measured against the tiled path (split-K, or in f16 a
-/// product in f32 between two casts) per size class. On the H100 (784-4096-4096-10, batch
-/// 512, f16 under autocast) those took 98 us for the head and 72 us for its weight's
-/// gradient, most of it a few workgroups each walking a long K or tiles of 64 rows holding
-/// 10; the head's input gradient took 33 us (f32) and 18 us (f16) for a product whose 8 MiB
-/// output is 3 us of HBM time.
-fn narrow_product(
-    a: &Tensor,
-    b: &Tensor,
-    [m, n, k]: [usize; 3],
-    bias: Option<&Tensor>,
-) -> Result<Option<Tensor>> {
-    const OP: &str = "matmul";
-    // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them; `short` one
-    // per 64 columns along x and per 16 rows along y.)
-    let cols = m <= 16 && n >= 16 && (256..=4096).contains(&k) && n.div_ceil(32) <= 65535;
-    let rows = n <= 16 && m >= 16 && k >= 256;
-    let short = (1..=16).contains(&k)
-        && m >= 16
-        && n >= 16
-        && m.div_ceil(16) <= 65535
-        && n.div_ceil(64) <= 65535;
-    let kind = match (short, cols, rows) {
-        (true, _, _) => Narrow::Short,
-        (_, true, _) => Narrow::Cols,
-        (_, _, true) => Narrow::Rows,
-        _ => return Ok(None),
-    };
-    if a.device().is_cpu() || !matches!(a.dtype(), DType::F32 | DType::F16) || m == 0 || n == 0 {
-        return Ok(None);
-    }
-    let fused = bias.filter(|t| {
-        kind != Narrow::Cols
-            && t.dtype() == a.dtype()
-            && t.shape() == [n]
-            && t.strides() == [1]
-            && t.device() == a.device()
-    });
-    let out = Tensor::empty(&[m, n], a.dtype(), a.device())?;
-    let groups_x = m.min(65535);
-    let imm = [
-        m,
-        n,
-        k,
-        a.layout().offset,
-        a.strides()[0],
-        a.strides()[1],
-        b.layout().offset,
-        b.strides()[0],
-        b.strides()[1],
-        out.layout().offset,
-        fused.is_some() as usize,
-        fused.map_or(0, |t| t.layout().offset),
-        groups_x,
-        0,
-        0,
-        0,
-    ]
-    .iter()
-    .map(|&v| u32_of(OP, v))
-    .collect::<Result<Vec<u32>>>()?;
-    // Every element index the kernel computes must fit a u32 too.
-    for t in [a, b] {
-        u32_of(OP, super::end(t))?;
-    }
-    let groups = match kind {
-        Narrow::Cols => (u32_of(OP, n.div_ceil(32))?, 1, 1),
-        Narrow::Rows => (u32_of(OP, groups_x)?, u32_of(OP, m.div_ceil(groups_x))?, 1),
-        Narrow::Short => (u32_of(OP, n.div_ceil(64))?, u32_of(OP, m.div_ceil(16))?, 1),
-    };
-    let launch = || {
-        launch_groups(
-            Kernel::MatmulNarrow(a.dtype(), kind),
-            &[
-                &a.storage.block,
-                &b.storage.block,
-                &out.storage.block,
-                fused.map_or(&a.storage.block, |t| &t.storage.block),
-            ],
-            &imm,
-            groups,
-        )
-    };
-    let key = || {
-        format!(
-            "{} {} {}x{}x{}",
-            a.dtype(),
-            kind.entry_point(),
-            tune::class(m),
-            tune::class(n),
-            tune::class(k)
-        )
-    };
-    let candidates = [(true, "narrow"), (false, "tiled")];
-    let work = (m * n * k) as u64;
-    let pick = tune::pick(a.device(), "matmul narrow", key, work, &candidates, |v| {
-        if v {
-            launch()
-        } else {
-            matmul_with(a, b, bias, false).map(drop)
-        }
-    })?;
-    if !pick {
-        return Ok(None);
-    }
-    launch()?;
-    match fused {
-        Some(_) => Ok(Some(out)),
-        None => add_bias(out, bias).map(Some),
-    }
-}
-
 /// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
 /// number of its tiles (an MLP's 784-wide input: `x @ W1^T` with K = 784, `g^T @ x` with
 /// N = 784): the ragged dim padded with zeros to whole tiles (copies of the operands, each in
@@ -423,17 +306,13 @@ fn coop_split(
         let mut shape = stored.shape().to_vec();
         let len = shape[d];
         shape[d] = size;
-        let rows = match d {
-            1 => Some((stored.clone(), size)),
+        let fast = match d {
+            1 => super::copy_rows(&stored, size)?,
             _ if stored.is_contiguous() => {
                 let flat = stored.reshape(&[1, stored.numel() as isize])?;
-                Some((flat, size * shape[1]))
+                super::copy_rows(&flat, size * shape[1])?
             }
             _ => None,
-        };
-        let fast = match rows {
-            Some((x, cols)) => super::copy_rows(&x, cols)?,
-            None => None,
         };
         let p = match fast {
             Some(p) => p.reshape(&isize_shape(&shape))?,
@@ -452,12 +331,8 @@ fn coop_split(
     if nc < n {
         let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
         let out = matmul_forward(a, &bp, None)?;
-        let kept = out.narrow(1, 0, n)?;
-        let kept = match super::copy_rows(&kept, n)? {
-            Some(c) => c,
-            None => kept.contiguous()?,
-        };
-        return add_bias(kept, bias).map(Some);
+        // (`contiguous` copies the kept rows word by word, `super::copy_rows`.)
+        return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
     }
     let kp = kc + t.k_step() as usize;
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
@@ -496,7 +371,12 @@ fn matmul_forward(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tenso
 }
 
 /// `matmul_forward`, with the narrow kernel (`narrow_product`) among the choices or not.
-fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) -> Result<Tensor> {
+pub(super) fn matmul_with(
+    a: &Tensor,
+    b: &Tensor,
+    mut bias: Option<&Tensor>,
+    narrow: bool,
+) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
     if a.dtype() != b.dtype() {
@@ -541,7 +421,7 @@ fn matmul_with(a: &Tensor, b: &Tensor, mut bias: Option<&Tensor>, narrow: bool) 
     }
     let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
     if narrow && a.rank() == 2 && b.rank() == 2 {
-        if let Some(out) = narrow_product(a, b, [m, n, k], bias)? {
+        if let Some(out) = super::matmul_narrow::narrow_product(a, b, [m, n, k], bias)? {
             return Ok(out);
         }
     }
@@ -805,7 +685,7 @@ impl Simt {
 }
 
 /// `out + bias` (broadcast), or `out` without one.
-fn add_bias(out: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+pub(super) fn add_bias(out: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     match bias {
         Some(bias) => out.add(bias),
         None => Ok(out),

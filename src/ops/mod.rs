@@ -12,6 +12,7 @@ mod index;
 mod inplace;
 pub(crate) mod loss;
 mod matmul;
+mod matmul_narrow;
 mod predicate;
 mod random;
 mod reduce;
@@ -466,17 +467,19 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     if x.device().is_cpu() || (unit_stride != 1 && x_cols > 1) {
         return Ok(None);
     }
-    let out = Tensor::empty(&[rows, cols], x.dtype(), x.device())?;
     let es = x.dtype().size_bytes();
     let copied = x_cols.min(cols);
-    let bytes = [copied, cols, stride, x.layout.offset, out.layout.offset].map(|v| v * es);
+    // (A fresh output starts at offset 0: only the source's counts and offset decide.)
+    let bytes = [copied, cols, stride, x.layout.offset].map(|v| v * es);
     let Some(unit) = [16, 4]
         .into_iter()
         .find(|&u| bytes.iter().all(|b| b.is_multiple_of(u)))
     else {
         return Ok(None);
     };
-    let [copied, cols, stride, x_off, out_off] = bytes.map(|b| b / unit);
+    let out = Tensor::empty(&[rows, cols], x.dtype(), x.device())?;
+    let out_off = out.layout.offset * es / unit;
+    let [copied, cols, stride, x_off] = bytes.map(|b| b / unit);
     let total = rows * cols;
     if total == 0 {
         return Ok(Some(out));
