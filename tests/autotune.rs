@@ -78,9 +78,11 @@ fn every_reduction_strategy_matches_the_cpu() {
         (&[5, 3000], &[-1]),
     ];
     for dev in gpus() {
-        let subgroups = dev.adapter_info().unwrap().features.subgroups;
-        for strategy in ["tree", "subgroup", "serial", "interleaved"] {
-            if strategy == "subgroup" && !subgroups {
+        let features = dev.adapter_info().unwrap().features;
+        for strategy in ["tree", "subgroup", "serial", "interleaved", "serial_wide"] {
+            if (strategy == "subgroup" && !features.subgroups)
+                || (strategy == "serial_wide" && !features.shader_int64)
+            {
                 continue;
             }
             for (shape, dims) in cases {
@@ -329,10 +331,15 @@ fn the_trace_names_the_variant() {
             devices: vec![dev.clone()],
             profile_memory: false,
         };
-        for (variant, kernel) in [
+        let mut variants = vec![
             ("serial", "sum_f32_f32_vec4_serial"),
             ("tree", "sum_f32_f32_vec4_tree"),
-        ] {
+        ];
+        if dev.adapter_info().unwrap().features.shader_int64 {
+            // (Which also shows that forcing it reaches the 32-byte words.)
+            variants.push(("serial_wide", "sum_f32_f32_vec4_serial_wide"));
+        }
+        for (variant, kernel) in variants {
             let (_, prof) = kiln::profiler::profile(&options, || {
                 forced("reduce", variant, || x.sum_all().unwrap());
                 dev.synchronize()

@@ -14,6 +14,8 @@ pub struct KilnFeatures {
     /// Vulkan sparse buffer binding (sparseBinding and sparseResidencyBuffer): what
     /// `expandable_segments:True` maps pages with.
     pub sparse_binding: bool,
+    /// 64-bit integers in shaders: the reduction that loads 32-byte words (`serial_wide`).
+    pub shader_int64: bool,
 }
 
 impl KilnFeatures {
@@ -27,6 +29,7 @@ impl KilnFeatures {
             immediates: f.contains(wgpu::Features::IMMEDIATES),
             cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             sparse_binding: false,
+            shader_int64: f.contains(wgpu::Features::SHADER_INT64),
         }
     }
 
@@ -39,7 +42,8 @@ impl KilnFeatures {
                 | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
                 | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
                 | wgpu::Features::SUBGROUP
-                | wgpu::Features::IMMEDIATES)
+                | wgpu::Features::IMMEDIATES
+                | wgpu::Features::SHADER_INT64)
     }
 }
 

@@ -79,14 +79,21 @@ pub enum ReduceStrategy {
     /// 64 invocations per chunk reading it interleaved, each writing its own partial (no
     /// workgroup memory, no barrier).
     Interleaved,
+    /// `Serial` over f32 rows of whole 32-byte words, each read as one `vec4<u64>` and split
+    /// into two `vec4<f32>` (adapters with 64-bit integers). For llvmpipe (Mesa 22.3), which
+    /// loads a storage buffer one component at a time, each load behind its own branches: a
+    /// 64-bit component moves twice the bytes for the same branches (the 2^22 sum on two cores:
+    /// 24-26 GB/s against 17-19 for 16-byte loads, in a bare wgpu program).
+    SerialWide,
 }
 
 impl ReduceStrategy {
-    pub const ALL: [ReduceStrategy; 4] = [
+    pub const ALL: [ReduceStrategy; 5] = [
         ReduceStrategy::Tree,
         ReduceStrategy::Subgroup,
         ReduceStrategy::Serial,
         ReduceStrategy::Interleaved,
+        ReduceStrategy::SerialWide,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,13 +102,14 @@ impl ReduceStrategy {
             ReduceStrategy::Subgroup => "subgroup",
             ReduceStrategy::Serial => "serial",
             ReduceStrategy::Interleaved => "interleaved",
+            ReduceStrategy::SerialWide => "serial_wide",
         }
     }
 
     /// Invocations per workgroup.
     pub fn workgroup(self) -> u32 {
         match self {
-            ReduceStrategy::Serial | ReduceStrategy::Interleaved => 64,
+            ReduceStrategy::Serial | ReduceStrategy::Interleaved | ReduceStrategy::SerialWide => 64,
             _ => 256,
         }
     }
@@ -121,6 +129,8 @@ impl ReduceStrategy {
             ReduceStrategy::Tree | ReduceStrategy::Subgroup => 4096,
             // One invocation's run: long enough that the merge passes stay small.
             ReduceStrategy::Serial => 256,
+            // The same bytes as Serial's 256 vec4s.
+            ReduceStrategy::SerialWide => 128,
             // 256 units per invocation.
             ReduceStrategy::Interleaved => 16384,
         }
@@ -133,7 +143,7 @@ pub struct ReduceKernel {
     pub input: DType,
     pub output: DType,
     pub contiguous: bool,
-    /// Contiguous rows of whole vec4s: 16-byte loads.
+    /// Contiguous rows of whole vec4s: 16-byte loads (32-byte ones in `SerialWide`).
     pub vector: bool,
     pub strategy: ReduceStrategy,
 }
@@ -171,7 +181,15 @@ impl ReduceKernel {
         };
         let f16 = self.input == DType::F16 || self.output == DType::F16;
         let ti = wgsl_type(self.input);
-        let (ti, acc, load, hsum) = if self.vector {
+        let wide = self.strategy == ReduceStrategy::SerialWide;
+        let (ti, acc, load, hsum) = if wide {
+            (
+                "vec4<u64>".to_string(),
+                "vec4<f32>",
+                "wide(x[p.off + e])",
+                "combine1(combine1(s.x, s.y), combine1(s.z, s.w))",
+            )
+        } else if self.vector {
             (
                 format!("vec4<{ti}>"),
                 "vec4<f32>",
@@ -186,6 +204,14 @@ impl ReduceKernel {
             ReduceStrategy::Subgroup => include_str!("../../shaders/reduce_subgroup.wgsl"),
             ReduceStrategy::Serial => include_str!("../../shaders/reduce_serial.wgsl"),
             ReduceStrategy::Interleaved => include_str!("../../shaders/reduce_interleaved.wgsl"),
+            ReduceStrategy::SerialWide => concat!(
+                include_str!("../../shaders/reduce_serial.wgsl"),
+                "\n// A 32-byte word of x as eight f32s, merged pairwise into four.\n\
+                 fn wide(v: vec4<u64>) -> vec4<f32> {\n    \
+                 let lo = bitcast<vec4<f32>>(vec4<u32>(v & vec4<u64>(0xfffffffflu)));\n    \
+                 let hi = bitcast<vec4<f32>>(vec4<u32>(v >> vec4<u32>(32u)));\n    \
+                 return combine(lo, hi);\n}\n"
+            ),
         };
         let subgroup = match self.op {
             ReduceOp::Sum => "subgroupAdd(v)".to_string(),
@@ -228,6 +254,12 @@ impl ReduceKernel {
             ] {
                 for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
                     for strategy in ReduceStrategy::ALL {
+                        // 32-byte words of f32 only.
+                        if strategy == ReduceStrategy::SerialWide
+                            && !(vector && input == DType::F32)
+                        {
+                            continue;
+                        }
                         v.push(ReduceKernel {
                             op,
                             input,

@@ -14,14 +14,27 @@ use crate::{Error, Result};
 /// Most chunks a row is split into per pass (more passes follow for longer rows).
 const MAX_CHUNKS: usize = 1024;
 
-/// The strategies autotuning tries on `device` (subgroups where the adapter has them).
-fn strategies(device: &crate::Device) -> Vec<(ReduceStrategy, &'static str)> {
-    let subgroups = device.adapter_info().is_some_and(|a| a.features.subgroups);
+/// The strategies autotuning tries on `device` (subgroups where the adapter has them; 32-byte
+/// words where it has 64-bit integers and the rows are `wide`).
+fn strategies(device: &crate::Device, wide: bool) -> Vec<(ReduceStrategy, &'static str)> {
+    let features = device.adapter_info().map(|a| a.features);
+    let subgroups = features.is_some_and(|f| f.subgroups);
+    let wide = wide && features.is_some_and(|f| f.shader_int64);
     ReduceStrategy::ALL
         .into_iter()
         .filter(|&s| s != ReduceStrategy::Subgroup || subgroups)
+        .filter(|&s| s != ReduceStrategy::SerialWide || wide)
         .map(|s| (s, s.name()))
         .collect()
+}
+
+/// Whether `xp`'s rows of `inner` may be read as 32-byte words: contiguous f32 rows of whole
+/// words from a word-aligned offset.
+fn wide_rows(xp: &Tensor, inner: usize) -> bool {
+    xp.dtype == DType::F32
+        && xp.is_contiguous()
+        && inner.is_multiple_of(8)
+        && xp.layout.offset.is_multiple_of(8)
 }
 
 /// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`, with the
@@ -35,8 +48,11 @@ fn gpu_reduce_rows(
     op: &'static str,
 ) -> Result<()> {
     let rows = out.numel();
+    let wide = wide_rows(xp, inner);
     let layout = if !xp.is_contiguous() {
         "strided"
+    } else if wide {
+        "vec8"
     } else if inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4) {
         "vec4"
     } else {
@@ -56,7 +72,7 @@ fn gpu_reduce_rows(
         "reduce",
         key,
         (rows * inner) as u64,
-        &strategies(xp.device()),
+        &strategies(xp.device(), wide),
         |s| reduce_rows_with(s, rop, xp, out, inner, scale, op),
     )?;
     reduce_rows_with(strategy, rop, xp, out, inner, scale, op)
@@ -73,11 +89,20 @@ fn reduce_rows_with(
     op: &'static str,
 ) -> Result<()> {
     let rows = out.numel();
+    // (Autotuning offers 32-byte words only for rows that have them.)
+    let strategy = match strategy {
+        ReduceStrategy::SerialWide if !wide_rows(xp, inner) => ReduceStrategy::Serial,
+        s => s,
+    };
     let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
     let (contiguous, shape, strides) = (c.contiguous, &c.shape, &c.strides[0]);
     let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
-    // The vec4 form counts in vec4s.
-    let unit = if vector { 4 } else { 1 };
+    // The vec4 form counts in vec4s, the 32-byte words in eights.
+    let unit = match strategy {
+        ReduceStrategy::SerialWide if vector => 8,
+        _ if vector => 4,
+        _ => 1,
+    };
     let chunks = (inner / unit)
         .div_ceil(strategy.chunk_units())
         .clamp(1, MAX_CHUNKS);
@@ -117,7 +142,7 @@ fn reduce_rows_with(
     // A workgroup per chunk (tree, subgroup, interleaved) or an invocation per chunk (serial).
     let threads = (rows * chunks) as u64
         * match strategy {
-            ReduceStrategy::Serial => 1,
+            ReduceStrategy::Serial | ReduceStrategy::SerialWide => 1,
             s => s.workgroup() as u64,
         };
     let workgroup = strategy.workgroup();
@@ -136,7 +161,7 @@ fn reduce_rows_with(
         // The interleaved pass leaves 64 partials per chunk; a serial pass merges them (another
         // interleaved one would leave as many as it read from a short row).
         let next = match strategy {
-            ReduceStrategy::Interleaved => ReduceStrategy::Serial,
+            ReduceStrategy::Interleaved | ReduceStrategy::SerialWide => ReduceStrategy::Serial,
             s => s,
         };
         reduce_rows_with(next, rop, &partial, out, per_row, scale, op)?;
