@@ -119,6 +119,29 @@ fn every_reduction_strategy_matches_the_cpu() {
                     });
                 }
             }
+            // Rows that start past the buffer's start: a view one row in (offset 3000: whole
+            // 32-byte words), and columns 12.. of every row (a strided view at offset 12).
+            let x = random(&[6, 3000], DType::F32, 5, &dev);
+            let xc = x.to_device(&cpu).unwrap();
+            for (start, len) in [(1, 5), (0, 6)] {
+                let (v, vc) = (
+                    x.narrow(0, start, len).unwrap(),
+                    xc.narrow(0, start, len).unwrap(),
+                );
+                let (v, vc) = if start == 0 {
+                    (
+                        v.narrow(1, 12, 2984).unwrap(),
+                        vc.narrow(1, 12, 2984).unwrap(),
+                    )
+                } else {
+                    (v, vc)
+                };
+                forced("reduce", strategy, || {
+                    let got = v.sum(&[-1], false).unwrap();
+                    let what = format!("{strategy}: sum of a view at {start}");
+                    assert_close(&got, &vc.sum(&[-1], false).unwrap(), 1e-3, &what);
+                });
+            }
             // prod over short rows (long ones overflow), and NaN propagation of max and min.
             let x = random(&[64, 300], DType::F32, 3, &dev)
                 .mul_scalar(0.05)
