@@ -2,7 +2,7 @@
 //! which product a variant computes (`ConvMode`), its tile, and how its WGSL is assembled from
 //! the shared pieces and the mode's operand access.
 
-use super::{matmul128, tiled_128};
+use super::matmul128::{self, tiled_128};
 use crate::base::DType;
 
 /// Which product of a convolution an implicit-GEMM kernel computes.

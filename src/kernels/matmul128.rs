@@ -3,6 +3,8 @@
 //! faster written out with explicit `fma`. One template per repeated piece; `{{ROW}}`,
 //! `{{SWZ}}` and `{{HALF}}` stay for the per-variant substitution in `Kernel::source`.
 
+use super::per_dtype;
+use crate::base::DType;
 use std::fmt::Write;
 
 /// Which operand access a generated `main` calls: the plain matmul's (`Scalar`: any strides,
@@ -331,4 +333,32 @@ pub(crate) fn main_fn(io: Io) -> String {
     }
     out += "}\n";
     out
+}
+
+/// `shaders/matmul128.wgsl` around the operand access `io` (with its immediates `params`),
+/// its `main` generated for `kind`.
+pub(crate) fn tiled_128(io: &str, params: &str, d: DType, padded: bool, kind: Io) -> String {
+    // Rows of vec4s padded to 33 (where the device allows 33 KiB of shared memory) or swizzled.
+    // The wide tile (64x256, only where a workgroup may have 48 KiB) is always padded, its A
+    // rows (64 values) to 17: 42.5 KiB in all, and no swizzled indices held in registers.
+    let (row, swz) = if padded || kind.wide() {
+        (33, 0)
+    } else {
+        (32, 1)
+    };
+    let row_a = if kind.wide() { 17 } else { row };
+    per_dtype(
+        &include_str!("../../shaders/matmul128.wgsl")
+            .replace("{{PARAMS}}", params)
+            .replace("{{IO}}", io),
+        d,
+    )
+    .replace("{{MAIN}}", &main_fn(kind))
+    .replace("{{ROW_A}}", &row_a.to_string())
+    .replace("{{TILE_A}}", &(32 * row_a).to_string())
+    .replace("{{HALF_A}}", &(16 * row_a).to_string())
+    .replace("{{ROW}}", &row.to_string())
+    .replace("{{SWZ}}", &swz.to_string())
+    .replace("{{TILE}}", &(32 * row).to_string())
+    .replace("{{HALF}}", &(16 * row).to_string())
 }

@@ -149,40 +149,6 @@ pub enum OptimKernel {
     Adam4,
 }
 
-/// `shaders/matmul128.wgsl` around the operand access `io` (with its immediates `params`),
-/// its `main` generated for `kind`.
-pub(crate) fn tiled_128(
-    io: &str,
-    params: &str,
-    d: DType,
-    padded: bool,
-    kind: matmul128::Io,
-) -> String {
-    // Rows of vec4s padded to 33 (where the device allows 33 KiB of shared memory) or swizzled.
-    // The wide tile (64x256, only where a workgroup may have 48 KiB) is always padded, its A
-    // rows (64 values) to 17: 42.5 KiB in all, and no swizzled indices held in registers.
-    let (row, swz) = if padded || kind.wide() {
-        (33, 0)
-    } else {
-        (32, 1)
-    };
-    let row_a = if kind.wide() { 17 } else { row };
-    per_dtype(
-        &include_str!("../../shaders/matmul128.wgsl")
-            .replace("{{PARAMS}}", params)
-            .replace("{{IO}}", io),
-        d,
-    )
-    .replace("{{MAIN}}", &matmul128::main_fn(kind))
-    .replace("{{ROW_A}}", &row_a.to_string())
-    .replace("{{TILE_A}}", &(32 * row_a).to_string())
-    .replace("{{HALF_A}}", &(16 * row_a).to_string())
-    .replace("{{ROW}}", &row.to_string())
-    .replace("{{SWZ}}", &swz.to_string())
-    .replace("{{TILE}}", &(32 * row).to_string())
-    .replace("{{HALF}}", &(16 * row).to_string())
-}
-
 /// Workgroup size shared by the 1-D kernels.
 pub const WORKGROUP: u32 = 256;
 
@@ -365,7 +331,7 @@ impl Kernel {
                     include_str!("../../shaders/matmul128_io.wgsl")
                 };
                 let params = include_str!("../../shaders/matmul128_params.wgsl");
-                Cow::Owned(tiled_128(body, params, d, padded, io))
+                Cow::Owned(matmul128::tiled_128(body, params, d, padded, io))
             }
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
@@ -571,7 +537,7 @@ impl Kernel {
 }
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
-fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
+pub(crate) fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {
     let enables = if d == DType::F16 { "enable f16;" } else { "" };
     Cow::Owned(
         src.replace("{{ENABLES}}", enables)

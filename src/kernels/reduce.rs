@@ -181,19 +181,17 @@ impl ReduceKernel {
         };
         let f16 = self.input == DType::F16 || self.output == DType::F16;
         let ti = wgsl_type(self.input);
-        let wide = self.strategy == ReduceStrategy::SerialWide;
-        let (ti, acc, load, hsum) = if wide {
+        let (ti, acc, load, hsum) = if self.vector {
+            // SerialWide reads a 32-byte word where the others read a vec4.
+            let (ti, load) = if self.strategy == ReduceStrategy::SerialWide {
+                ("vec4<u64>".to_string(), "wide(x[p.off + e])")
+            } else {
+                (format!("vec4<{ti}>"), "vec4<f32>(x[p.off + e])")
+            };
             (
-                "vec4<u64>".to_string(),
+                ti,
                 "vec4<f32>",
-                "wide(x[p.off + e])",
-                "combine1(combine1(s.x, s.y), combine1(s.z, s.w))",
-            )
-        } else if self.vector {
-            (
-                format!("vec4<{ti}>"),
-                "vec4<f32>",
-                "vec4<f32>(x[p.off + e])",
+                load,
                 "combine1(combine1(s.x, s.y), combine1(s.z, s.w))",
             )
         } else {

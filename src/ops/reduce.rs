@@ -99,7 +99,7 @@ fn reduce_rows_with(
     let vector = contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
     // The vec4 form counts in vec4s, the 32-byte words in eights.
     let unit = match strategy {
-        ReduceStrategy::SerialWide if vector => 8,
+        ReduceStrategy::SerialWide => 8,
         _ if vector => 4,
         _ => 1,
     };
