@@ -516,8 +516,10 @@ fn unsafe_is_root() -> bool {
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_collectives_on_2_and_3_ranks() {
-    for ranks in [2, 3] {
-        let (ok, out) = mpirun(ranks, "collectives", &[], 300);
+    // Every rank on one host: the shared-memory all-reduce; then MPI's own, turned on by hand.
+    for (ranks, shm) in [(2, true), (3, true), (2, false)] {
+        let env: &[(&str, &str)] = if shm { &[] } else { &[("KILN_DIST_SHM", "0")] };
+        let (ok, out) = mpirun(ranks, "collectives", env, 300);
         assert!(ok, "{out}");
         for r in 0..ranks {
             assert!(
@@ -525,6 +527,11 @@ fn mpi_collectives_on_2_and_3_ranks() {
                 "{out}"
             );
         }
+        assert_eq!(
+            out.contains("all-reduce through shared memory"),
+            shm,
+            "which all-reduce ran: {out}"
+        );
     }
 }
 
@@ -588,7 +595,7 @@ fn mpi_child() {
         other => panic!("unknown case {other:?}"),
     }
     pg.barrier().unwrap();
-    println!("rank {rank}/{world}: {case} ok");
+    println!("rank {rank}/{world}: {case} ok ({})", pg.backend());
 }
 
 /// BatchNorm's running statistics: rank 0's at construction and before every forward.
@@ -642,6 +649,12 @@ fn collectives(pg: &ProcessGroup) {
             let max: Vec<i32> = (0..n)
                 .map(|i| (0..world).map(|r| v(r, i)).max().unwrap())
                 .collect();
+            let prod: Vec<i32> = (0..n)
+                .map(|i| (0..world).map(|r| v(r, i)).product())
+                .collect();
+            let min: Vec<i32> = (0..n)
+                .map(|i| (0..world).map(|r| v(r, i)).min().unwrap())
+                .collect();
             // A new tensor each time (a CPU tensor's to_device(cpu) is the tensor itself).
             let fresh = |dtype: DType| {
                 Tensor::from_slice(&mine, &[n], &cpu)
@@ -665,6 +678,17 @@ fn collectives(pg: &ProcessGroup) {
                 pg.all_reduce(&t, ReduceOp::Max).unwrap();
                 let want: Vec<f32> = max.iter().map(|&s| s as f32).collect();
                 assert_eq!(values(&t), want, "max of {n} {dtype} on {}", dev.name());
+                let t = fresh(dtype);
+                pg.all_reduce(&t, ReduceOp::Min).unwrap();
+                let want: Vec<f32> = min.iter().map(|&s| s as f32).collect();
+                assert_eq!(values(&t), want, "min of {n} {dtype} on {}", dev.name());
+                if dtype != DType::F16 {
+                    // Products up to 40^3: exact in f32 and i32, not in f16.
+                    let t = fresh(dtype);
+                    pg.all_reduce(&t, ReduceOp::Product).unwrap();
+                    let want: Vec<f32> = prod.iter().map(|&s| s as f32).collect();
+                    assert_eq!(values(&t), want, "product of {n} {dtype} on {}", dev.name());
+                }
             }
             // Avg: the sum times 1/world, rounded as f32.
             let t = fresh(DType::F32);

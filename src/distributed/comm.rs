@@ -20,7 +20,8 @@ pub(super) trait Transport {
     fn size(&self) -> usize;
     /// Rank among the processes of this host (picks the adapter).
     fn local_rank(&self) -> usize;
-    /// `recv = op(send of every rank)`, elementwise in `dtype`; `send` and `recv` are as long.
+    /// `recv = op(send of every rank)`, elementwise in `dtype` (`Avg`: the sum times the f32 of
+    /// 1/size); `send` and `recv` are as long.
     fn all_reduce(&self, dtype: DType, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> Result<()>;
     /// Root's `buf` into every rank's.
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()>;

@@ -8,7 +8,9 @@
 //! (`staging.rs`). MPI is called from one thread only, the communication thread (`comm.rs`):
 //! collectives are handed to it in order, so that DDP's bucket reductions run while backward
 //! goes on on the caller's thread, and every wait has the group's timeout, so that a rank that
-//! fails makes the others fail instead of hang. Across hosts nothing in kiln changes: MPI picks
+//! fails makes the others fail instead of hang. When every rank runs on one host, all-reduce
+//! goes through an MPI-3 shared-memory window instead of MPI's copies (`shm.rs`, Note
+//! [Shared-memory all-reduce]). Across hosts nothing in kiln changes: MPI picks
 //! the network; the host staging bandwidth (GPU to pinned memory and back) then bounds the
 //! collectives. See ARCHITECTURE.md.
 //!
@@ -20,6 +22,8 @@ mod comm;
 mod ddp;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "mpi")]
+mod shm;
 mod staging;
 
 pub use crate::data::DistributedSampler;
@@ -213,6 +217,7 @@ pub fn get_world_size() -> Result<usize> {
 }
 
 /// Multiplies host elements by `factor` (an average's division).
+#[cfg(feature = "mpi")]
 fn scale_host(dtype: DType, bytes: &mut [u8], factor: f64) {
     match dtype {
         DType::F32 => {
@@ -325,13 +330,7 @@ impl ProcessGroup {
                 dsts: std::slice::from_ref(&flat),
                 parts: 1,
             }
-            .run(|s, r| {
-                tr.all_reduce(dtype, op, s, r)?;
-                if op == ReduceOp::Avg && size > 1 {
-                    scale_host(dtype, r, 1.0 / size as f64);
-                }
-                Ok(())
-            })
+            .run(|s, r| tr.all_reduce(dtype, op, s, r))
         })
     }
 

@@ -7,6 +7,7 @@
 //! by kiln's user operations below, which round each partial result to f16 as NCCL does.
 
 use super::comm::Transport;
+use super::shm::{self, ShmReduce};
 use super::ReduceOp;
 use crate::tensor::DType;
 use crate::{Error, Result};
@@ -21,6 +22,11 @@ use std::os::raw::{c_int, c_void};
 pub(super) struct MpiTransport {
     world: SimpleCommunicator,
     local_rank: usize,
+    /// The same-host all-reduce (`shm.rs`), where every rank runs on this host. Dropped before
+    /// `node`, whose window it frees.
+    shm: Option<ShmReduce>,
+    /// The ranks of this host: kept only so that its handle outlives `shm`'s use of it.
+    _node: SimpleCommunicator,
     /// f16 sum, product, min, max.
     half_ops: [UnsafeUserOperation; 4],
     /// Dropped last: finalises MPI.
@@ -112,7 +118,15 @@ impl MpiTransport {
             });
         };
         let world = universe.world();
-        let local_rank = world.split_shared(world.rank()).rank() as usize;
+        let node = world.split_shared(world.rank());
+        let local_rank = node.rank() as usize;
+        let shm = if shm::enabled() && node.size() == world.size() && world.size() > 1 {
+            // SAFETY: `node` is valid and outlives `shm` (field order); MPI runs on this
+            // thread alone. Every rank takes this branch alike (same size, same environment).
+            Some(unsafe { ShmReduce::new(node.as_raw(), local_rank, node.size() as usize)? })
+        } else {
+            None
+        };
         // SAFETY: the functions read and write `len` 16-bit words, which is what the f16
         // collectives below pass them (MPI_UINT16_T buffers).
         let half_ops = unsafe {
@@ -126,6 +140,8 @@ impl MpiTransport {
         Ok(MpiTransport {
             world,
             local_rank,
+            shm,
+            _node: node,
             half_ops,
             _universe: universe,
         })
@@ -146,10 +162,17 @@ impl Transport for MpiTransport {
     }
 
     fn all_reduce(&self, dtype: DType, op: ReduceOp, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        if let Some(shm) = &self.shm {
+            return shm.all_reduce(dtype, op, send, recv);
+        }
         // MPI works on the pinned mapping itself. Copying to heap memory first was no faster on
         // the H100 machine: five times slower with fresh pages per chunk, the same (1.4-1.8
         // GB/s) with persistent buffers; MPI's shared-memory transport is the bound there.
-        self.all_reduce_mapped(dtype, op, send, recv)
+        self.all_reduce_mapped(dtype, op, send, recv)?;
+        if op == ReduceOp::Avg {
+            super::scale_host(dtype, recv, 1.0 / self.world.size() as f64);
+        }
+        Ok(())
     }
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
@@ -170,7 +193,13 @@ impl Transport for MpiTransport {
     fn name(&self) -> String {
         let v = mpi::environment::library_version().unwrap_or_default();
         let first = v.split([',', '\n']).next().unwrap_or("").trim();
-        format!("MPI ({first})")
+        match &self.shm {
+            Some(s) => format!(
+                "MPI ({first}), all-reduce through shared memory ({} threads a rank)",
+                s.threads()
+            ),
+            None => format!("MPI ({first})"),
+        }
     }
 }
 
