@@ -326,7 +326,7 @@ impl ProcessGroup {
                 dtype,
                 numel: flat.numel(),
                 src: Some(&flat),
-                prefetched: prefetched.as_ref(),
+                prefetched: prefetched.as_deref(),
                 dsts: std::slice::from_ref(&flat),
                 parts: 1,
             }

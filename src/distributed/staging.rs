@@ -48,29 +48,42 @@ pub(super) struct Staged<'a> {
     pub dtype: DType,
     pub numel: usize,
     pub src: Option<&'a Tensor>,
-    /// `src` already on its way to pinned memory whole (a `Download` block the caller queued
-    /// the copy into): chunks are read from it instead of copied one by one here.
-    pub prefetched: Option<&'a Tensor>,
+    /// `src` already on its way to pinned memory (`prefetch`: one `Download` block per chunk,
+    /// each copy queued by the caller): chunks are read from them instead of copied here.
+    pub prefetched: Option<&'a [Tensor]>,
     pub dsts: &'a [Tensor],
     pub parts: usize,
 }
 
-/// Queues the copy of a whole GPU tensor into a new pinned `Download` block now, on the
+/// The chunks of `numel` elements of `dtype`: (start, length).
+fn chunks(numel: usize, dtype: DType) -> Vec<(usize, usize)> {
+    let ce = (chunk_bytes() / dtype.size_bytes()).min(numel).max(1);
+    (0..numel)
+        .step_by(ce)
+        .map(|a| (a, (numel - a).min(ce)))
+        .collect()
+}
+
+/// Queues the copy of a whole GPU tensor into new pinned `Download` blocks now, on the
 /// caller's thread, so that it runs right after the kernels queued before it: a copy that the
 /// communication thread queued later would wait behind everything queued since (one in-order
-/// queue), e.g. the rest of a backward pass.
-pub(super) fn prefetch(src: &Tensor) -> Result<Option<Tensor>> {
+/// queue), e.g. the rest of a backward pass. One block per chunk, each copy its own
+/// submission: the exchange of the first chunk starts when that chunk has landed, not the
+/// whole tensor (the host maps a block only when every copy into it is done).
+pub(super) fn prefetch(src: &Tensor) -> Result<Option<Vec<Tensor>>> {
     if src.device().is_cpu() || src.numel() == 0 {
         return Ok(None);
     }
-    let pinned = Tensor::empty_pinned(
-        &[src.numel()],
-        src.dtype(),
-        src.device(),
-        PinnedKind::Download,
-    )?;
-    pinned.copy_non_blocking_(src)?;
-    Ok(Some(pinned))
+    let blocks = chunks(src.numel(), src.dtype())
+        .into_iter()
+        .map(|(a, l)| {
+            let pinned =
+                Tensor::empty_pinned(&[l], src.dtype(), src.device(), PinnedKind::Download)?;
+            pinned.copy_non_blocking_(&src.narrow(0, a, l)?)?;
+            Ok(pinned)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(blocks))
 }
 
 impl Staged<'_> {
@@ -100,11 +113,8 @@ impl Staged<'_> {
     }
 
     fn run_pinned(&self, mut exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
-        let ce = (chunk_bytes() / self.dtype.size_bytes()).min(self.numel);
-        let chunks: Vec<(usize, usize)> = (0..self.numel)
-            .step_by(ce)
-            .map(|a| (a, (self.numel - a).min(ce)))
-            .collect();
+        let chunks = chunks(self.numel, self.dtype);
+        let ce = chunks[0].1;
         let slots = SLOTS.min(chunks.len());
         let pinned = |n: usize, kind| Tensor::empty_pinned(&[n], self.dtype, self.device, kind);
         let down = match (self.src, self.prefetched) {
@@ -146,7 +156,7 @@ impl Staged<'_> {
             match self.src {
                 Some(_) => {
                     let send = match self.prefetched {
-                        Some(p) => p.narrow(0, a, l)?,
+                        Some(p) => p[c].clone(),
                         None => down[slot].narrow(0, 0, l)?,
                     };
                     send.with_host_bytes(|s| recv.with_host_bytes_mut(|r| exchange(s, r))?)?
