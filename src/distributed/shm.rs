@@ -5,21 +5,22 @@
 //! at 1.6-2.8 GB/s on the two-H200 machine (vader with or without CMA, the ring algorithm, TCP),
 //! which made the all-reduce the whole of a DDP step (BENCHMARKS.md, issue 18): its copies go
 //! through small fragments on one thread. Here each rank allocates a region in one window
-//! (`MPI_Win_allocate_shared`), which every rank of the host maps. A piece of the buffer then
-//! takes two barriers:
-//!   1. each rank copies its piece into its own region's input area; barrier;
-//!   2. rank r reduces segment r of the piece (1/size of it) from every rank's input area into
-//!      its own output area, in rank order; barrier;
-//!   3. each rank copies every segment from its owner's output area into its result.
+//! (`MPI_Win_allocate_shared`), which every rank of the host maps. A piece of the buffer is cut
+//! into one segment per rank, and takes two barriers:
+//!   1. each rank copies the segments the other ranks own into its region's input area;
+//!      barrier;
+//!   2. rank r reduces segment r, in rank order, from its own buffer and every other rank's
+//!      input area, into its result and its region's output area; barrier;
+//!   3. each rank copies the other ranks' segments from their output areas into its result.
 //!
-//! Every byte is reduced once, by one rank, so every rank ends with the same bits (what DDP's
-//! replicas need). Two ranks skip step 3: each reduces the whole piece into its result, in rank
-//! order, so the bits agree as well. Pieces alternate between two slots of each region: piece k + 2 overwrites
-//! slot k % 2 only after the barriers of piece k + 1, by which every rank has finished reading
-//! piece k. Each step runs on `threads` threads of this process (`Pool`), so that the copies
-//! use the host's memory bandwidth, not one core's. MPI itself is called on the communication
-//! thread only (barriers and `MPI_Win_sync`, the memory fence MPI's shared-memory model asks
-//! for around them).
+//! That is 5 - 2/size bytes of host memory traffic per byte reduced (4 for two ranks; copying
+//! the whole piece in and summing it whole took 5). Every byte is reduced once, by one rank, so
+//! every rank ends with the same bits (what DDP's replicas need). Pieces alternate between two
+//! slots of each region: piece k + 2 overwrites slot k % 2 only after the barriers of piece
+//! k + 1, by which every rank has finished reading piece k. Each step runs on `threads`
+//! threads of this process (`Pool`), so that the copies use the host's memory bandwidth, not
+//! one core's. MPI itself is called on the communication thread only (barriers and
+//! `MPI_Win_sync`, the memory fence MPI's shared-memory model asks for around them).
 //!
 //! The reduction follows what the MPI path computes: f32, i32 and u32 in their own arithmetic
 //! (integers wrap), f16 rounded to f16 after each partial result as NCCL does, min and max
@@ -168,6 +169,7 @@ impl ShmReduce {
         }
         let (send_at, recv_at) = (send.as_ptr() as usize, recv.as_mut_ptr() as usize);
         let (regions, cap, rank, size) = (&self.regions, self.cap, self.rank, self.size);
+        let threads = self.pool.threads();
         let mut at = 0;
         while at < send.len() {
             let p = (send.len() - at).min(cap);
@@ -178,70 +180,66 @@ impl ShmReduce {
             // Segment r of the piece: [r q, (r + 1) q) clipped to the piece.
             let q = p.div_ceil(size).next_multiple_of(ALIGN);
             let segment = |r: usize| ((r * q).min(p), ((r + 1) * q).min(p));
-            let threads = self.pool.threads();
-
-            // 1. This rank's piece into its input area.
-            self.pool.run(&|t| {
-                let (a, b) = part(p, threads, t);
-                // SAFETY: [a, b) lies in the piece, which lies in `send` and in this rank's
-                // input area (`p <= cap`); nobody else writes either.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        (send_at + at + a) as *const u8,
-                        (input(rank) + a) as *mut u8,
-                        b - a,
-                    )
+            // Thread t's share of every segment but this rank's: `copy(r, a, b)` for each.
+            let others = |t: usize, copy: &dyn Fn(usize, usize, usize)| {
+                for r in (0..size).filter(|&r| r != rank) {
+                    let (s0, s1) = segment(r);
+                    let (a, b) = part(s1 - s0, threads, t);
+                    copy(r, s0 + a, b - a);
                 }
+            };
+
+            // 1. The segments the other ranks reduce, into this rank's input area.
+            self.pool.run(&|t| {
+                others(t, &|_, a, len| {
+                    // SAFETY: [a, a + len) lies in the piece, in `send` and in this rank's
+                    // input area (`p <= cap`); no other thread or rank writes it now.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            (send_at + at + a) as *const u8,
+                            (input(rank) + a) as *mut u8,
+                            len,
+                        )
+                    }
+                })
             });
             self.barrier();
-            if size == 2 {
-                // Two ranks: each reduces the whole piece straight into its result (one
-                // barrier, and 5 bytes of memory traffic a byte where the three steps take
-                // 5.5). Both add in rank order, so both get the same bits.
-                self.pool.run(&|t| {
-                    let (a, b) = part(p, threads, t);
-                    // SAFETY: both input areas are complete (barrier) and stay unwritten until
-                    // the next piece's barrier has passed (the other slot is written first);
-                    // [a, b) of the result is this thread's alone.
-                    unsafe {
-                        let ins = [(input(0) + a) as *const u8, (input(1) + a) as *const u8];
-                        reduce(dtype, op, size, &ins, (recv_at + at + a) as *mut u8, b - a)
-                    }
-                });
-                at += p;
-                continue;
-            }
-            // 2. Segment `rank` from every input area into this rank's output area.
+            // 2. This rank's segment, from its own buffer and every other rank's input area,
+            // into its output area (for the others) and its result.
             let (s0, s1) = segment(rank);
             self.pool.run(&|t| {
                 let (a, b) = part(s1 - s0, threads, t);
-                let (a, b) = (s0 + a, s0 + b);
-                // SAFETY: every rank finished writing its input area before the barrier, and
-                // none writes it again before the next barrier; [a, b) of this rank's output
-                // area is this thread's alone.
+                let a = s0 + a;
+                let ins: Vec<*const u8> = (0..size)
+                    .map(|r| match r == rank {
+                        true => (send_at + at + a) as *const u8,
+                        false => (input(r) + a) as *const u8,
+                    })
+                    .collect();
+                // SAFETY: every input area is complete (barrier) and unwritten until two
+                // barriers later; [a, s0 + b) of this rank's output area and of the result is
+                // this thread's alone.
                 unsafe {
-                    let ins: Vec<*const u8> =
-                        (0..size).map(|r| (input(r) + a) as *const u8).collect();
-                    reduce(dtype, op, size, &ins, (output(rank) + a) as *mut u8, b - a)
+                    let outs = [(output(rank) + a) as *mut u8, (recv_at + at + a) as *mut u8];
+                    reduce(dtype, op, size, &ins, outs, s0 + b - a)
                 }
             });
             self.barrier();
-            // 3. Every segment from its owner's output area into the result.
+            // 3. The other ranks' segments, from their output areas into the result.
             self.pool.run(&|t| {
-                for r in 0..size {
-                    let (s0, s1) = segment(r);
-                    let (a, b) = part(s1 - s0, threads, t);
-                    // SAFETY: owners finished their segments before the barrier; the slot is
-                    // not written again until two barriers later; [a, b) of the result is
+                others(t, &|r, a, len| {
+                    // SAFETY: rank r finished its segment before the barrier and does not
+                    // write its output area again until the next piece's first barrier has
+                    // passed, and then into the other slot; [a, a + len) of the result is
                     // this thread's alone.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
-                            (output(r) + s0 + a) as *const u8,
-                            (recv_at + at + s0 + a) as *mut u8,
-                            b - a,
+                            (output(r) + a) as *const u8,
+                            (recv_at + at + a) as *mut u8,
+                            len,
                         )
                     }
-                }
+                })
             });
             at += p;
         }
@@ -269,16 +267,18 @@ fn part(len: usize, threads: usize, t: usize) -> (usize, usize) {
 /// input passes over it.
 const BLOCK: usize = 1024;
 
-/// `out[i] = op(ins[0][i], ..., ins[n-1][i])` over `bytes` bytes, in rank order.
+/// `out[i] = op(ins[0][i], ..., ins[n-1][i])` over `bytes` bytes, in rank order, into both
+/// `outs` (each block is computed in the first and copied to the second while in cache: the
+/// second may be write-combined pinned memory, which must not be read back).
 ///
 /// # Safety
-/// Each of `ins` and `out` points to `bytes` readable (writable) bytes, aligned for `dtype`.
+/// Each of `ins` and `outs` points to `bytes` readable (writable) bytes, aligned for `dtype`.
 unsafe fn reduce(
     dtype: DType,
     op: ReduceOp,
     size: usize,
     ins: &[*const u8],
-    out: *mut u8,
+    outs: [*mut u8; 2],
     bytes: usize,
 ) {
     let inv = (1.0 / size as f64) as f32;
@@ -287,11 +287,11 @@ unsafe fn reduce(
     macro_rules! arms {
         ($t:ty, $sum:expr, $mul:expr, $min:expr, $max:expr, $avg:expr) => {
             match op {
-                ReduceOp::Sum => blocks::<$t>(ins, out, bytes, $sum, |a| a),
-                ReduceOp::Avg => blocks::<$t>(ins, out, bytes, $sum, $avg),
-                ReduceOp::Product => blocks::<$t>(ins, out, bytes, $mul, |a| a),
-                ReduceOp::Min => blocks::<$t>(ins, out, bytes, $min, |a| a),
-                ReduceOp::Max => blocks::<$t>(ins, out, bytes, $max, |a| a),
+                ReduceOp::Sum => blocks::<$t>(ins, outs, bytes, $sum, |a| a),
+                ReduceOp::Avg => blocks::<$t>(ins, outs, bytes, $sum, $avg),
+                ReduceOp::Product => blocks::<$t>(ins, outs, bytes, $mul, |a| a),
+                ReduceOp::Min => blocks::<$t>(ins, outs, bytes, $min, |a| a),
+                ReduceOp::Max => blocks::<$t>(ins, outs, bytes, $max, |a| a),
             }
         };
     }
@@ -338,13 +338,14 @@ unsafe fn reduce(
 /// As `reduce`'s, with `T` the element type.
 unsafe fn blocks<T: Copy>(
     ins: &[*const u8],
-    out: *mut u8,
+    [out, copy]: [*mut u8; 2],
     bytes: usize,
     f: impl Fn(T, T) -> T,
     fin: impl Fn(T) -> T,
 ) {
     let n = bytes / std::mem::size_of::<T>();
     let out = std::slice::from_raw_parts_mut(out as *mut T, n);
+    let copy = std::slice::from_raw_parts_mut(copy as *mut T, n);
     let ins: Vec<&[T]> = ins
         .iter()
         .map(|&p| std::slice::from_raw_parts(p as *const T, n))
@@ -370,6 +371,7 @@ unsafe fn blocks<T: Copy>(
             }
             [] => {}
         }
+        copy[at..at + o.len()].copy_from_slice(o);
     }
 }
 
