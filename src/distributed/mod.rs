@@ -216,26 +216,6 @@ pub fn get_world_size() -> Result<usize> {
     Ok(default_group()?.world_size())
 }
 
-/// Multiplies host elements by `factor` (an average's division).
-#[cfg(feature = "mpi")]
-fn scale_host(dtype: DType, bytes: &mut [u8], factor: f64) {
-    match dtype {
-        DType::F32 => {
-            for x in bytes.chunks_exact_mut(4) {
-                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor as f32;
-                x.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        DType::F16 => {
-            for x in bytes.chunks_exact_mut(2) {
-                let v = half::f16::from_le_bytes([x[0], x[1]]).to_f32() * factor as f32;
-                x.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-            }
-        }
-        _ => {}
-    }
-}
-
 impl ProcessGroup {
     pub fn rank(&self) -> usize {
         self.0.comm.rank

@@ -80,6 +80,25 @@ unsafe extern "C" fn half_max(
     half_op(a, b, n, |x, y| if x.is_nan() || x > y { x } else { y })
 }
 
+/// Multiplies host elements by `factor` (an average's division).
+fn scale_host(dtype: DType, bytes: &mut [u8], factor: f64) {
+    match dtype {
+        DType::F32 => {
+            for x in bytes.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor as f32;
+                x.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for x in bytes.chunks_exact_mut(2) {
+                let v = half::f16::from_le_bytes([x[0], x[1]]).to_f32() * factor as f32;
+                x.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        _ => {}
+    }
+}
+
 fn system_op(op: ReduceOp) -> SystemOperation {
     match op {
         ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
@@ -170,7 +189,7 @@ impl Transport for MpiTransport {
         // GB/s) with persistent buffers; MPI's shared-memory transport is the bound there.
         self.all_reduce_mapped(dtype, op, send, recv)?;
         if op == ReduceOp::Avg {
-            super::scale_host(dtype, recv, 1.0 / self.world.size() as f64);
+            scale_host(dtype, recv, 1.0 / self.world.size() as f64);
         }
         Ok(())
     }

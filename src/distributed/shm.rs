@@ -221,7 +221,7 @@ impl ShmReduce {
                 // this thread's alone.
                 unsafe {
                     let outs = [(output(rank) + a) as *mut u8, (recv_at + at + a) as *mut u8];
-                    reduce(dtype, op, size, &ins, outs, s0 + b - a)
+                    reduce(dtype, op, &ins, outs, s0 + b - a)
                 }
             });
             self.barrier();
@@ -273,15 +273,9 @@ const BLOCK: usize = 1024;
 ///
 /// # Safety
 /// Each of `ins` and `outs` points to `bytes` readable (writable) bytes, aligned for `dtype`.
-unsafe fn reduce(
-    dtype: DType,
-    op: ReduceOp,
-    size: usize,
-    ins: &[*const u8],
-    outs: [*mut u8; 2],
-    bytes: usize,
-) {
-    let inv = (1.0 / size as f64) as f32;
+unsafe fn reduce(dtype: DType, op: ReduceOp, ins: &[*const u8], outs: [*mut u8; 2], bytes: usize) {
+    // One input per rank: `Avg` multiplies by the f32 of 1/size.
+    let inv = (1.0 / ins.len() as f64) as f32;
     // Each arm is its own instance of `blocks`, so the operation inlines and the loop
     // vectorises (a function pointer per element would not).
     macro_rules! arms {
@@ -293,6 +287,18 @@ unsafe fn reduce(
                 ReduceOp::Min => blocks::<$t>(ins, outs, bytes, $min, |a| a),
                 ReduceOp::Max => blocks::<$t>(ins, outs, bytes, $max, |a| a),
             }
+        };
+    }
+    macro_rules! ints {
+        ($t:ty) => {
+            arms!(
+                $t,
+                <$t>::wrapping_add,
+                <$t>::wrapping_mul,
+                std::cmp::min,
+                std::cmp::max,
+                |a| a
+            )
         };
     }
     let h = |x: u16| f16::from_bits(x).to_f32();
@@ -314,22 +320,8 @@ unsafe fn reduce(
             |x, y| if h(x).is_nan() || h(x) > h(y) { x } else { y },
             |x| b(h(x) * inv)
         ),
-        DType::I32 => arms!(
-            i32,
-            i32::wrapping_add,
-            i32::wrapping_mul,
-            std::cmp::min,
-            std::cmp::max,
-            |a| a
-        ),
-        DType::U32 => arms!(
-            u32,
-            u32::wrapping_add,
-            u32::wrapping_mul,
-            std::cmp::min,
-            std::cmp::max,
-            |a| a
-        ),
+        DType::I32 => ints!(i32),
+        DType::U32 => ints!(u32),
         _ => {}
     }
 }
@@ -378,7 +370,8 @@ unsafe fn blocks<T: Copy>(
 /// A fork-join pool of `threads - 1` workers plus the caller: `run(job)` calls `job(t)` for
 /// every `t` in `0..threads` (the caller takes 0) and returns when all have returned. Workers
 /// spin briefly for the next job before they sleep, since a collective hands them three jobs
-/// per piece, microseconds apart.
+/// per piece, microseconds apart. (Not `device::transfer::par_copy`, which spawns its threads
+/// for each copy: tens of microseconds, three times a piece.)
 struct Pool {
     shared: Arc<PoolShared>,
     workers: Vec<std::thread::JoinHandle<()>>,
