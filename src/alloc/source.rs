@@ -33,6 +33,11 @@ pub trait SegmentSource: Send {
     fn mem_info(&self) -> MemInfo {
         MemInfo::default()
     }
+    /// Total memory alone, where the backend reports it: what sizes an expandable range, asked
+    /// at every reservation, so a backend whose `mem_info` is costly keeps it.
+    fn mem_total(&self) -> Option<u64> {
+        self.mem_info().total
+    }
     /// The largest segment the backend can create (wgpu's `max_buffer_size`).
     fn max_segment_size(&self) -> u64 {
         u64::MAX

@@ -175,6 +175,7 @@ impl GpuDevice {
             super::stream::spin_before_wait(info.device_type),
         )));
         let bind_groups: Arc<Mutex<BindGroupCache>> = Arc::default();
+        let total = super::memory::device_memory(&adapter).and_then(|m| m.total);
         let source = WgpuSource {
             #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
             sparse: sparse_opened
@@ -187,6 +188,7 @@ impl GpuDevice {
             bind_groups: bind_groups.clone(),
             name: format!("GPU {} ({}, {:?})", info.spec, info.name, info.backend),
             max_buffer_size: limits.max_buffer_size,
+            total,
             gl,
         };
         let pinned_source = WgpuPinnedSource {
@@ -238,6 +240,7 @@ impl GpuDevice {
             bind_groups: s.bind_groups.clone(),
             name: s.name.clone(),
             max_buffer_size: s.max_buffer_size,
+            total: s.total,
             gl: s.gl,
         }
     }

@@ -5,11 +5,12 @@
 //! `Device::create_buffer_from_hal`), so tensors bind their sub-ranges as in any segment.
 //!
 //! Ordering with kiln's submissions, on the one queue: every bind runs under the stream's lock
-//! (no submission can interleave) and signals a timeline semaphore. A map waits for its value
-//! on the host before returning, so work submitted after it sees the page. An unmap first
-//! submits what is recorded and waits for the device to go idle, so a page is never unbound
-//! while a queued kernel may still read it; the page's memory is freed once the unbind has
-//! signalled. A range given back with nothing bound is kept for the next reservation of its
+//! (no submission can interleave) and signals a timeline semaphore. A map returns once its bind
+//! is queued, and the host waits for the value before the stream's next submission, so work
+//! submitted after it sees the page while the bind runs as the host records that work. An
+//! unmap first submits what is recorded, waits for the device to go idle and for every bind so
+//! far, so a page is never unbound while a queued kernel may still read it; the page's memory
+//! is freed once the unbind has signalled. A range given back with nothing bound is kept for the next reservation of its
 //! size (`release`).
 //!
 //! wgpu creates the Vulkan device itself and enables no sparse features, so on adapters that
@@ -318,18 +319,26 @@ impl SparseMemory {
                 return Err(SourceError::Other(format!("vkQueueBindSparse: {e}")));
             }
         };
-        // The host waits for the bind. (Making wgpu's next submission wait on the GPU instead,
-        // with wgpu-hal's `Queue::add_wait_semaphore`, lost the device on the H100 after a few
-        // dozen maps with no work submitted between them.)
-        if let Err(e) = self.wait_for(value) {
-            return Err(SourceError::Other(format!(
-                "waiting for vkQueueBindSparse: {e}"
-            )));
-        }
+        // The host waits for the bind before the next submission, not here: Vulkan does not
+        // order a sparse bind before later submissions, and the bind (about 0.2 ms on the H100,
+        // longer behind queued work) runs while the host records the kernels that use the page.
+        // (Making wgpu's next submission wait on the GPU instead, with wgpu-hal's
+        // `Queue::add_wait_semaphore`, lost the device on the H100 after a few dozen maps with
+        // no work submitted between them.)
+        let (device, timeline) = (self.device.clone(), self.timeline);
+        super::lock(stream).before_next_submit(Box::new(move || {
+            let (sems, values) = ([timeline], [value]);
+            let wait = vk::SemaphoreWaitInfo::default()
+                .semaphores(&sems)
+                .values(&values);
+            // SAFETY: the semaphore lives until the source's `Drop`, which waits for the device
+            // first; a failed wait means device loss, which the next sync point reports.
+            let _ = unsafe { device.wait_semaphores(&wait, u64::MAX) };
+        }));
         if profiling() {
             eprintln!(
                 "kiln sparse: map {len} bytes at {offset}: vkAllocateMemory {:.1} us, \
-                 vkQueueBindSparse + wait {:.1} us",
+                 vkQueueBindSparse {:.1} us",
                 allocated.as_secs_f64() * 1e6,
                 (started.elapsed() - allocated).as_secs_f64() * 1e6
             );
@@ -354,6 +363,8 @@ impl SparseMemory {
             return;
         };
         let started = std::time::Instant::now();
+        // Every earlier bind first (a map's wait may still be pending on the stream).
+        let _ = self.wait_for(self.binds);
         match self.bind(stream, raw, offset, len, vk::DeviceMemory::null()) {
             Ok(value) => {
                 // Once `value` is signalled the page is unbound, and no submitted work uses it

@@ -54,6 +54,9 @@ pub(crate) struct Stream {
     gl: GlSerial,
     /// `spin_before_wait` for the adapter.
     spin: std::time::Duration,
+    /// Runs before the next submission: the host's wait for a queued sparse bind, which
+    /// Vulkan does not order before later submissions (`sparse.rs`).
+    before_submit: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Stream {
@@ -68,7 +71,14 @@ impl Stream {
             next_event: 1,
             in_flight: VecDeque::new(),
             completed: Arc::new(AtomicU64::new(0)),
+            before_submit: None,
         }
+    }
+
+    /// Has `f` run before the next submission (replacing any earlier one, which `f` must
+    /// cover).
+    pub fn before_next_submit(&mut self, f: Box<dyn FnOnce() + Send>) {
+        self.before_submit = Some(f);
     }
 
     /// The event the submission now being recorded will carry.
@@ -122,6 +132,9 @@ impl Stream {
             return self.next_event - 1;
         };
         self.recorded = 0;
+        if let Some(f) = self.before_submit.take() {
+            f();
+        }
         let event = self.next_event;
         self.next_event += 1;
         let index = {

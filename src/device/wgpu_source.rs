@@ -20,6 +20,9 @@ pub(crate) struct WgpuSource {
     pub bind_groups: Arc<Mutex<BindGroupCache>>,
     pub name: String,
     pub max_buffer_size: u64,
+    /// The device-local heap's size, read once: a heap's size never changes, and asking the
+    /// driver for the memory budget costs a system call.
+    pub total: Option<u64>,
     pub gl: GlSerial,
 }
 
@@ -65,6 +68,10 @@ impl SegmentSource for WgpuSource {
         super::memory::device_memory(&self.adapter).unwrap_or_default()
     }
 
+    fn mem_total(&self) -> Option<u64> {
+        self.total
+    }
+
     fn max_segment_size(&self) -> u64 {
         self.max_buffer_size
     }
@@ -105,9 +112,17 @@ impl SegmentSource for WgpuSource {
             .sparse
             .as_mut()
             .ok_or_else(|| SourceError::Other("no sparse binding".into()))?;
-        sparse
+        let started = std::time::Instant::now();
+        let range = sparse
             .reserve(&self.device, size_bytes, SEGMENT_USAGE)
-            .map_err(SourceError::Other)
+            .map_err(SourceError::Other);
+        if std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "kiln sparse: reserve {size_bytes} bytes: {:.1} us",
+                started.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        range
     }
 
     #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]

@@ -84,7 +84,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         }
         let page = page_size(pool);
-        let total = self.source.mem_info().total.unwrap_or(DEFAULT_TOTAL);
+        let total = self.source.mem_total().unwrap_or(DEFAULT_TOTAL);
         let range = (total / 8 * 9).div_ceil(page) * page;
         let handle = match self.source.reserve(range) {
             Ok(h) => h,

@@ -743,8 +743,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let total = self
             .source
-            .mem_info()
-            .total
+            .mem_total()
             .ok_or_else(|| Error::InvalidArgument {
                 op: "set_per_process_memory_fraction",
                 msg: format!(
