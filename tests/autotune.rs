@@ -220,6 +220,52 @@ fn every_transpose_variant_copies_exactly() {
                 });
             }
         }
+        // 64-bit words (4x4 blocks): sides of multiples of 4, a view at an offset, and a batch
+        // of transposes (NCHW -> NHWC), in f32 and i32.
+        if !dev.adapter_info().unwrap().features.shader_int64 {
+            continue;
+        }
+        let x = random(&[2, 12, 300, 516], DType::F32, 6, &dev);
+        let xc = x.to_device(&cpu).unwrap();
+        let cases: [(&str, fn(&Tensor) -> Tensor); 3] = [
+            ("2-D", |t| {
+                let m = t.narrow(0, 1, 1).unwrap().narrow(1, 5, 1).unwrap();
+                m.reshape(&[300, 516]).unwrap().t().unwrap()
+            }),
+            ("a view at an offset", |t| {
+                let m = t.narrow(0, 0, 1).unwrap().narrow(1, 3, 1).unwrap();
+                let m = m.reshape(&[300, 516]).unwrap();
+                m.narrow(0, 4, 292).unwrap().t().unwrap()
+            }),
+            ("NCHW -> NHWC", |t| t.permute(&[0, 2, 3, 1]).unwrap()),
+        ];
+        for (what, view) in cases {
+            for dtype in [DType::F32, DType::I32] {
+                let (v, vc) = (
+                    view(&x.mul_scalar(100.0).unwrap().to_dtype(dtype).unwrap()),
+                    view(&xc.mul_scalar(100.0).unwrap().to_dtype(dtype).unwrap()),
+                );
+                let (_, prof) = kiln::profiler::profile(
+                    &kiln::profiler::ProfileOptions {
+                        devices: vec![dev.clone()],
+                        profile_memory: false,
+                    },
+                    || {
+                        let got = forced("transpose", "words", || v.contiguous().unwrap());
+                        assert_close(&got, &vc.contiguous().unwrap(), 0.0, what);
+                        dev.synchronize()
+                    },
+                )
+                .unwrap();
+                if dev.adapter_info().unwrap().features.timestamp_query {
+                    let trace = prof.chrome_trace_json();
+                    assert!(
+                        trace.contains("transpose_words"),
+                        "{what}: words did not run"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -463,4 +509,80 @@ fn both_narrow_product_variants_match_the_cpu() {
             }
         }
     }
+}
+
+/// Contiguous elementwise ops as vec4s and as 32-byte words (`vec8`, where the adapter has
+/// 64-bit integers), each forced, against the CPU: unary, binary, with a scalar and in place,
+/// for f32, i32 and u32 (the word's two halves must land back in their places: a wrong
+/// shuffle fails on every odd element), and the profiler's trace naming the word kernel.
+#[test]
+fn both_elementwise_layouts_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let mut wide_checked = 0;
+    for dev in gpus() {
+        let int64 = dev.adapter_info().unwrap().features.shader_int64;
+        for variant in ["vec4", "vec8"] {
+            let a = random(&[1 << 12], DType::F32, 11, &dev);
+            let b = random(&[1 << 12], DType::F32, 12, &dev);
+            let (ac, bc) = (a.to_device(&cpu).unwrap(), b.to_device(&cpu).unwrap());
+            forced("elementwise", variant, || {
+                let got = a.exp().unwrap();
+                assert_close(&got, &ac.exp().unwrap(), 1e-6, "exp");
+                let got = a.sub(&b).unwrap();
+                assert_close(&got, &ac.sub(&bc).unwrap(), 0.0, "sub");
+                let got = a.mul_scalar(3.0).unwrap();
+                assert_close(&got, &ac.mul_scalar(3.0).unwrap(), 0.0, "mul_scalar");
+                let (x, xc) = (a.mul_scalar(1.0).unwrap(), ac.mul_scalar(1.0).unwrap());
+                x.add_(&b).unwrap();
+                xc.add_(&bc).unwrap();
+                assert_close(&x, &xc, 0.0, "add_");
+                // An offset of eight elements keeps the words whole.
+                let (s, sc) = (
+                    a.narrow(0, 8, 1 << 11).unwrap(),
+                    ac.narrow(0, 8, 1 << 11).unwrap(),
+                );
+                let got = s.neg().unwrap();
+                assert_close(&got, &sc.neg().unwrap(), 0.0, "neg of a view");
+                for dtype in [DType::I32, DType::U32] {
+                    let xi = (a.mul_scalar(1000.0).unwrap().abs().unwrap())
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let yi = (b.mul_scalar(1000.0).unwrap().abs().unwrap())
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let got = xi.add(&yi).unwrap().to_dtype(DType::F32).unwrap();
+                    let want = xi
+                        .to_device(&cpu)
+                        .unwrap()
+                        .add(&yi.to_device(&cpu).unwrap())
+                        .unwrap()
+                        .to_dtype(DType::F32)
+                        .unwrap();
+                    assert_close(&got, &want, 0.0, &format!("{dtype} add"));
+                }
+            });
+        }
+        if !int64 || !dev.adapter_info().unwrap().features.timestamp_query {
+            continue;
+        }
+        wide_checked += 1;
+        let options = kiln::profiler::ProfileOptions {
+            devices: vec![dev.clone()],
+            profile_memory: false,
+        };
+        let a = random(&[1 << 12], DType::F32, 13, &dev);
+        let (_, prof) = kiln::profiler::profile(&options, || {
+            forced("elementwise", "vec8", || a.exp().unwrap());
+            dev.synchronize()
+        })
+        .unwrap();
+        let trace = prof.chrome_trace_json();
+        assert!(
+            trace.contains("unary_exp_f32_vec8"),
+            "the word kernel not in the trace on {}",
+            dev.name()
+        );
+    }
+    // lavapipe, CI's adapter, has 64-bit integers and timestamps.
+    assert!(wide_checked > 0, "no adapter ran the 32-byte word kernels");
 }

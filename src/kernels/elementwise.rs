@@ -24,6 +24,11 @@ pub struct ElementwiseKernel {
     /// Contiguous, with element counts and offsets divisible by 4: each invocation moves
     /// `vec4`s (16 bytes per f32 load), enough bytes in flight to saturate HBM.
     pub vector: bool,
+    /// With `vector`, 4-byte elements: each invocation moves 32-byte `vec4<u64>` words (eight
+    /// elements, split by masks and shifts), for adapters with 64-bit integers. Mesa's llvmpipe
+    /// loads and stores a storage buffer component by component, two branches each, so a word
+    /// of twice the bytes halves that cost (`ReduceStrategy::SerialWide`, the same idea).
+    pub wide: bool,
     /// Store back into `a`'s own elements (PyTorch's trailing-underscore ops) instead of a fresh
     /// contiguous output.
     pub inplace: bool,
@@ -71,6 +76,7 @@ impl ElementwiseKernel {
             Form::Scalar(op) => ("scalar", op.name()),
         };
         let layout = match (self.contiguous, self.vector) {
+            (true, true) if self.wide => "vec8",
             (true, true) => "vec4",
             (true, false) => "contig",
             _ => "strided",
@@ -92,7 +98,13 @@ impl ElementwiseKernel {
         let scalar_t = wgsl_type(self.dtype);
         let c = compute_type(self.dtype);
         let vector_t = format!("vec4<{scalar_t}>");
-        let t: &str = if self.vector { &vector_t } else { scalar_t };
+        let t: &str = if self.wide {
+            "vec4<u64>"
+        } else if self.vector {
+            &vector_t
+        } else {
+            scalar_t
+        };
         let expr = self.expr().expect("variant exists");
         let binary = matches!(self.form, Form::Binary(_));
         let mut names = vec!["a"];
@@ -127,7 +139,39 @@ impl ElementwiseKernel {
             Form::Scalar(_) => format!("let y = bitcast<{c}>(p.off_b);"),
             Form::Unary(_) => String::new(),
         };
-        let body = if self.vector {
+        let body = if self.wide {
+            // Word j of a vec4<u64> holds elements 2j (low half) and 2j + 1 (high half): the
+            // op runs on the low halves, then the high ones, and the halves go back in place.
+            let split = |v: &str, n: &str| {
+                format!(
+                    "let {n}lo = bitcast<{vector_t}>(vec4<u32>({v} & vec4<u64>(0xfffffffflu)));\n        \
+                     let {n}hi = bitcast<{vector_t}>(vec4<u32>({v} >> vec4<u32>(32u)));\n        "
+                )
+            };
+            let mut body = format!("let va = a[{ia}];\n        {}", split("va", "a"));
+            if binary {
+                body += &format!("let vb = b[{ib}];\n        {}", split("vb", "b"));
+            }
+            let half = |h: &str| {
+                let y = match self.form {
+                    Form::Binary(_) => format!("let y = {c}(b{h}[k4]);"),
+                    Form::Scalar(_) => format!("let y = bitcast<{c}>(p.off_b);"),
+                    Form::Unary(_) => String::new(),
+                };
+                format!(
+                    "for (var k4 = 0u; k4 < 4u; k4++) {{\n            let x = {c}(a{h}[k4]);\n            \
+                     {y}\n            r{h}[k4] = {scalar_t}({expr});\n        }}\n        "
+                )
+            };
+            body += &format!(
+                "var rlo: {vector_t};\n        var rhi: {vector_t};\n        {}{}{dst} = \
+                 vec4<u64>(bitcast<vec4<u32>>(rlo)) | (vec4<u64>(bitcast<vec4<u32>>(rhi)) << \
+                 vec4<u32>(32u));",
+                half("lo"),
+                half("hi")
+            );
+            body
+        } else if self.vector {
             // One vec4 load per operand, the op per component, one vec4 store.
             let vb = if binary {
                 format!("let vb = b[{ib}];")
@@ -176,13 +220,22 @@ impl ElementwiseKernel {
             .chain(BinaryOp::ALL.iter().map(|&o| Form::Scalar(o)));
         for form in forms {
             for dtype in [DType::F32, DType::F16, DType::I32, DType::U32] {
-                for (contiguous, vector) in [(true, true), (true, false), (false, false)] {
+                for (contiguous, vector, wide) in [
+                    (true, true, true),
+                    (true, true, false),
+                    (true, false, false),
+                    (false, false, false),
+                ] {
+                    if wide && dtype.size_bytes() != 4 {
+                        continue;
+                    }
                     for inplace in [false, true] {
                         let k = ElementwiseKernel {
                             form,
                             dtype,
                             contiguous,
                             vector,
+                            wide,
                             inplace,
                         };
                         if k.expr().is_some() {

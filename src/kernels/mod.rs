@@ -46,6 +46,9 @@ pub enum Kernel {
     Transpose(DType),
     /// `shaders/transpose_pairs.wgsl`: the same copy for 16-bit elements, two to a word.
     TransposePairs,
+    /// `shaders/transpose_words.wgsl`: 4-byte elements as 4x4 blocks of 64-bit words, no
+    /// workgroup memory (a candidate for CPU adapters).
+    TransposeWords,
     /// `shaders/transpose_two.wgsl`: two of `Transpose`'s copies in one launch.
     TransposeTwo(DType),
     /// `shaders/softmax.wgsl`, specialised.
@@ -163,7 +166,7 @@ impl Kernel {
             )
             .chain(ReduceKernel::all().into_iter().map(Kernel::Reduce))
             .chain([DType::F32, DType::F16, DType::I32, DType::U32].map(Kernel::Transpose))
-            .chain([Kernel::TransposePairs])
+            .chain([Kernel::TransposePairs, Kernel::TransposeWords])
             .chain([DType::F32, DType::F16].map(Kernel::TransposeTwo))
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
@@ -235,6 +238,9 @@ impl Kernel {
             Kernel::Transpose(d) => per_dtype(include_str!("../../shaders/transpose.wgsl"), *d),
             Kernel::TransposePairs => {
                 Cow::Borrowed(include_str!("../../shaders/transpose_pairs.wgsl"))
+            }
+            Kernel::TransposeWords => {
+                Cow::Borrowed(include_str!("../../shaders/transpose_words.wgsl"))
             }
             Kernel::TransposeTwo(d) => {
                 per_dtype(include_str!("../../shaders/transpose_two.wgsl"), *d)
@@ -362,6 +368,7 @@ impl Kernel {
             Kernel::Reduce(k) => Cow::Owned(k.name()),
             Kernel::Transpose(d) => Cow::Owned(format!("transpose_{d}")),
             Kernel::TransposePairs => Cow::Borrowed("transpose_pairs"),
+            Kernel::TransposeWords => Cow::Borrowed("transpose_words"),
             Kernel::TransposeTwo(d) => Cow::Owned(format!("transpose_two_{d}")),
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
@@ -423,7 +430,7 @@ impl Kernel {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
             Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
-            Kernel::TransposePairs => 2,
+            Kernel::TransposePairs | Kernel::TransposeWords => 2,
             Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
             Kernel::Matmul128Vec4(_) => 4,
@@ -488,7 +495,7 @@ impl Kernel {
             Kernel::Fill => 8,
             Kernel::Elementwise(_) => 112,
             Kernel::Reduce(_) => 96,
-            Kernel::Transpose(_) | Kernel::TransposePairs => 32,
+            Kernel::Transpose(_) | Kernel::TransposePairs | Kernel::TransposeWords => 32,
             Kernel::TransposeTwo(_) => 64,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,

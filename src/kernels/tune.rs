@@ -331,6 +331,30 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     Ok(v)
 }
 
+/// `pick` without measuring: the winner remembered for `key` (on this adapter, or forced), else
+/// the default. For ops that must not run twice (in place).
+pub(crate) fn remembered<V: Copy + PartialEq>(
+    device: &Device,
+    family: &'static str,
+    key: impl FnOnce() -> String,
+    candidates: &[(V, &'static str)],
+) -> V {
+    let default = candidates[0].0;
+    let forced = FORCED
+        .with(|f| f.borrow().get(family).cloned())
+        .or_else(|| forced_by_env(family));
+    let name = match (forced, device.gpu()) {
+        (Some(name), _) => Some(name),
+        (None, Some(g)) if autotune() != Autotune::Off => crate::device::lock(tuner(g))
+            .records
+            .get(&format!("{family}/{}", key()))
+            .map(|r| r.winner.clone()),
+        _ => None,
+    };
+    name.and_then(|name| candidates.iter().find(|(_, n)| *n == name))
+        .map_or(default, |&(v, _)| v)
+}
+
 /// Seconds per run of `run`: one warm-up run (which compiles the pipeline), then the best of
 /// three samples, each repeating `run` to fill [`SAMPLE`] (one sample of one run where a run
 /// alone takes longer).

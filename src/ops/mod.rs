@@ -61,6 +61,7 @@ fn check_supported(form: Form, dtype: DType, op: &'static str) -> Result<Element
         dtype,
         contiguous: false,
         vector: false,
+        wide: false,
         inplace: false,
     };
     if k.expr().is_none() && !(dtype == DType::Bool && form == Form::Unary(UnaryOp::Identity)) {
@@ -175,17 +176,30 @@ fn gpu_elementwise(
     let b_layout = b.map_or(&a.layout, |b| &b.layout);
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
     // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): through shared memory
-    // or strided, as the tuner picks (`TransposeJob::tiled_wins`).
+    // or strided, or in 64-bit words, as the tuner picks (`TransposeJob::pick`).
     let job = match inplace || form != Form::Unary(UnaryOp::Identity) {
         true => None,
         false => transpose_job(op, a, out, &c)?,
     };
     if let Some(job) = job {
-        if job.tiled_wins(a, out, &c, op)? {
-            return job.launch(a, out);
+        match job.pick(a, out, &c, op)? {
+            TransposeCopy::Tiled => return job.launch(a, out),
+            TransposeCopy::Words => return job.launch_words(a, out),
+            TransposeCopy::Strided => {}
         }
     }
     gpu_elementwise_flat(form, a, b, scalar, out, inplace, &c, op)
+}
+
+/// How a `TransposeJob` copies: through a tile of workgroup memory (the default), strided
+/// (the elementwise copy reading across rows: no barrier), or as 4x4 blocks of 64-bit words
+/// (`shaders/transpose_words.wgsl`: no barrier, half the memory operations; 4-byte elements
+/// where the adapter has 64-bit integers).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TransposeCopy {
+    Tiled,
+    Strided,
+    Words,
 }
 
 /// A copy of `a` into the contiguous `out` that is a 2-D transpose or a batch of them
@@ -252,17 +266,27 @@ impl TransposeJob {
         }
     }
 
-    /// Whether the tiled copy (the default) is the tuner's pick for copying `a` into `out`
-    /// (coalesced as `c`) over the strided copy that reads across rows directly (no barrier:
-    /// what a CPU adapter prefers). Measuring runs both on the operands.
-    fn tiled_wins(
+    /// The tuner's pick of how to copy `a` into `out` (coalesced as `c`); measuring runs the
+    /// candidates on the operands.
+    fn pick(
         &self,
         a: &Tensor,
         out: &Tensor,
         c: &Coalesced,
         op: &'static str,
-    ) -> Result<bool> {
-        let candidates = [(true, "tiled"), (false, "strided")];
+    ) -> Result<TransposeCopy> {
+        let mut candidates = vec![
+            (TransposeCopy::Tiled, "tiled"),
+            (TransposeCopy::Strided, "strided"),
+        ];
+        let int64 = a
+            .device()
+            .adapter_info()
+            .is_some_and(|i| i.features.shader_int64);
+        let fits = self.imm[1] / 4 <= 65535;
+        if int64 && fits && a.dtype.size_bytes() == 4 && self.imm[..5].iter().all(|v| v % 4 == 0) {
+            candidates.push((TransposeCopy::Words, "words"));
+        }
         let form = Form::Unary(UnaryOp::Identity);
         tune::pick(
             a.device(),
@@ -271,9 +295,23 @@ impl TransposeJob {
             out.numel() as u64,
             &candidates,
             |t| match t {
-                true => self.launch(a, out),
-                false => gpu_elementwise_flat(form, a, None, None, out, false, c, op),
+                TransposeCopy::Tiled => self.launch(a, out),
+                TransposeCopy::Words => self.launch_words(a, out),
+                TransposeCopy::Strided => {
+                    gpu_elementwise_flat(form, a, None, None, out, false, c, op)
+                }
             },
+        )
+    }
+
+    /// The copy as 4x4 blocks of 64-bit words (the caller checked its conditions).
+    fn launch_words(&self, a: &Tensor, out: &Tensor) -> Result<()> {
+        let (rows, cols) = (self.imm[0], self.imm[1]);
+        launch_groups(
+            Kernel::TransposeWords,
+            &[&a.storage.block, &out.storage.block],
+            &self.imm,
+            ((rows / 4).div_ceil(64), cols / 4, self.batch),
         )
     }
 
@@ -331,7 +369,7 @@ pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)>
     ) else {
         return separate();
     };
-    let tiled = ja.tiled_wins(a, &oa, &ca, OP)?;
+    let tiled = ja.pick(a, &oa, &ca, OP)? == TransposeCopy::Tiled;
     // b's tiles, numbered across a's (x, y) grid, fill the layers after a's batch.
     let ((ra, ca_tiles), (rb, cb_tiles)) = (ja.tiles(), jb.tiles());
     let layer = ra * ca_tiles;
@@ -378,11 +416,75 @@ fn gpu_elementwise_flat(
         && n.is_multiple_of(4)
         && a.layout.offset.is_multiple_of(4)
         && b.is_none_or(|b| b.layout.offset.is_multiple_of(4));
-    // The vec4 form counts elements and offsets in vec4s.
-    let unit = if vector { 4 } else { 1 };
+    let wide = vector
+        && n.is_multiple_of(8)
+        && a.layout.offset.is_multiple_of(8)
+        && b.is_none_or(|b| b.layout.offset.is_multiple_of(8))
+        && elementwise_wide(form, a, n, inplace, |wide| {
+            gpu_elementwise_as(form, a, b, scalar, out, inplace, c, op, vector, wide)
+        })?;
+    gpu_elementwise_as(form, a, b, scalar, out, inplace, c, op, vector, wide)
+}
+
+/// Whether contiguous 4-byte elements go as 32-byte words (`ElementwiseKernel::wide`): where
+/// the adapter has 64-bit integers, as autotuning measured for this form, dtype and size class
+/// (an in-place op is never run twice to be timed: it takes what its out-of-place form
+/// measured, else vec4).
+fn elementwise_wide(
+    form: Form,
+    a: &Tensor,
+    n: usize,
+    inplace: bool,
+    run: impl FnMut(bool) -> Result<()>,
+) -> Result<bool> {
+    let device = a.device();
+    if a.dtype.size_bytes() != 4
+        || !device
+            .adapter_info()
+            .is_some_and(|i| i.features.shader_int64)
+    {
+        return Ok(false);
+    }
+    let form = match form {
+        Form::Unary(_) => "unary",
+        Form::Binary(_) => "binary",
+        Form::Scalar(_) => "scalar",
+    };
+    let key = || format!("{form} {} n {}", a.dtype, tune::class(n));
+    let candidates = [(false, "vec4"), (true, "vec8")];
+    if inplace {
+        return Ok(tune::remembered(device, "elementwise", key, &candidates));
+    }
+    tune::pick(device, "elementwise", key, n as u64, &candidates, run)
+}
+
+/// `gpu_elementwise_flat` with the layout chosen.
+#[allow(clippy::too_many_arguments)]
+fn gpu_elementwise_as(
+    form: Form,
+    a: &Tensor,
+    b: Option<&Tensor>,
+    scalar: Option<f64>,
+    out: &Tensor,
+    inplace: bool,
+    c: &Coalesced,
+    op: &'static str,
+    vector: bool,
+    wide: bool,
+) -> Result<()> {
+    let (contiguous, n) = (c.contiguous, out.numel());
+    // The vec4 form counts elements and offsets in vec4s, the wide one in eights.
+    let unit = if wide {
+        8
+    } else if vector {
+        4
+    } else {
+        1
+    };
     let kernel = ElementwiseKernel {
         contiguous,
         vector,
+        wide,
         inplace,
         ..check_supported(form, a.dtype, op)?
     };
