@@ -412,14 +412,15 @@ fn gpu_elementwise_flat(
     op: &'static str,
 ) -> Result<()> {
     let (contiguous, n) = (c.contiguous, out.numel());
-    let vector = contiguous
-        && n.is_multiple_of(4)
-        && a.layout.offset.is_multiple_of(4)
-        && b.is_none_or(|b| b.layout.offset.is_multiple_of(4));
-    let wide = vector
-        && n.is_multiple_of(8)
-        && a.layout.offset.is_multiple_of(8)
-        && b.is_none_or(|b| b.layout.offset.is_multiple_of(8))
+    // Whole vectors of `k` elements from every operand's start.
+    let aligned = |k: usize| {
+        contiguous
+            && n.is_multiple_of(k)
+            && a.layout.offset.is_multiple_of(k)
+            && b.is_none_or(|b| b.layout.offset.is_multiple_of(k))
+    };
+    let vector = aligned(4);
+    let wide = aligned(8)
         && elementwise_wide(form, a, n, inplace, |wide| {
             gpu_elementwise_as(form, a, b, scalar, out, inplace, c, op, vector, wide)
         })?;
