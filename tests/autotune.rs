@@ -227,7 +227,7 @@ fn every_transpose_variant_copies_exactly() {
         }
         let x = random(&[2, 12, 300, 516], DType::F32, 6, &dev);
         let xc = x.to_device(&cpu).unwrap();
-        let cases: [(&str, fn(&Tensor) -> Tensor); 3] = [
+        let cases: [(&str, View); 3] = [
             ("2-D", |t| {
                 let m = t.narrow(0, 1, 1).unwrap().narrow(1, 5, 1).unwrap();
                 m.reshape(&[300, 516]).unwrap().t().unwrap()
@@ -510,6 +510,9 @@ fn both_narrow_product_variants_match_the_cpu() {
         }
     }
 }
+
+/// A view of a tensor, made the same way on every device.
+type View = fn(&Tensor) -> Tensor;
 
 /// Contiguous elementwise ops as vec4s and as 32-byte words (`vec8`, where the adapter has
 /// 64-bit integers), each forced, against the CPU: unary, binary, with a scalar and in place,
