@@ -3,18 +3,7 @@
 // `batch` (the workgroup's z) outputs of rows x cols: NCHW <-> NHWC is a batch of transposes.
 // The tile has 33 columns so that the column reads hit distinct banks.
 {{ENABLES}}
-struct Params {
-    rows: u32,
-    cols: u32,
-    off: u32,
-    lda: u32,
-    sb: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-var<immediate> p: Params;
+// Immediates: `transpose_params.wgsl`, appended by `Kernel::source`.
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> out: array<{{T}}>;

@@ -3,18 +3,7 @@
 // A 64x64 tile is read as pairs along r and written as pairs along c. Needs even rows, cols,
 // lda, sb and off (the caller checks); a 16-bit transpose element by element ran at half the
 // bytes per second of the f32 one on the H100.
-struct Params {
-    rows: u32,
-    cols: u32,
-    off: u32,
-    lda: u32,
-    sb: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-var<immediate> p: Params;
+// Immediates: `transpose_params.wgsl`, appended by `Kernel::source`.
 
 @group(0) @binding(0) var<storage, read_write> x: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;

@@ -5,18 +5,7 @@
 // by component, two branches each, and switches between all of a workgroup's SIMD slices at
 // every barrier, so 64-bit components halve the first cost and no barrier avoids the second.
 // Needs rows, cols, off, lda and sb multiples of 4 (the caller checks) and 64-bit integers.
-struct Params {
-    rows: u32,
-    cols: u32,
-    off: u32,
-    lda: u32,
-    sb: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-var<immediate> p: Params;
+// Immediates: `transpose_params.wgsl`, appended by `Kernel::source`.
 
 @group(0) @binding(0) var<storage, read_write> x: array<vec2<u64>>;
 @group(0) @binding(1) var<storage, read_write> out: array<vec2<u64>>;

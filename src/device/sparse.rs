@@ -10,8 +10,8 @@
 //! submitted after it sees the page while the bind runs as the host records that work. An
 //! unmap first submits what is recorded, waits for the device to go idle and for every bind so
 //! far, so a page is never unbound while a queued kernel may still read it; the page's memory
-//! is freed once the unbind has signalled. A range given back with nothing bound is kept for the next reservation of its
-//! size (`release`).
+//! is freed once the unbind has signalled. A range given back with nothing bound is kept for
+//! the next reservation of its size (`release`).
 //!
 //! wgpu creates the Vulkan device itself and enables no sparse features, so on adapters that
 //! have them kiln creates the device through wgpu-hal (`device_from_raw`) with wgpu's own
@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use wgpu::hal::api::Vulkan;
 
 /// `KILN_SPARSE_PROFILE=1`: each map and unmap prints where its time went (stderr).
-fn profiling() -> bool {
+pub(crate) fn profiling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1"))
 }
@@ -269,12 +269,7 @@ impl SparseMemory {
 
     /// Waits on the host until bind `value` has run.
     fn wait_for(&self, value: u64) -> Result<(), vk::Result> {
-        let (sems, values) = ([self.timeline], [value]);
-        let wait = vk::SemaphoreWaitInfo::default()
-            .semaphores(&sems)
-            .values(&values);
-        // SAFETY: the semaphore is ours; `value` was submitted for signalling by `bind`.
-        unsafe { self.device.wait_semaphores(&wait, u64::MAX) }
+        wait_timeline(&self.device, self.timeline, value)
     }
 
     /// Allocates one page of device memory and binds it at `offset`, waiting for the bind.
@@ -327,13 +322,8 @@ impl SparseMemory {
         // no work submitted between them.)
         let (device, timeline) = (self.device.clone(), self.timeline);
         super::lock(stream).before_next_submit(Box::new(move || {
-            let (sems, values) = ([timeline], [value]);
-            let wait = vk::SemaphoreWaitInfo::default()
-                .semaphores(&sems)
-                .values(&values);
-            // SAFETY: the semaphore lives until the source's `Drop`, which waits for the device
-            // first; a failed wait means device loss, which the next sync point reports.
-            let _ = unsafe { device.wait_semaphores(&wait, u64::MAX) };
+            // A failed wait means device loss, which the next sync point reports.
+            let _ = wait_timeline(&device, timeline, value);
         }));
         if profiling() {
             eprintln!(
@@ -404,6 +394,21 @@ impl SparseMemory {
         }
         Some(buffer)
     }
+}
+
+/// Waits on the host until `timeline` reaches `value` (a bind's signal).
+fn wait_timeline(
+    device: &ash::Device,
+    timeline: vk::Semaphore,
+    value: u64,
+) -> Result<(), vk::Result> {
+    let (sems, values) = ([timeline], [value]);
+    let wait = vk::SemaphoreWaitInfo::default()
+        .semaphores(&sems)
+        .values(&values);
+    // SAFETY: `timeline` is a `SparseMemory`'s, alive until its `Drop`, which waits for the
+    // device first; `value` was submitted for signalling by `bind`.
+    unsafe { device.wait_semaphores(&wait, u64::MAX) }
 }
 
 /// Ranges kept for reuse: one per pool covers the usual case (a pool's range given back by

@@ -116,7 +116,7 @@ impl SegmentSource for WgpuSource {
         let range = sparse
             .reserve(&self.device, size_bytes, SEGMENT_USAGE)
             .map_err(SourceError::Other);
-        if std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1") {
+        if super::sparse::profiling() {
             eprintln!(
                 "kiln sparse: reserve {size_bytes} bytes: {:.1} us",
                 started.elapsed().as_secs_f64() * 1e6
@@ -139,7 +139,7 @@ impl SegmentSource for WgpuSource {
     fn unmap(&mut self, handle: &wgpu::Buffer, offset: u64, len: u64) {
         let started = std::time::Instant::now();
         self.synchronize();
-        if std::env::var("KILN_SPARSE_PROFILE").is_ok_and(|v| v == "1") {
+        if super::sparse::profiling() {
             eprintln!(
                 "kiln sparse: unmap waits for the device: {:.1} us",
                 started.elapsed().as_secs_f64() * 1e6

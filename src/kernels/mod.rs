@@ -235,13 +235,22 @@ impl Kernel {
             Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
             Kernel::Elementwise(k) => Cow::Owned(k.source()),
             Kernel::Reduce(k) => Cow::Owned(k.source()),
-            Kernel::Transpose(d) => per_dtype(include_str!("../../shaders/transpose.wgsl"), *d),
-            Kernel::TransposePairs => {
-                Cow::Borrowed(include_str!("../../shaders/transpose_pairs.wgsl"))
-            }
-            Kernel::TransposeWords => {
-                Cow::Borrowed(include_str!("../../shaders/transpose_words.wgsl"))
-            }
+            // Each after its `enable`s, the immediates the three share.
+            Kernel::Transpose(d) => per_dtype(
+                concat!(
+                    include_str!("../../shaders/transpose.wgsl"),
+                    include_str!("../../shaders/transpose_params.wgsl")
+                ),
+                *d,
+            ),
+            Kernel::TransposePairs => Cow::Borrowed(concat!(
+                include_str!("../../shaders/transpose_pairs.wgsl"),
+                include_str!("../../shaders/transpose_params.wgsl")
+            )),
+            Kernel::TransposeWords => Cow::Borrowed(concat!(
+                include_str!("../../shaders/transpose_words.wgsl"),
+                include_str!("../../shaders/transpose_params.wgsl")
+            )),
             Kernel::TransposeTwo(d) => {
                 per_dtype(include_str!("../../shaders/transpose_two.wgsl"), *d)
             }

@@ -264,13 +264,8 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     mut run: impl FnMut(V) -> Result<()>,
 ) -> Result<V> {
     let default = candidates[0].0;
-    let forced = FORCED
-        .with(|f| f.borrow().get(family).cloned())
-        .or_else(|| forced_by_env(family));
-    if let Some(name) = forced {
-        if let Some(&(v, _)) = candidates.iter().find(|(_, n)| *n == name) {
-            return Ok(v);
-        }
+    if let Some(v) = forced(family).and_then(|name| named(candidates, &name)) {
+        return Ok(v);
     }
     let Some(g) = device.gpu() else {
         return Ok(default);
@@ -280,10 +275,8 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     }
     let key = key();
     let id = format!("{family}/{key}");
-    if let Some(r) = crate::device::lock(tuner(g)).records.get(&id) {
-        if let Some(&(v, _)) = candidates.iter().find(|(_, n)| *n == r.winner) {
-            return Ok(v);
-        }
+    if let Some(v) = winner(g, &id, candidates) {
+        return Ok(v);
     }
     let start = Instant::now();
     device.synchronize()?;
@@ -339,20 +332,39 @@ pub(crate) fn remembered<V: Copy + PartialEq>(
     key: impl FnOnce() -> String,
     candidates: &[(V, &'static str)],
 ) -> V {
-    let default = candidates[0].0;
-    let forced = FORCED
-        .with(|f| f.borrow().get(family).cloned())
-        .or_else(|| forced_by_env(family));
-    let name = match (forced, device.gpu()) {
-        (Some(name), _) => Some(name),
-        (None, Some(g)) if autotune() != Autotune::Off => crate::device::lock(tuner(g))
-            .records
-            .get(&format!("{family}/{}", key()))
-            .map(|r| r.winner.clone()),
+    if let Some(v) = forced(family).and_then(|name| named(candidates, &name)) {
+        return v;
+    }
+    match device.gpu() {
+        Some(g) if autotune() != Autotune::Off => {
+            winner(g, &format!("{family}/{}", key()), candidates)
+        }
         _ => None,
-    };
-    name.and_then(|name| candidates.iter().find(|(_, n)| *n == name))
-        .map_or(default, |&(v, _)| v)
+    }
+    .unwrap_or(candidates[0].0)
+}
+
+/// The variant forced for `family`: on this thread (`force_variant`), else by
+/// `KILN_FORCE_VARIANT`.
+fn forced(family: &str) -> Option<String> {
+    FORCED
+        .with(|f| f.borrow().get(family).cloned())
+        .or_else(|| forced_by_env(family))
+}
+
+/// The candidate remembered as the winner for `id` (`family/key`) on this device's adapter.
+fn winner<V: Copy>(
+    g: &crate::device::gpu::GpuDevice,
+    id: &str,
+    candidates: &[(V, &'static str)],
+) -> Option<V> {
+    let tuner = crate::device::lock(tuner(g));
+    named(candidates, &tuner.records.get(id)?.winner)
+}
+
+/// The candidate called `name`, if it is one.
+fn named<V: Copy>(candidates: &[(V, &'static str)], name: &str) -> Option<V> {
+    candidates.iter().find(|(_, n)| *n == name).map(|&(v, _)| v)
 }
 
 /// Seconds per run of `run`: one warm-up run (which compiles the pipeline), then the best of

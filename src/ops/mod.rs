@@ -420,11 +420,46 @@ fn gpu_elementwise_flat(
             && b.is_none_or(|b| b.layout.offset.is_multiple_of(k))
     };
     let vector = aligned(4);
-    let wide = aligned(8)
-        && elementwise_wide(form, a, n, inplace, |wide| {
-            gpu_elementwise_as(form, a, b, scalar, out, inplace, c, op, vector, wide)
-        })?;
-    gpu_elementwise_as(form, a, b, scalar, out, inplace, c, op, vector, wide)
+    // One launch with the layout chosen: vec4s, 32-byte words (`wide`), or single elements.
+    let mut launch_as = |wide: bool| -> Result<()> {
+        // The vec4 form counts elements and offsets in vec4s, the wide one in eights.
+        let unit = if wide {
+            8
+        } else if vector {
+            4
+        } else {
+            1
+        };
+        let kernel = ElementwiseKernel {
+            contiguous,
+            vector,
+            wide,
+            inplace,
+            ..check_supported(form, a.dtype, op)?
+        };
+        let off_b = match (b, scalar) {
+            (Some(b), _) => u32_of(op, b.layout.offset / unit)?,
+            (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
+            (None, Some(s)) => s as i64 as u32,
+            (None, None) => 0,
+        };
+        let imm = strided_header(op, n / unit, c, u32_of(op, a.layout.offset / unit)?, off_b)?;
+        let mut blocks = vec![&a.storage.block];
+        if let Some(b) = b {
+            blocks.push(&b.storage.block);
+        }
+        if !inplace {
+            blocks.push(&out.storage.block);
+        }
+        launch(
+            Kernel::Elementwise(kernel),
+            &blocks,
+            &imm,
+            ((n / unit) as u64).div_ceil(PER_THREAD as u64),
+        )
+    };
+    let wide = aligned(8) && elementwise_wide(form, a, n, inplace, &mut launch_as)?;
+    launch_as(wide)
 }
 
 /// Whether contiguous 4-byte elements go as 32-byte words (`ElementwiseKernel::wide`): where
@@ -457,58 +492,6 @@ fn elementwise_wide(
         return Ok(tune::remembered(device, "elementwise", key, &candidates));
     }
     tune::pick(device, "elementwise", key, n as u64, &candidates, run)
-}
-
-/// `gpu_elementwise_flat` with the layout chosen.
-#[allow(clippy::too_many_arguments)]
-fn gpu_elementwise_as(
-    form: Form,
-    a: &Tensor,
-    b: Option<&Tensor>,
-    scalar: Option<f64>,
-    out: &Tensor,
-    inplace: bool,
-    c: &Coalesced,
-    op: &'static str,
-    vector: bool,
-    wide: bool,
-) -> Result<()> {
-    let (contiguous, n) = (c.contiguous, out.numel());
-    // The vec4 form counts elements and offsets in vec4s, the wide one in eights.
-    let unit = if wide {
-        8
-    } else if vector {
-        4
-    } else {
-        1
-    };
-    let kernel = ElementwiseKernel {
-        contiguous,
-        vector,
-        wide,
-        inplace,
-        ..check_supported(form, a.dtype, op)?
-    };
-    let off_b = match (b, scalar) {
-        (Some(b), _) => u32_of(op, b.layout.offset / unit)?,
-        (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
-        (None, Some(s)) => s as i64 as u32,
-        (None, None) => 0,
-    };
-    let imm = strided_header(op, n / unit, c, u32_of(op, a.layout.offset / unit)?, off_b)?;
-    let mut blocks = vec![&a.storage.block];
-    if let Some(b) = b {
-        blocks.push(&b.storage.block);
-    }
-    if !inplace {
-        blocks.push(&out.storage.block);
-    }
-    launch(
-        Kernel::Elementwise(kernel),
-        &blocks,
-        &imm,
-        ((n / unit) as u64).div_ceil(PER_THREAD as u64),
-    )
 }
 
 /// A new tensor `op(x)`.
