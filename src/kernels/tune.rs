@@ -16,6 +16,8 @@
 //! - Every candidate is a kernel that `tests/autotune.rs` checks against the CPU device
 //!   ([`force_variant`] runs one by name).
 //! - The kernel's name in the profiler's trace carries the variant that ran.
+//! - A choice read from the cache file is measured again when today's kiln offers a candidate
+//!   that its measurement did not have (`TuneRecord::offered`).
 //! - Tuning one key stays within [`BUDGET`] where it can: a candidate is not tried when the
 //!   fastest run so far would take the tuning past it (the default always runs first).
 
@@ -127,6 +129,12 @@ pub struct TuneRecord {
     pub winner: String,
     /// Seconds per run of every candidate timed (those beyond the budget are absent).
     pub candidates: Vec<(String, f64)>,
+    /// Every candidate the op offered when it was tuned, timed or not. A record read from the
+    /// cache file that lacks one of today's candidates is measured again: a kiln that gained a
+    /// kernel (same version number, new build) must not keep a winner chosen without it. Files
+    /// written before this field existed read as empty here; their timed candidates stand in.
+    #[serde(default)]
+    pub offered: Vec<String>,
     /// Wall-clock seconds the tuning took, compilation included.
     pub tuning_seconds: f64,
     /// Whether this process read the choice from the cache file instead of measuring.
@@ -312,6 +320,7 @@ pub(crate) fn pick<V: Copy + PartialEq>(
         key,
         winner: winner.to_string(),
         candidates: timed.iter().map(|&(n, _, s)| (n.to_string(), s)).collect(),
+        offered: candidates.iter().map(|&(_, n)| n.to_string()).collect(),
         tuning_seconds: start.elapsed().as_secs_f64(),
         from_cache: false,
     };
@@ -352,14 +361,29 @@ fn forced(family: &str) -> Option<String> {
         .or_else(|| forced_by_env(family))
 }
 
-/// The candidate remembered as the winner for `id` (`family/key`) on this device's adapter.
+/// The candidate remembered as the winner for `id` (`family/key`) on this device's adapter;
+/// `None` where a record read from the cache file was measured without one of `candidates`.
+///
+/// Only records from the file are checked: one key's candidates can differ from call to call
+/// (a transpose offers `words` only where its sides are multiples of 4), and a record this
+/// process measured would otherwise be measured again at every alternation.
 fn winner<V: Copy>(
     g: &crate::device::gpu::GpuDevice,
     id: &str,
     candidates: &[(V, &'static str)],
 ) -> Option<V> {
     let tuner = crate::device::lock(tuner(g));
-    named(candidates, &tuner.records.get(id)?.winner)
+    let record = tuner.records.get(id)?;
+    if record.from_cache {
+        let offered = |name: &str| match record.offered.is_empty() {
+            false => record.offered.iter().any(|o| o == name),
+            true => record.candidates.iter().any(|(c, _)| c == name),
+        };
+        if !candidates.iter().all(|&(_, name)| offered(name)) {
+            return None;
+        }
+    }
+    named(candidates, &record.winner)
 }
 
 /// The candidate called `name`, if it is one.
