@@ -2,7 +2,9 @@
 // offsets and the strides that are not 1 multiples of 4; a contiguous output): every global
 // access is a 16-byte vector along the operand's unit-stride dim, guarded only past n. An operand
 // whose unit-stride dim is the tile's shared-memory row (a's m, b's n) is stored as one vec4;
-// the other layout scatters its four k values into four rows.
+// the other layout scatters its four k values into four rows. The placeholders A_ROWS (A's
+// unit-stride dim is k, `sak == 1`) and B_ROWS (B's is n, `sbn == 1`) become the tests on the
+// strides, or constants where `Vec4Layout` compiles a layout in.
 @group(0) @binding(0) var<storage, read_write> a: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> b: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
@@ -10,7 +12,7 @@
 
 // Vector v (0..511) of the 128x16 slice of a at (m0, k0), in elements divided by 4.
 fn load_a4(base: u32, m0: u32, k0: u32, v: u32) -> vec4<f32> {
-    if p.sak == 1u {
+    if {{A_ROWS}} {
         return a[(base + (m0 + v / 4u) * p.sam + k0) / 4u + v % 4u];
     }
     return a[(base + (k0 + v / 32u) * p.sak + m0) / 4u + v % 32u];
@@ -19,7 +21,7 @@ fn load_a4(base: u32, m0: u32, k0: u32, v: u32) -> vec4<f32> {
 // N need only be a multiple of 4: B's vectors and the stores past it are skipped (the MLP's
 // `g^T @ x` with N = 784 runs here whole).
 fn load_b4(base: u32, n0: u32, k0: u32, v: u32) -> vec4<f32> {
-    if p.sbn == 1u {
+    if {{B_ROWS}} {
         if n0 + 4u * (v % 32u) >= p.n {
             return vec4<f32>();
         }
@@ -37,7 +39,7 @@ fn tile_at(buf: u32, k: u32, c: u32) -> u32 {
 }
 
 fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
-    if p.sak == 1u {
+    if {{A_ROWS}} {
         let m = v / 4u;
         let k = 4u * (v % 4u);
         for (var j = 0u; j < 4u; j++) {
@@ -49,7 +51,7 @@ fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
 }
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
-    if p.sbn == 1u {
+    if {{B_ROWS}} {
         tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
     } else {
         let n = v / 4u;

@@ -77,6 +77,26 @@ fn vec4_matmul_reads_every_layout() {
             let b = operand(k, n, tb, 2, &dev);
             let e = product_error(&a, &b, &cpu);
             assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n}: error {e}");
+            // A column-major A with a row-major B runs its own kernel, the layout compiled in
+            // (`Vec4Layout::ColRow`); the others test the strides at run time.
+            // (Not on GL, which keeps to the scalar 128-tile kernel.)
+            let info = dev.adapter_info().unwrap();
+            let gl = info.backend == wgpu::Backend::Gl;
+            if info.features.timestamp_query && !gl && n == 256 {
+                let options = kiln::profiler::ProfileOptions {
+                    devices: vec![dev.clone()],
+                    profile_memory: false,
+                };
+                let (_, prof) = kiln::profiler::profile(&options, || {
+                    a.matmul(&b)?;
+                    dev.synchronize()
+                })
+                .unwrap();
+                let trace = prof.chrome_trace_json();
+                assert!(trace.contains("matmul128_vec4_f32"), "{trace}");
+                let fixed = trace.contains("_ac_br");
+                assert_eq!(fixed, ta && !tb, "a^T {ta} b^T {tb}: {trace}");
+            }
         }
         // A batch whose operands are slices of one tensor (batch strides multiples of 4).
         let x = operand(2 * 128, 32, false, 3, &dev)

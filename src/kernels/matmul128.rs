@@ -7,6 +7,55 @@ use super::per_dtype;
 use crate::base::DType;
 use std::fmt::Write;
 
+/// Whether the vec4 kernel tests its operands' layouts at run time or has one compiled in.
+///
+/// Compiled in, each layout measured on the H100 (`bench --suite matmul`, two alternated runs
+/// against the runtime tests): a column-major A with a row-major B, whose slices both go
+/// into shared memory as whole vec4s (`g^T @ x`, a weight's gradient), ran 42.0-42.2 TFLOP/s
+/// against 37.9; the three layouts that scatter a slice's four k values into four rows ran
+/// 32.0-34.5 against 37.0-39.2 (`x @ W^T`, `g @ W`, `W @ W`). So only the first is compiled
+/// in; the others keep the tests, whose generated code NVIDIA's driver schedules better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Vec4Layout {
+    /// A's and B's unit-stride dims read from the strides (`sak == 1`, `sbn == 1`).
+    Runtime,
+    /// A column-major (`sam == 1`), B row-major (`sbn == 1`).
+    ColRow,
+}
+
+impl Vec4Layout {
+    pub const ALL: [Vec4Layout; 2] = [Vec4Layout::Runtime, Vec4Layout::ColRow];
+
+    /// The layout for operands with A's k stride `sak` and B's n stride `sbn`.
+    pub fn of(sak: usize, sbn: usize) -> Vec4Layout {
+        if sak != 1 && sbn == 1 {
+            Vec4Layout::ColRow
+        } else {
+            Vec4Layout::Runtime
+        }
+    }
+
+    /// The kernel name's suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Vec4Layout::Runtime => "",
+            Vec4Layout::ColRow => "_ac_br",
+        }
+    }
+
+    /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
+    pub(crate) fn io(self) -> std::borrow::Cow<'static, str> {
+        let (a_rows, b_rows) = match self {
+            Vec4Layout::Runtime => ("p.sak == 1u", "p.sbn == 1u"),
+            Vec4Layout::ColRow => ("false", "true"),
+        };
+        include_str!("../../shaders/matmul128_vec4.wgsl")
+            .replace("{{A_ROWS}}", a_rows)
+            .replace("{{B_ROWS}}", b_rows)
+            .into()
+    }
+}
+
 /// Which operand access a generated `main` calls: the plain matmul's (`Scalar`: any strides,
 /// guarded; `Vec4`: whole aligned tiles), or a convolution's implicit GEMM
 /// (`shaders/conv_gemm*.wgsl`) with a tile of `bm` rows (64 or 128) by 128 columns.

@@ -19,6 +19,7 @@ pub use amp::AMP_MULTI;
 pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
+pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
@@ -62,8 +63,9 @@ pub enum Kernel {
     /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
     Matmul128(DType, bool),
     /// The 128-tile kernel for f32 operands in whole tiles with 16-byte aligned rows
-    /// (`shaders/matmul128_vec4.wgsl`): vector loads, no guards, and a bias epilogue (addmm).
-    Matmul128Vec4(bool),
+    /// (`shaders/matmul128_vec4.wgsl`): vector loads, no guards, a bias epilogue (addmm), and
+    /// the operands' layouts compiled in.
+    Matmul128Vec4(bool, Vec4Layout),
     /// `shaders/matmul_narrow.wgsl` for one float dtype: a product with 16 or fewer columns
     /// (entry `rows`), rows (`cols`), or a K of 16 or less (`short`).
     MatmulNarrow(DType, Narrow),
@@ -176,7 +178,11 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|d| [Kernel::Matmul128(d, false), Kernel::Matmul128(d, true)]),
             )
-            .chain([false, true].map(Kernel::Matmul128Vec4))
+            .chain(
+                Vec4Layout::ALL
+                    .into_iter()
+                    .flat_map(|l| [false, true].map(|padded| Kernel::Matmul128Vec4(padded, l))),
+            )
             .chain(
                 [DType::F32, DType::F16]
                     .into_iter()
@@ -334,19 +340,14 @@ impl Kernel {
                 let params = include_str!("../../shaders/matmul_params.wgsl");
                 per_dtype(&format!("{params}{body}"), *d)
             }
-            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => {
-                let (d, padded, io) = match *self {
-                    Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar),
-                    Kernel::Matmul128Vec4(padded) => (DType::F32, padded, matmul128::Io::Vec4),
+            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => {
+                let (d, padded, io, body) = match *self {
+                    Kernel::Matmul128Vec4(padded, l) => (DType::F32, padded, matmul128::Io::Vec4, l.io()),
+                    Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar, Cow::Borrowed(include_str!("../../shaders/matmul128_io.wgsl"))),
                     _ => unreachable!(),
                 };
-                let body = if io == matmul128::Io::Vec4 {
-                    include_str!("../../shaders/matmul128_vec4.wgsl")
-                } else {
-                    include_str!("../../shaders/matmul128_io.wgsl")
-                };
                 let params = include_str!("../../shaders/matmul128_params.wgsl");
-                Cow::Owned(matmul128::tiled_128(body, params, d, padded, io))
+                Cow::Owned(matmul128::tiled_128(&body, params, d, padded, io))
             }
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
@@ -389,9 +390,10 @@ impl Kernel {
                 "matmul128_{d}{}",
                 if *padded { "_padded" } else { "" }
             )),
-            Kernel::Matmul128Vec4(padded) => Cow::Owned(format!(
-                "matmul128_vec4_f32{}",
-                if *padded { "_padded" } else { "" }
+            Kernel::Matmul128Vec4(padded, l) => Cow::Owned(format!(
+                "matmul128_vec4_f32{}{}",
+                if *padded { "_padded" } else { "" },
+                l.suffix()
             )),
             Kernel::Predicate(k) => Cow::Owned(k.name()),
             Kernel::Random(d) => Cow::Owned(format!("random_{d}")),
@@ -442,7 +444,7 @@ impl Kernel {
             Kernel::TransposePairs | Kernel::TransposeWords => 2,
             Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
-            Kernel::Matmul128Vec4(_) => 4,
+            Kernel::Matmul128Vec4(..) => 4,
             Kernel::MatmulNarrow(..) => 4,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
@@ -491,7 +493,7 @@ impl Kernel {
             Kernel::Matmul(_)
                 | Kernel::MatmulReg(_)
                 | Kernel::Matmul128(..)
-                | Kernel::Matmul128Vec4(_)
+                | Kernel::Matmul128Vec4(..)
                 | Kernel::ConvGemm(_)
                 | Kernel::Reduce(_)
         ) || (matches!(self, Kernel::MatmulCoop(..) | Kernel::ConvCoop(_))
@@ -508,7 +510,7 @@ impl Kernel {
             Kernel::TransposeTwo(_) => 64,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
-            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(_) => 64,
+            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => 64,
             Kernel::MatmulNarrow(..) => 64,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,

@@ -2,7 +2,7 @@
 //! batch dims broadcast, inputs of any strides (a transpose is read in place, not copied).
 
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel};
+use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, Vec4Layout};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -601,7 +601,7 @@ pub(super) fn matmul_with(
                     fused.map_or(0, |t| t.layout().offset),
                 ];
                 let (tile, kernel) = match choice {
-                    Simt::Vec4 => (128, Kernel::Matmul128Vec4(padded)),
+                    Simt::Vec4 => (128, Kernel::Matmul128Vec4(padded, Vec4Layout::of(sak, sbn))),
                     Simt::Tile128 => (128, Kernel::Matmul128(a.dtype(), padded)),
                     Simt::Tile64 => (64, Kernel::Matmul(a.dtype())),
                     Simt::Reg => (32, Kernel::MatmulReg(a.dtype())),
