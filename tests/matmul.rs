@@ -2,6 +2,7 @@
 //! `linear` (one `AddmmBackward0` node, the bias in the kernel's epilogue where it can be)
 //! forward and backward, against the CPU device.
 
+use kiln::kernels::tune;
 use kiln::{DType, Device, Tensor};
 
 /// Held by each test for its whole run: a cold compile of the 128-tile kernel on GL (llvmpipe)
@@ -96,6 +97,30 @@ fn vec4_matmul_reads_every_layout() {
                 assert!(trace.contains("matmul128_vec4_f32"), "{trace}");
                 let fixed = trace.contains("_ac_br");
                 assert_eq!(fixed, ta && !tb, "a^T {ta} b^T {tb}: {trace}");
+            }
+            // A row-major A by a row-major B: the autotuning candidate that copies A
+            // column-major and runs that kernel.
+            if !ta && !tb && !gl {
+                tune::force_variant("matmul", Some("tile128_vec4_col_a"));
+                let e = product_error(&a, &b, &cpu);
+                assert!(e < 1e-4, "{dev:?} col_a n {n}: error {e}");
+                if info.features.timestamp_query {
+                    let options = kiln::profiler::ProfileOptions {
+                        devices: vec![dev.clone()],
+                        profile_memory: false,
+                    };
+                    let (_, prof) = kiln::profiler::profile(&options, || {
+                        a.matmul(&b)?;
+                        dev.synchronize()
+                    })
+                    .unwrap();
+                    let trace = prof.chrome_trace_json();
+                    assert!(
+                        trace.contains("_ac_br"),
+                        "col_a ran another kernel: {trace}"
+                    );
+                }
+                tune::force_variant("matmul", None);
             }
         }
         // A batch whose operands are slices of one tensor (batch strides multiples of 4).
