@@ -32,6 +32,21 @@ fn product_error(a: &Tensor, b: &Tensor, cpu: &Device) -> f32 {
     worst(&got, &on_cpu(a).matmul(&on_cpu(b)).unwrap())
 }
 
+/// The profiler's trace of `a @ b` on their device (which kernels ran).
+fn product_trace(a: &Tensor, b: &Tensor) -> String {
+    let dev = a.device();
+    let options = kiln::profiler::ProfileOptions {
+        devices: vec![dev.clone()],
+        profile_memory: false,
+    };
+    let (_, prof) = kiln::profiler::profile(&options, || {
+        a.matmul(b)?;
+        dev.synchronize()
+    })
+    .unwrap();
+    prof.chrome_trace_json()
+}
+
 /// A [rows, cols] view of random values: with `transposed`, the transpose of a contiguous
 /// [cols, rows + 4] tensor's last `rows` columns (unit stride along rows); else the last `cols`
 /// columns of a [rows, cols + 4] tensor. Either way an offset of 4 and a row stride of 4 more.
@@ -84,16 +99,7 @@ fn vec4_matmul_reads_every_layout() {
             let info = dev.adapter_info().unwrap();
             let gl = info.backend == wgpu::Backend::Gl;
             if info.features.timestamp_query && !gl && n == 256 {
-                let options = kiln::profiler::ProfileOptions {
-                    devices: vec![dev.clone()],
-                    profile_memory: false,
-                };
-                let (_, prof) = kiln::profiler::profile(&options, || {
-                    a.matmul(&b)?;
-                    dev.synchronize()
-                })
-                .unwrap();
-                let trace = prof.chrome_trace_json();
+                let trace = product_trace(&a, &b);
                 assert!(trace.contains("matmul128_vec4_f32"), "{trace}");
                 let fixed = trace.contains("_ac_br");
                 assert_eq!(fixed, ta && !tb, "a^T {ta} b^T {tb}: {trace}");
@@ -105,16 +111,7 @@ fn vec4_matmul_reads_every_layout() {
                 let e = product_error(&a, &b, &cpu);
                 assert!(e < 1e-4, "{dev:?} col_a n {n}: error {e}");
                 if info.features.timestamp_query {
-                    let options = kiln::profiler::ProfileOptions {
-                        devices: vec![dev.clone()],
-                        profile_memory: false,
-                    };
-                    let (_, prof) = kiln::profiler::profile(&options, || {
-                        a.matmul(&b)?;
-                        dev.synchronize()
-                    })
-                    .unwrap();
-                    let trace = prof.chrome_trace_json();
+                    let trace = product_trace(&a, &b);
                     assert!(
                         trace.contains("_ac_br"),
                         "col_a ran another kernel: {trace}"
