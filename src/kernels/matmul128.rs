@@ -44,7 +44,7 @@ impl Vec4Layout {
     }
 
     /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
-    pub(crate) fn io(self) -> std::borrow::Cow<'static, str> {
+    pub(crate) fn io(self) -> String {
         let (a_rows, b_rows) = match self {
             Vec4Layout::Runtime => ("p.sak == 1u", "p.sbn == 1u"),
             Vec4Layout::ColRow => ("false", "true"),
@@ -52,7 +52,6 @@ impl Vec4Layout {
         include_str!("../../shaders/matmul128_vec4.wgsl")
             .replace("{{A_ROWS}}", a_rows)
             .replace("{{B_ROWS}}", b_rows)
-            .into()
     }
 }
 

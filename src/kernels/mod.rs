@@ -340,15 +340,20 @@ impl Kernel {
                 let params = include_str!("../../shaders/matmul_params.wgsl");
                 per_dtype(&format!("{params}{body}"), *d)
             }
-            Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => {
-                let (d, padded, io, body) = match *self {
-                    Kernel::Matmul128Vec4(padded, l) => (DType::F32, padded, matmul128::Io::Vec4, l.io()),
-                    Kernel::Matmul128(d, padded) => (d, padded, matmul128::Io::Scalar, Cow::Borrowed(include_str!("../../shaders/matmul128_io.wgsl"))),
-                    _ => unreachable!(),
-                };
-                let params = include_str!("../../shaders/matmul128_params.wgsl");
-                Cow::Owned(matmul128::tiled_128(&body, params, d, padded, io))
-            }
+            Kernel::Matmul128(d, padded) => Cow::Owned(matmul128::tiled_128(
+                include_str!("../../shaders/matmul128_io.wgsl"),
+                include_str!("../../shaders/matmul128_params.wgsl"),
+                *d,
+                *padded,
+                matmul128::Io::Scalar,
+            )),
+            Kernel::Matmul128Vec4(padded, l) => Cow::Owned(matmul128::tiled_128(
+                &l.io(),
+                include_str!("../../shaders/matmul128_params.wgsl"),
+                DType::F32,
+                *padded,
+                matmul128::Io::Vec4,
+            )),
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
             Kernel::CastVec4(from, to) => {
