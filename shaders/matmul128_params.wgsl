@@ -12,7 +12,8 @@ struct Params {
     sbb: u32,
     sbk: u32,
     sbn: u32,
-    // The vec4 variant: bit 0 adds bias[off_bias + column] to every row (addmm's epilogue).
+    // The vec4 variant: bit 0 adds bias[off_bias + column] to every row (addmm's epilogue);
+    // bit 1 (`Vec4Layout::ColRowSums`) writes the sums of A's rows to bias[off_bias + row].
     flags: u32,
     off_bias: u32,
     pad0: u32,

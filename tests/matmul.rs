@@ -142,10 +142,12 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
     let cpu = Device::cpu().unwrap();
     for dev in gpus() {
         kiln::ops::force_matmul_tile(Some(128));
-        // Whole tiles (the epilogue bias), a bias at an offset no multiple of 4 (a separate
+        // Whole tiles (the epilogue bias), a batch of 48 (the bias gradient's row sums over a
+        // K that is no multiple of 32), a bias at an offset no multiple of 4 (a separate
         // add), ragged shapes (the scalar kernel) and a 3-D input.
         for (x_shape, out, bias_offset) in [
             (vec![128, 48], 256, 0),
+            (vec![48, 48], 256, 0),
             (vec![128, 48], 256, 1),
             (vec![130, 45], 129, 0),
             (vec![2, 128, 32], 128, 0),
@@ -174,6 +176,29 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
                 let e = worst(g, c);
                 assert!(e < 1e-4, "{what}: gradient {i}: error {e}");
             }
+        }
+        // The bias's gradient (checked above) comes from the weight gradient's kernel, which
+        // sums `g`'s rows as it loads them (`_ac_br_rowsum`), not from a column sum. (Not on
+        // GL, which keeps to the scalar kernel.)
+        let info = dev.adapter_info().unwrap();
+        if info.features.timestamp_query && info.backend != wgpu::Backend::Gl {
+            let [x, w, b] = [vec![128, 48], vec![256, 48], vec![256]]
+                .map(|s| Tensor::randn(&s, DType::F32, &dev).unwrap());
+            let [x, w, b] = [x, w, b].map(|t| t.requires_grad_(true).unwrap());
+            let y = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
+            let loss = y.mul(&y.detach()).unwrap().sum_all().unwrap();
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let (_, prof) = kiln::profiler::profile(&options, || {
+                loss.backward()?;
+                dev.synchronize()
+            })
+            .unwrap();
+            let trace = prof.chrome_trace_json();
+            assert!(trace.contains("_ac_br_rowsum"), "{dev:?}: {trace}");
+            assert!(!trace.contains("colsum"), "{dev:?}: {trace}");
         }
         kiln::ops::force_matmul_tile(None);
     }

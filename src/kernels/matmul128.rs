@@ -21,10 +21,19 @@ pub enum Vec4Layout {
     Runtime,
     /// A column-major (`sam == 1`), B row-major (`sbn == 1`).
     ColRow,
+    /// `ColRow` that also writes the sums of A's rows (flag bit 1, into the bias binding), in
+    /// one more column of workgroups (`ROW_SUMS`): a Linear's weight gradient `g^T @ x` gives
+    /// its bias gradient, the sums over `g`'s batch rows, in the same launch, and the two
+    /// launches of the column sums (`shaders/colsum.wgsl`) leave the MLP's step.
+    ColRowSums,
 }
 
 impl Vec4Layout {
-    pub const ALL: [Vec4Layout; 2] = [Vec4Layout::Runtime, Vec4Layout::ColRow];
+    pub const ALL: [Vec4Layout; 3] = [
+        Vec4Layout::Runtime,
+        Vec4Layout::ColRow,
+        Vec4Layout::ColRowSums,
+    ];
 
     /// The layout for operands with A's k stride `sak` and B's n stride `sbn`.
     pub fn of(sak: usize, sbn: usize) -> Vec4Layout {
@@ -40,6 +49,7 @@ impl Vec4Layout {
         match self {
             Vec4Layout::Runtime => "",
             Vec4Layout::ColRow => "_ac_br",
+            Vec4Layout::ColRowSums => "_ac_br_rowsum",
         }
     }
 
@@ -47,7 +57,7 @@ impl Vec4Layout {
     pub(crate) fn io(self) -> String {
         let (a_rows, b_rows) = match self {
             Vec4Layout::Runtime => ("p.sak == 1u", "p.sbn == 1u"),
-            Vec4Layout::ColRow => ("false", "true"),
+            Vec4Layout::ColRow | Vec4Layout::ColRowSums => ("false", "true"),
         };
         include_str!("../../shaders/matmul128_vec4.wgsl")
             .replace("{{A_ROWS}}", a_rows)
@@ -61,7 +71,10 @@ impl Vec4Layout {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Io {
     Scalar,
-    Vec4,
+    /// With `row_sums`, `Vec4Layout::ColRowSums`'s sums of A's rows.
+    Vec4 {
+        row_sums: bool,
+    },
     Conv {
         bm: u32,
     },
@@ -133,7 +146,7 @@ fn loads(out: &mut String, k: &str, indent: &str, io: Io) {
         }
         return;
     }
-    if io == Io::Vec4 {
+    if let Io::Vec4 { .. } = io {
         for r in 0..2 {
             let e = r * 256;
             let _ = writeln!(
@@ -179,7 +192,7 @@ fn a_base(base: &str, io: Io) -> String {
 /// Stores of the prefetch registers into the shared buffer at `base`.
 fn stores(out: &mut String, base: &str, indent: &str, io: Io) {
     let base_a = a_base(base, io);
-    if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
+    if matches!(io, Io::Vec4 { .. } | Io::ConvVec4 { .. }) {
         let store_b = if io.wide() { "store_b4w" } else { "store_b4" };
         for r in 0..io.b_vec4s() {
             let e = r * 256;
@@ -259,6 +272,56 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
     let _ = writeln!(out, "        }}");
 }
 
+/// `Vec4Layout::ColRowSums`'s extra column of workgroups (`wg.x == 0`, the product's tiles
+/// after it, so that these short workgroups start first), which sum the tile's rows of a
+/// column-major A over all of K instead of multiplying: a warp reads 512 contiguous bytes of
+/// one k, the workgroup's eight warps eight k at a time, eight loads in flight, and shared
+/// memory adds up the eight partial sums of each row. The
+/// product's own workgroups return from nothing: its loop is the plain `ColRow` kernel's.
+/// (Summing the slices in the product's workgroups as they are loaded cost the H100's MLP
+/// step 100 us: four more live registers in its loop.)
+const ROW_SUMS: &str = "    if wg.x == 0u {
+        let q = li / 32u;
+        let col = (a_base + m0) / 4u + li % 32u;
+        let step = 8u * p.sak / 4u;
+        var s0 = vec4<f32>();
+        var s1 = vec4<f32>();
+        var s2 = vec4<f32>();
+        var s3 = vec4<f32>();
+        var s4 = vec4<f32>();
+        var s5 = vec4<f32>();
+        var s6 = vec4<f32>();
+        var s7 = vec4<f32>();
+        var k = q;
+        var at = col + q * p.sak / 4u;
+        for (; k + 56u < p.k; k += 64u) {
+            s0 += a[at];
+            s1 += a[at + step];
+            s2 += a[at + 2u * step];
+            s3 += a[at + 3u * step];
+            s4 += a[at + 4u * step];
+            s5 += a[at + 5u * step];
+            s6 += a[at + 6u * step];
+            s7 += a[at + 7u * step];
+            at += 8u * step;
+        }
+        for (; k < p.k; k += 8u) {
+            s0 += a[at];
+            at += step;
+        }
+        tile_a[li] = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+        workgroupBarrier();
+        if li < 32u {
+            var t = tile_a[li];
+            for (var j = 1u; j < 8u; j++) {
+                t += tile_a[j * 32u + li];
+            }
+            bias[(p.off_bias + m0) / 4u + li] = t;
+        }
+        return;
+    }
+";
+
 /// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store, for
 /// the operand access `io` provides.
 pub(crate) fn main_fn(io: Io) -> String {
@@ -287,7 +350,12 @@ pub(crate) fn main_fn(io: Io) -> String {
          fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {\n\
          \x20   let bt = wg.z;\n";
     let _ = writeln!(out, "    let m0 = wg.y * {}u;", io.bm());
-    let _ = writeln!(out, "    let n0 = wg.x * {}u;", io.bn());
+    // The row sums' workgroups come first (`ROW_SUMS`), the product's tiles after them.
+    let col = match io {
+        Io::Vec4 { row_sums: true } => "(wg.x - 1u)",
+        _ => "wg.x",
+    };
+    let _ = writeln!(out, "    let n0 = {col} * {}u;", io.bn());
     match io {
         Io::Conv { .. } => {
             out += "    let pa = pre_a(bt, m0, li);\n    let pb = pre_b(bt, n0, li);\n"
@@ -303,11 +371,14 @@ pub(crate) fn main_fn(io: Io) -> String {
                 "    let a_base = p.off_a + bt * p.sab;\n    let b_base = p.off_b + bt * p.sbb;\n"
         }
     }
+    if let Io::Vec4 { row_sums: true } = io {
+        out += ROW_SUMS;
+    }
     for i in 0..8 {
         let _ = writeln!(out, "    var acc{i}l = vec4<f32>();");
         let _ = writeln!(out, "    var acc{i}h = vec4<f32>();");
     }
-    if matches!(io, Io::Vec4 | Io::ConvVec4 { .. }) {
+    if matches!(io, Io::Vec4 { .. } | Io::ConvVec4 { .. }) {
         let (na, nb) = (io.a_vec4s(), io.b_vec4s());
         let _ = writeln!(
             out,

@@ -352,7 +352,9 @@ impl Kernel {
                 include_str!("../../shaders/matmul128_params.wgsl"),
                 DType::F32,
                 *padded,
-                matmul128::Io::Vec4,
+                matmul128::Io::Vec4 {
+                    row_sums: *l == Vec4Layout::ColRowSums,
+                },
             )),
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),

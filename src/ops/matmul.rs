@@ -157,15 +157,33 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         &[b, x, &wt],
         || matmul_forward(x, &wt, Some(b)),
         |_| {
-            let mut product = matmul_backward(x, &wt)?;
+            let mut product = matmul_grads(x, &wt)?;
             let bias_shape = b.shape().to_vec();
             Ok(Box::new(move |g, needs| {
-                let gb = match needs[0] {
-                    true => Some(crate::ops::sum_to(g, &bias_shape)?),
-                    false => None,
+                // With the weight's gradient, the bias's comes from its product's kernel where
+                // that kernel can sum `g`'s rows in passing (`matmul_row_sums`).
+                // (f32 only: elsewhere the order of the ops stays as it was.)
+                let fuse = needs[0]
+                    && needs[2]
+                    && g.rank() == 2
+                    && g.dtype() == DType::F32
+                    && bias_shape.len() == 1;
+                if !fuse {
+                    let gb = match needs[0] {
+                        true => Some(crate::ops::sum_to(g, &bias_shape)?),
+                        false => None,
+                    };
+                    let mut grads = vec![gb];
+                    grads.extend(product(g, &needs[1..], false)?.0);
+                    return Ok(grads);
+                }
+                let (rest, sums) = product(g, &needs[1..], true)?;
+                let gb = match sums {
+                    Some(s) => s,
+                    None => crate::ops::sum_to(g, &bias_shape)?,
                 };
-                let mut grads = vec![gb];
-                grads.extend(product(g, &needs[1..])?);
+                let mut grads = vec![Some(gb)];
+                grads.extend(rest);
                 Ok(grads)
             }))
         },
@@ -177,13 +195,28 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// `(g^T @ a)^T` so that it comes back contiguous after the transpose's backward, as PyTorch's
 /// `mm_mat2_backward` arranges.
 fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
+    let mut grads = matmul_grads(a, b)?;
+    Ok(Box::new(move |g, needs| Ok(grads(g, needs, false)?.0)))
+}
+
+/// `matmul_backward`'s gradients; with `col_sums`, also `g`'s sums over its rows where the
+/// product `g^T @ a` computes them in passing (`matmul_row_sums`), else `None`.
+type ProductGrads = Box<
+    dyn FnMut(&Tensor, &[bool], bool) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)>
+        + Send
+        + Sync,
+>;
+
+/// See `matmul_backward`.
+fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
     use crate::graph::save;
     use crate::ops::sum_to;
     let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
     let b_transposed = b.rank() == 2 && b.strides()[0] == 1 && b.strides()[1] != 1;
     let a_s = b.requires_grad().then(|| save(a)).transpose()?;
     let b_s = a.requires_grad().then(|| save(b)).transpose()?;
-    Ok(Box::new(move |g, needs| {
+    Ok(Box::new(move |g, needs, col_sums| {
+        let mut sums = None;
         let promote = |t: Tensor, vector_dim: isize| -> Result<Tensor> {
             if t.rank() == 1 {
                 t.unsqueeze(vector_dim)
@@ -220,7 +253,11 @@ fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
                     sb.clone()
                 };
                 let column_major = b_transposed && ap.rank() == 2 && gp.rank() == 2;
-                let gb = if column_major {
+                let gb = if column_major && col_sums {
+                    let (product, s) = matmul_row_sums(&gp.t()?, &ap)?;
+                    sums = s;
+                    product.t()?
+                } else if column_major {
                     gp.t()?.matmul(&ap)?.t()?
                 } else {
                     ap.transpose(-2, -1)?.matmul(&gp)?
@@ -229,7 +266,7 @@ fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
             }
             false => None,
         };
-        Ok(vec![ga, gb])
+        Ok((vec![ga, gb], sums))
     }))
 }
 
@@ -374,8 +411,46 @@ fn matmul_forward(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tenso
 pub(super) fn matmul_with(
     a: &Tensor,
     b: &Tensor,
+    bias: Option<&Tensor>,
+    narrow: bool,
+) -> Result<Tensor> {
+    matmul_impl(a, b, bias, narrow, None, &mut false)
+}
+
+/// `a @ b` for two f32 matrices on a GPU, and the sums of `a`'s rows where the product's
+/// kernel gives them in passing (`Vec4Layout::ColRowSums`: a column-major `a`, a row-major
+/// `b`), else `None`. A Linear's backward asks it for `g^T @ x` and gets its bias gradient.
+/// Outside autograd and autocast only (the backward's products are neither).
+fn matmul_row_sums(a: &Tensor, b: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+    let eligible = a.rank() == 2
+        && b.rank() == 2
+        && a.dtype() == DType::F32
+        && !a.device().is_cpu()
+        && !crate::graph::needs_grad(&[a, b])
+        && [
+            super::autocast::DeviceType::Gpu,
+            super::autocast::DeviceType::Cpu,
+        ]
+        .iter()
+        .all(|&d| !super::autocast::is_autocast_enabled(d));
+    if !eligible {
+        return Ok((matmul(a, b)?, None));
+    }
+    let sums = Tensor::empty(&[a.shape()[0]], DType::F32, a.device())?;
+    let mut written = false;
+    let out = matmul_impl(a, b, None, true, Some(&sums), &mut written)?;
+    Ok((out, written.then_some(sums)))
+}
+
+/// `matmul_with`, also writing the sums of `a`'s rows into `sums` (f32, contiguous) and
+/// setting `written` where the kernel that ran did (`matmul_row_sums`).
+fn matmul_impl(
+    a: &Tensor,
+    b: &Tensor,
     mut bias: Option<&Tensor>,
     narrow: bool,
+    sums: Option<&Tensor>,
+    written: &mut bool,
 ) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
@@ -582,8 +657,18 @@ pub(super) fn matmul_with(
                 (false, true) => Simt::Tile128,
                 (false, false) => Simt::Tile64,
             };
+            // A's row sums ride with the column-major A by row-major B kernel, one product.
+            let layout = Vec4Layout::of(sak, sbn);
+            let sums = sums.filter(|t| {
+                layout == Vec4Layout::ColRow
+                    && flat.batch == 1
+                    && fused_bias.is_none()
+                    && t.shape() == [m]
+                    && t.layout().offset.is_multiple_of(4)
+            });
             let run = |choice: Simt| -> Result<()> {
                 let fused = fused_bias.filter(|_| choice.is_vec4());
+                let sums = sums.filter(|_| choice == Simt::Vec4);
                 // Vec4ColA: A copied column-major first, so that the product runs the kernel
                 // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
                 let col_a = match choice {
@@ -607,10 +692,13 @@ pub(super) fn matmul_with(
                     flat.sbb,
                     sbk,
                     sbn,
-                    fused.is_some() as usize,
-                    fused.map_or(0, |t| t.layout().offset),
+                    fused.is_some() as usize | (sums.is_some() as usize) << 1,
+                    fused.or(sums).map_or(0, |t| t.layout().offset),
                 ];
                 let (tile, kernel) = match choice {
+                    Simt::Vec4 if sums.is_some() => {
+                        (128, Kernel::Matmul128Vec4(padded, Vec4Layout::ColRowSums))
+                    }
                     Simt::Vec4 | Simt::Vec4ColA => {
                         (128, Kernel::Matmul128Vec4(padded, Vec4Layout::of(sak, sbn)))
                     }
@@ -624,14 +712,20 @@ pub(super) fn matmul_with(
                     .map(|v| u32_of(OP, v))
                     .collect::<Result<Vec<u32>>>()?;
                 let groups = (
-                    n.div_ceil(tile) as u32,
+                    // (The row sums' column of workgroups after the product's.)
+                    (n.div_ceil(tile) + sums.is_some() as usize) as u32,
                     m.div_ceil(tile) as u32,
                     u32_of(OP, flat.batch)?,
                 );
                 let mut blocks = vec![&a_op.storage.block, &fb.storage.block, &out.storage.block];
                 if choice.is_vec4() {
-                    // Without a bias the fourth binding is a dummy (the flag is clear).
-                    blocks.push(fused.map_or(&fa.storage.block, |t| &t.storage.block));
+                    // Without a bias or sums the fourth binding is a dummy (the flags are
+                    // clear).
+                    blocks.push(
+                        fused
+                            .or(sums)
+                            .map_or(&fa.storage.block, |t| &t.storage.block),
+                    );
                 }
                 launch_groups(kernel, &blocks, &imm, groups)
             };
@@ -664,6 +758,7 @@ pub(super) fn matmul_with(
             let work = (m * n * k * flat.batch) as u64;
             let choice = tune::pick(a.device(), "matmul", key, work, &candidates, run)?;
             run(choice)?;
+            *written = choice == Simt::Vec4 && sums.is_some();
             if choice.is_vec4() && fused_bias.is_some() {
                 // `linear` checked the bias's device.
                 bias = None;
