@@ -12,6 +12,7 @@ mod index;
 mod inplace;
 pub(crate) mod loss;
 mod matmul;
+mod matmul_choice;
 mod matmul_narrow;
 mod predicate;
 mod random;
@@ -29,7 +30,8 @@ pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
-pub use matmul::{force_matmul_tile, linear, matmul};
+pub use matmul::{linear, matmul};
+pub use matmul_choice::force_matmul_tile;
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
 use crate::cpu;
