@@ -1,11 +1,13 @@
 //! Optimizers in the image of `torch.optim`: SGD (momentum, dampening, nesterov, weight decay)
 //! and Adam/AdamW. State (momentum buffers, Adam's moments) is created on the first `step`, so
 //! it shows up in the memory timeline there, as in PyTorch. On a GPU each parameter is updated
-//! by one fused kernel (`shaders/optim.wgsl`); the CPU device composes the same formulas from
-//! tensor ops, which makes it the reference the fused kernels are tested against.
+//! by one fused kernel (`shaders/optim.wgsl`), and SGD steps up to five parameters of whole
+//! vec4s in one launch (`shaders/optim_multi.wgsl`, PyTorch's foreach step); the CPU device
+//! composes the same formulas from tensor ops, which makes it the reference the fused kernels
+//! are tested against.
 
 use crate::alloc::MemoryCategory;
-use crate::kernels::{launch, Kernel, OptimKernel};
+use crate::kernels::{launch, Kernel, OptimKernel, SGD_MULTI, SGD_MULTI_IMMEDIATES};
 use crate::nn::StateDict;
 use crate::tensor::{DType, Tensor};
 use crate::{no_grad, Error, Result};
@@ -349,23 +351,36 @@ impl Sgd {
         Ok(())
     }
 
-    fn step_one(&mut self, i: usize) -> Result<()> {
+    /// Parameter `i`'s update, with its momentum buffer created on its first step (PyTorch
+    /// clones the gradient into it; the kernel writes it); `None` without a gradient.
+    fn prepare(&mut self, i: usize) -> Result<Option<SgdWork>> {
         let p = &self.params[i];
         let Some(g) = p.grad() else {
-            return Ok(());
+            return Ok(None);
         };
         let first = self.buffers[i].is_none();
         if self.momentum != 0.0 && first {
-            // PyTorch clones d_p into the buffer; the fused kernel writes it.
             let buf = Tensor::empty(p.shape(), p.dtype(), p.device())?;
             buf.mark(MemoryCategory::OptimizerState);
             self.buffers[i] = Some(buf);
         }
-        let buf = self.buffers[i].as_ref();
-        let p = p.detach();
+        Ok(Some(SgdWork {
+            p: p.detach(),
+            g,
+            buf: self.buffers[i].clone(),
+            first,
+        }))
+    }
+
+    /// Bit 0 nesterov, bit 1 first step, bit 2 momentum in use (`shaders/optim*.wgsl`).
+    fn flags(&self, first: bool) -> u32 {
+        self.nesterov as u32 | (first as u32) << 1 | ((self.momentum != 0.0) as u32) << 2
+    }
+
+    fn step_one(&self, w: SgdWork) -> Result<()> {
+        let SgdWork { p, g, buf, first } = w;
+        let buf = buf.as_ref();
         if fusable(&[&p, &g]) && buf.is_none_or(|b| fusable(&[b])) {
-            let flags =
-                self.nesterov as u32 | (first as u32) << 1 | ((self.momentum != 0.0) as u32) << 2;
             let f = [
                 self.lr,
                 self.weight_decay,
@@ -381,7 +396,7 @@ impl Sgd {
                 &g,
                 buf,
                 None,
-                flags,
+                self.flags(first),
                 f.map(|x| x as f32),
             );
         }
@@ -404,6 +419,81 @@ impl Sgd {
         }
         p.sub_(&d.mul_scalar(self.lr)?)
     }
+
+    /// Up to `SGD_MULTI` updates (`multi_eligible`, one device and dtype) in one launch of
+    /// `shaders/optim_multi.wgsl`; a single one on the one-parameter kernel.
+    fn step_many(&self, batch: &mut Vec<SgdWork>) -> Result<()> {
+        if batch.len() <= 1 {
+            return batch.pop().map_or(Ok(()), |w| self.step_one(w));
+        }
+        let first = &batch[0];
+        let mut imm = Vec::with_capacity(SGD_MULTI_IMMEDIATES);
+        let mut blocks = Vec::with_capacity(3 * SGD_MULTI);
+        let mut flags = self.flags(false);
+        let mut groups = 0u64;
+        for j in 0..SGD_MULTI {
+            // An unused slot binds the first parameter again, with nothing to do.
+            let w = batch.get(j);
+            let n = w.map_or(0, |w| w.p.numel() / 4);
+            let vec4_off = |t: &Tensor| (t.layout().offset / 4) as u32;
+            imm.extend([
+                n as u32,
+                w.map_or(0, |w| vec4_off(&w.p)),
+                w.map_or(0, |w| vec4_off(&w.g)),
+                w.and_then(|w| w.buf.as_ref()).map_or(0, vec4_off),
+            ]);
+            let w = w.unwrap_or(first);
+            blocks.push(&w.p.storage.block);
+            blocks.push(&w.g.storage.block);
+            blocks.push(
+                w.buf
+                    .as_ref()
+                    .map_or(&w.p.storage.block, |b| &b.storage.block),
+            );
+            flags |= (w.first && j < batch.len()) as u32 * (256 << j);
+            groups += (n as u64).div_ceil(256);
+        }
+        imm.push(flags);
+        imm.extend(
+            [self.lr, self.weight_decay, self.momentum, self.dampening]
+                .map(|x| (x as f32).to_bits()),
+        );
+        imm.resize(
+            Kernel::SgdMulti(first.p.dtype()).immediate_size() as usize / 4,
+            0,
+        );
+        launch(
+            Kernel::SgdMulti(first.p.dtype()),
+            &blocks,
+            &imm,
+            groups * 256,
+        )?;
+        for w in batch.drain(..) {
+            w.p.bump_version();
+        }
+        Ok(())
+    }
+}
+
+/// One parameter's SGD update: the detached parameter, its gradient, its momentum buffer.
+struct SgdWork {
+    p: Tensor,
+    g: Tensor,
+    buf: Option<Tensor>,
+    first: bool,
+}
+
+/// Whether `w` can join a multi-parameter launch (`Kernel::SgdMulti`): whole vec4s of one
+/// float dtype, contiguous, on an adapter with the kernel's bindings and immediates.
+fn multi_eligible(w: &SgdWork) -> bool {
+    let tensors: Vec<&Tensor> = [&w.p, &w.g].into_iter().chain(w.buf.as_ref()).collect();
+    let fits = w.p.device().adapter_info().is_some_and(|i| {
+        i.limits.max_storage_buffers_per_shader_stage >= 3 * SGD_MULTI as u32
+            && i.limits.max_immediate_size >= Kernel::SgdMulti(DType::F32).immediate_size()
+    });
+    fits && fusable(&tensors)
+        && w.p.numel().is_multiple_of(4)
+        && tensors.iter().all(|t| t.layout().offset.is_multiple_of(4))
 }
 
 impl Optimizer for Sgd {
@@ -412,7 +502,31 @@ impl Optimizer for Sgd {
         let _scope = crate::alloc::kiln_scope(|| "SGD.step".into(), "kiln optim");
         // One op: what the step allocates and frees is a temporary.
         let _op = crate::alloc::op_scope();
-        no_grad(|| (0..self.params.len()).try_for_each(|i| self.step_one(i)))
+        // PyTorch's foreach step: the parameters that allow it go `SGD_MULTI` to a launch, in
+        // order (so their momentum buffers are created in order, as before).
+        no_grad(|| {
+            let mut batch: Vec<SgdWork> = Vec::with_capacity(SGD_MULTI);
+            for i in 0..self.params.len() {
+                let Some(w) = self.prepare(i)? else {
+                    continue;
+                };
+                if !multi_eligible(&w) {
+                    self.step_one(w)?;
+                    continue;
+                }
+                let joins = batch
+                    .first()
+                    .is_none_or(|b| b.p.device() == w.p.device() && b.p.dtype() == w.p.dtype());
+                if !joins {
+                    self.step_many(&mut batch)?;
+                }
+                batch.push(w);
+                if batch.len() == SGD_MULTI {
+                    self.step_many(&mut batch)?;
+                }
+            }
+            self.step_many(&mut batch)
+        })
     }
     fn params(&self) -> &[Tensor] {
         &self.params

@@ -1,11 +1,11 @@
-//! nn layers against their definitions, state dicts in safetensors files, and the optimizers'
-//! state appearing on the first step.
+//! nn layers against their definitions, state dicts in safetensors files, the optimizers'
+//! state appearing on the first step, and SGD's multi-parameter launches against the CPU.
 
 use kiln::nn::{
     load_safetensors, load_state_dict, save_safetensors, state_dict, BatchNorm, Dropout, LayerNorm,
     Linear, LstmCell, Module, Relu, Sequential,
 };
-use kiln::optim::{Adam, Optimizer};
+use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
 
 fn devices() -> Vec<Device> {
@@ -613,5 +613,103 @@ fn nll_loss_rejects_a_target_out_of_range() {
         let good = Tensor::from_slice(&[0i32, 3, 2], &[3], &dev).unwrap();
         assert_eq!(nll_loss(&lp, &good).unwrap().item::<f32>().unwrap(), 0.0);
         assert_eq!(lp.to_vec::<f32>().unwrap(), vec![0.0; 12]);
+    }
+}
+
+/// SGD steps parameters five to a launch where they are whole vec4s (`optim_sgd_multi`, as
+/// PyTorch's foreach SGD steps a list), the others one to a launch: every configuration matches
+/// the CPU device's tensor-op formulas, with one parameter's momentum buffer created a step
+/// later than the others' (its first step shares a launch with the others' later steps).
+#[test]
+fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
+    let cpu = Device::cpu().unwrap();
+    // Seven parameters: six of whole vec4s (a launch of five, then one alone) and ten elements.
+    let shapes: [&[usize]; 7] = [&[64, 32], &[32], &[16, 8], &[10], &[8], &[4, 4], &[12]];
+    cpu.manual_seed(3);
+    let init: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
+        .collect();
+    let grads: Vec<Vec<Tensor>> = (0..3)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
+                .collect()
+        })
+        .collect();
+    // (momentum, dampening, weight decay, nesterov)
+    let configs = [
+        (0.9, 0.1, 0.01, false),
+        (0.9, 0.0, 0.0, true),
+        (0.0, 0.0, 0.05, false),
+    ];
+    let run = |dev: &Device, (momentum, dampening, wd, nesterov): (f64, f64, f64, bool)| {
+        let params: Vec<Tensor> = init
+            .iter()
+            .map(|t| t.to_device(dev).unwrap().requires_grad_(true).unwrap())
+            .collect();
+        let mut opt = Sgd::new(params.clone(), 0.1)
+            .unwrap()
+            .momentum(momentum)
+            .unwrap()
+            .dampening(dampening)
+            .unwrap()
+            .weight_decay(wd)
+            .unwrap()
+            .nesterov(nesterov)
+            .unwrap();
+        for (step, gs) in grads.iter().enumerate() {
+            for (i, (p, g)) in params.iter().zip(gs).enumerate() {
+                // Parameter 2 has no gradient on the first step.
+                let g = (step > 0 || i != 2).then(|| g.to_device(dev).unwrap());
+                p.set_grad(g).unwrap();
+            }
+            opt.step().unwrap();
+        }
+        let state: Vec<Vec<f32>> = opt
+            .state_tensors()
+            .iter()
+            .map(|(_, t)| t.to_vec::<f32>().unwrap())
+            .collect();
+        let params: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+        (params, state)
+    };
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        for config in configs {
+            let (gp, gs) = run(&dev, config);
+            let (cp, cs) = run(&cpu, config);
+            assert_eq!(gs.len(), cs.len(), "{dev:?} {config:?}: state tensors");
+            for (i, (g, c)) in gp.iter().chain(&gs).zip(cp.iter().chain(&cs)).enumerate() {
+                for (a, b) in g.iter().zip(c) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{dev:?} {config:?} tensor {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        // The five whole-vec4 parameters went to one launch.
+        if dev.adapter_info().unwrap().features.timestamp_query {
+            let p: Vec<Tensor> = init
+                .iter()
+                .map(|t| t.to_device(&dev).unwrap().requires_grad_(true).unwrap())
+                .collect();
+            for (p, g) in p.iter().zip(&grads[0]) {
+                p.set_grad(Some(g.to_device(&dev).unwrap())).unwrap();
+            }
+            let mut opt = Sgd::new(p, 0.1).unwrap().momentum(0.9).unwrap();
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let (_, prof) = kiln::profiler::profile(&options, || {
+                opt.step()?;
+                dev.synchronize()
+            })
+            .unwrap();
+            let trace = prof.chrome_trace_json();
+            assert!(trace.contains("optim_sgd_multi_f32"), "{dev:?}: {trace}");
+        }
     }
 }

@@ -9,6 +9,7 @@ mod elementwise;
 mod fill;
 mod matmul128;
 mod matmul_coop;
+mod optim;
 mod predicate;
 mod reduce;
 mod softmax;
@@ -21,6 +22,7 @@ pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
+pub use optim::{OptimKernel, SGD_MULTI, SGD_MULTI_IMMEDIATES};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
 pub use softmax::SoftmaxKernel;
@@ -98,6 +100,9 @@ pub enum Kernel {
     ColumnSum(DType, DType),
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 or f16 parameters (f32 math).
     Optim(OptimKernel, DType),
+    /// `shaders/optim_multi.wgsl`: SGD over up to `SGD_MULTI` parameters of whole vec4s of one
+    /// float dtype in one launch.
+    SgdMulti(DType),
     /// Convolution as implicit GEMM on the 128-tile kernel (`shaders/conv_gemm*.wgsl`).
     ConvGemm(ConvGemm),
     /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
@@ -141,17 +146,6 @@ impl Narrow {
             Narrow::Short => "short",
         }
     }
-}
-
-/// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OptimKernel {
-    Sgd,
-    Adam,
-    /// The same updates four elements per invocation (vec4 loads: counts and offsets divisible
-    /// by 4), which is what reaches HBM bandwidth.
-    Sgd4,
-    Adam4,
 }
 
 /// Workgroup size shared by the 1-D kernels.
@@ -204,15 +198,11 @@ impl Kernel {
             )
             .chain(CoopTile::CONV.map(Kernel::ConvCoop))
             .chain(
-                [
-                    OptimKernel::Sgd,
-                    OptimKernel::Adam,
-                    OptimKernel::Sgd4,
-                    OptimKernel::Adam4,
-                ]
-                .into_iter()
-                .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
+                OptimKernel::ALL
+                    .into_iter()
+                    .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
             )
+            .chain([DType::F32, DType::F16].map(Kernel::SgdMulti))
             .chain([false, true].map(Kernel::AmpUnscale))
             .chain([Kernel::AmpUnscaleMulti])
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
@@ -268,10 +258,8 @@ impl Kernel {
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
-            Kernel::Optim(k, d) => {
-                let vec4 = matches!(k, OptimKernel::Sgd4 | OptimKernel::Adam4);
-                float_io(include_str!("../../shaders/optim.wgsl"), *d, vec4)
-            }
+            Kernel::Optim(k, d) => float_io(include_str!("../../shaders/optim.wgsl"), *d, k.vec4()),
+            Kernel::SgdMulti(d) => Cow::Owned(float_io(&optim::sgd_multi_source(), *d, true).into_owned()),
             Kernel::AmpUnscale(vec4) => {
                 let u = if *vec4 { "vec4<u32>" } else { "u32" };
                 let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
@@ -416,13 +404,10 @@ impl Kernel {
             Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
             Kernel::Optim(k, d) => Cow::Owned(format!(
                 "optim_{}_{d}{}",
-                self.entry_point_of(*k),
-                if matches!(k, OptimKernel::Sgd4 | OptimKernel::Adam4) {
-                    "_vec4"
-                } else {
-                    ""
-                }
+                k.entry_point(),
+                if k.vec4() { "_vec4" } else { "" }
             )),
+            Kernel::SgdMulti(d) => Cow::Owned(format!("optim_sgd_multi_{d}_vec4")),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
@@ -463,6 +448,7 @@ impl Kernel {
             Kernel::Pool2dArgmax(_) => 2,
             Kernel::Pool2dBackward(_) => 3,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
+            Kernel::SgdMulti(_) => 3 * SGD_MULTI as u32,
             Kernel::AmpUnscale(_) => 2,
             Kernel::AmpUnscaleMulti => AMP_MULTI as u32 + 1,
             Kernel::ColumnSum(..) => 2,
@@ -529,6 +515,7 @@ impl Kernel {
             Kernel::MatmulCoop(..) => 48,
             Kernel::ConvCoop(_) => 112,
             Kernel::Optim(..) => 64,
+            Kernel::SgdMulti(_) => (4 * SGD_MULTI_IMMEDIATES as u32).next_multiple_of(16),
             Kernel::AmpUnscale(_) => 16,
             Kernel::AmpUnscaleMulti => 8 * AMP_MULTI as u32 + 8,
             Kernel::ColumnSum(..) => 32,
@@ -541,17 +528,10 @@ impl Kernel {
         }
     }
 
-    fn entry_point_of(&self, k: OptimKernel) -> &'static str {
-        match k {
-            OptimKernel::Sgd | OptimKernel::Sgd4 => "sgd",
-            OptimKernel::Adam | OptimKernel::Adam4 => "adam",
-        }
-    }
-
     /// The WGSL function the pipeline runs (`main`, except in multi-entry shaders).
     fn entry_point(&self) -> &'static str {
         match self {
-            Kernel::Optim(k, _) => self.entry_point_of(*k),
+            Kernel::Optim(k, _) => k.entry_point(),
             Kernel::BatchNorm(b) => b.entry_point(),
             Kernel::MatmulNarrow(_, kind) => kind.entry_point(),
             Kernel::Nll(_, false) => "forward",

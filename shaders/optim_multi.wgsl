@@ -1,0 +1,72 @@
+// SGD (momentum, dampening, nesterov, weight decay) over up to {{N}} parameters in one launch,
+// as PyTorch's foreach SGD steps a parameter list: the workgroups are dealt out to the
+// parameters in order, ceil(n / 256) each (n in vec4s), so a workgroup works on one parameter
+// and picks its bindings once. The formulas are `optim.wgsl`'s `sgd`, element for element.
+// Parameters, gradients and momentum buffers are contiguous vec4s of `{{T}}` (f32 math); counts
+// and offsets in vec4s; an unused slot has a count of 0.
+{{ENABLES}}
+
+struct Params {
+{{FIELDS}}    // Bit 0 nesterov, bit 2 momentum in use; bit 8 + j: slot j's first step (its momentum
+    // buffer starts as the gradient).
+    flags: u32,
+    lr: f32,
+    weight_decay: f32,
+    momentum: f32,
+    dampening: f32,
+}
+
+var<immediate> p: Params;
+
+{{BINDINGS}}
+struct Update {
+    param: {{E}},
+    buf: {{E}},
+}
+
+fn sgd(w_in: {{E}}, g_in: {{E}}, m_in: {{E}}, first: bool) -> Update {
+    let w = {{W}}(w_in);
+    var d = {{W}}(g_in) + p.weight_decay * w;
+    var buf = d;
+    if (p.flags & 4u) != 0u {
+        if !first {
+            buf = p.momentum * {{W}}(m_in) + (1.0 - p.dampening) * d;
+        }
+        if (p.flags & 1u) != 0u {
+            d = d + p.momentum * buf;
+        } else {
+            d = buf;
+        }
+    }
+    return Update({{E}}(w - p.lr * d), {{E}}(buf));
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nw: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let counts = array<u32, {{N}}>({{COUNTS}});
+    var w = wg.x + wg.y * nw.x;
+    var j = 0u;
+    for (; j < {{N}}u; j++) {
+        let groups = (counts[j] + 255u) / 256u;
+        if w < groups {
+            break;
+        }
+        w -= groups;
+    }
+    if j == {{N}}u {
+        return;
+    }
+    let i = w * 256u + t;
+    if i >= counts[j] {
+        return;
+    }
+    let momentum = (p.flags & 4u) != 0u;
+    let first = (p.flags & (256u << j)) != 0u;
+    switch j {
+{{CASES}}        default: {}
+    }
+}

@@ -1,0 +1,80 @@
+//! The optimizers' kernels: `shaders/optim.wgsl` (one parameter per launch, any float layout)
+//! and `shaders/optim_multi.wgsl` (SGD over up to `SGD_MULTI` parameters per launch, its WGSL
+//! written out per slot: WGSL cannot index bindings, so each slot gets its own bindings,
+//! count, offsets and case of the kernel's switch).
+
+/// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptimKernel {
+    Sgd,
+    Adam,
+    /// The same updates four elements per invocation (vec4 loads: counts and offsets divisible
+    /// by 4), which is what reaches HBM bandwidth.
+    Sgd4,
+    Adam4,
+}
+
+impl OptimKernel {
+    pub const ALL: [OptimKernel; 4] = [
+        OptimKernel::Sgd,
+        OptimKernel::Adam,
+        OptimKernel::Sgd4,
+        OptimKernel::Adam4,
+    ];
+
+    pub(crate) fn entry_point(self) -> &'static str {
+        match self {
+            OptimKernel::Sgd | OptimKernel::Sgd4 => "sgd",
+            OptimKernel::Adam | OptimKernel::Adam4 => "adam",
+        }
+    }
+
+    pub(crate) fn vec4(self) -> bool {
+        matches!(self, OptimKernel::Sgd4 | OptimKernel::Adam4)
+    }
+}
+
+/// Parameters per launch of `Kernel::SgdMulti`: three storage buffers each (15 in all: GL's
+/// llvmpipe allows 16, lavapipe 32) and 25 immediates (100 bytes: lavapipe allows 128).
+/// Five covers an MLP's layers' weights and biases in one launch.
+pub const SGD_MULTI: usize = 5;
+
+/// Immediates of `Kernel::SgdMulti`, in u32s: four per slot, then flags and four floats.
+pub const SGD_MULTI_IMMEDIATES: usize = 4 * SGD_MULTI + 5;
+
+/// `shaders/optim_multi.wgsl` for `SGD_MULTI` slots, before the dtype's substitution.
+pub(crate) fn sgd_multi_source() -> String {
+    let mut fields = String::new();
+    let mut bindings = String::new();
+    let mut cases = String::new();
+    for j in 0..SGD_MULTI {
+        fields += &format!("    n{j}: u32,\n    po{j}: u32,\n    go{j}: u32,\n    mo{j}: u32,\n");
+        for (b, name) in ["w", "g", "m"].iter().enumerate() {
+            bindings += &format!(
+                "@group(0) @binding({}) var<storage, read_write> {name}{j}: array<{{{{E}}}}>;\n",
+                3 * j + b
+            );
+        }
+        cases += &format!(
+            "        case {j}u: {{
+            var m_in = {{{{E}}}}();
+            if momentum && !first {{
+                m_in = m{j}[p.mo{j} + i];
+            }}
+            let u = sgd(w{j}[p.po{j} + i], g{j}[p.go{j} + i], m_in, first);
+            if momentum {{
+                m{j}[p.mo{j} + i] = u.buf;
+            }}
+            w{j}[p.po{j} + i] = u.param;
+        }}
+"
+        );
+    }
+    let counts: Vec<String> = (0..SGD_MULTI).map(|j| format!("p.n{j}")).collect();
+    include_str!("../../shaders/optim_multi.wgsl")
+        .replace("{{FIELDS}}", &fields)
+        .replace("{{BINDINGS}}", &bindings)
+        .replace("{{CASES}}", &cases)
+        .replace("{{COUNTS}}", &counts.join(", "))
+        .replace("{{N}}", &SGD_MULTI.to_string())
+}
