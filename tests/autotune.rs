@@ -457,7 +457,7 @@ fn both_narrow_product_variants_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
     for dev in gpus() {
         for dtype in dtypes(&dev) {
-            for variant in ["narrow", "tiled"] {
+            for variant in ["narrow", "narrow_vec4", "tiled"] {
                 let what = |case: &str| format!("{case} {dtype} {variant} on {}", dev.name());
                 let tol = if dtype == DType::F16 { 4e-3 } else { 1e-4 };
                 forced("matmul narrow", variant, || {
@@ -494,6 +494,13 @@ fn both_narrow_product_variants_match_the_cpu() {
                         [&g, &w].map(|t| t.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap());
                     let want = gc.matmul(&wc).unwrap();
                     assert_close(&got, &want, tol, &what("g @ W, K = 10"));
+                    // K = 10, N whole vec4s (`short4`, with 70 rows: a last partial group of
+                    // four).
+                    let w = random(&[10, 1024], dtype, 25, &dev);
+                    let got = g.matmul(&w).unwrap();
+                    let wc = w.to_device(&cpu).unwrap().to_dtype(DType::F32).unwrap();
+                    let want = gc.matmul(&wc).unwrap();
+                    assert_close(&got, &want, tol, &what("g @ W, K = 10, N = 1024"));
                     // K = 7 with a bias: [33, 7] @ [300, 7]^T + b.
                     let x = random(&[33, 7], dtype, 20, &dev);
                     let w = random(&[300, 7], dtype, 21, &dev);
@@ -505,9 +512,12 @@ fn both_narrow_product_variants_match_the_cpu() {
                     assert_close(&got, &want, tol, &what("x @ W^T + b, K = 7"));
                 });
                 // The forced choice is the kernel that ran (where the profiler can see it).
-                if variant == "narrow" && dev.adapter_info().unwrap().features.timestamp_query {
+                let timestamps = dev.adapter_info().unwrap().features.timestamp_query;
+                if variant != "tiled" && timestamps {
                     let g = random(&[70, 10], dtype, 18, &dev);
-                    let w = random(&[10, 1030], dtype, 19, &dev);
+                    // (`short4` needs N in whole vec4s.)
+                    let n = if variant == "narrow" { 1030 } else { 1024 };
+                    let w = random(&[10, n], dtype, 19, &dev);
                     let options = kiln::profiler::ProfileOptions {
                         devices: vec![dev.clone()],
                         profile_memory: false,
@@ -517,7 +527,12 @@ fn both_narrow_product_variants_match_the_cpu() {
                         dev.synchronize()
                     })
                     .unwrap();
-                    let kernel = format!("matmul_narrow_short_{dtype}");
+                    let entry = if variant == "narrow" {
+                        "short"
+                    } else {
+                        "short4"
+                    };
+                    let kernel = format!("matmul_narrow_{entry}_{dtype}");
                     assert!(
                         prof.chrome_trace_json().contains(&kernel),
                         "{}",

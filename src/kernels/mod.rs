@@ -134,16 +134,20 @@ pub enum Narrow {
     Cols,
     /// A K of 16 or less (the head's input gradient `g @ W`, or a layer with few inputs).
     Short,
+    /// `Short` four columns at a time where B is row-major on whole vec4s
+    /// (`shaders/matmul_short4.wgsl`).
+    Short4,
 }
 
 impl Narrow {
-    pub const ALL: [Narrow; 3] = [Narrow::Rows, Narrow::Cols, Narrow::Short];
+    pub const ALL: [Narrow; 4] = [Narrow::Rows, Narrow::Cols, Narrow::Short, Narrow::Short4];
 
     pub fn entry_point(self) -> &'static str {
         match self {
             Narrow::Rows => "rows",
             Narrow::Cols => "cols",
             Narrow::Short => "short",
+            Narrow::Short4 => "short4",
         }
     }
 }
@@ -253,6 +257,9 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
+            Kernel::MatmulNarrow(d, Narrow::Short4) => {
+                per_dtype(include_str!("../../shaders/matmul_short4.wgsl"), *d)
+            }
             Kernel::MatmulNarrow(d, _) => {
                 per_dtype(include_str!("../../shaders/matmul_narrow.wgsl"), *d)
             }

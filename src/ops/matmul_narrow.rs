@@ -51,6 +51,10 @@ pub(super) fn narrow_product(
             && t.device() == a.device()
     });
     let out = Tensor::empty(&[m, n], a.dtype(), a.device())?;
+    // Every element index the kernel computes must fit a u32 too.
+    for t in [a, b] {
+        u32_of(OP, super::end(t))?;
+    }
     let groups_x = m.min(65535);
     let imm = [
         m,
@@ -73,16 +77,13 @@ pub(super) fn narrow_product(
     .iter()
     .map(|&v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
-    // Every element index the kernel computes must fit a u32 too.
-    for t in [a, b] {
-        u32_of(OP, super::end(t))?;
-    }
-    let groups = match kind {
-        Narrow::Cols => (u32_of(OP, n.div_ceil(32))?, 1, 1),
-        Narrow::Rows => (u32_of(OP, groups_x)?, u32_of(OP, m.div_ceil(groups_x))?, 1),
-        Narrow::Short => (u32_of(OP, n.div_ceil(64))?, u32_of(OP, m.div_ceil(16))?, 1),
-    };
-    let launch = || {
+    let launch = |kind: Narrow| -> Result<()> {
+        let groups = match kind {
+            Narrow::Cols => (n.div_ceil(32), 1),
+            Narrow::Rows => (groups_x, m.div_ceil(groups_x)),
+            Narrow::Short => (n.div_ceil(64), m.div_ceil(16)),
+            Narrow::Short4 => (n.div_ceil(256), m.div_ceil(16)),
+        };
         launch_groups(
             Kernel::MatmulNarrow(a.dtype(), kind),
             &[
@@ -92,7 +93,7 @@ pub(super) fn narrow_product(
                 fused.map_or(&a.storage.block, |t| &t.storage.block),
             ],
             &imm,
-            groups,
+            (u32_of(OP, groups.0)?, u32_of(OP, groups.1)?, 1),
         )
     };
     let key = || {
@@ -105,19 +106,36 @@ pub(super) fn narrow_product(
             tune::class(k)
         )
     };
-    let candidates = [(true, "narrow"), (false, "tiled")];
-    let work = (m * n * k) as u64;
-    let pick = tune::pick(a.device(), "matmul narrow", key, work, &candidates, |v| {
-        if v {
-            launch()
-        } else {
-            matmul_with(a, b, bias, false).map(drop)
-        }
-    })?;
-    if !pick {
-        return Ok(None);
+    // A row-major B on whole vec4s (the head's `g @ W`): four columns an invocation, 16-byte
+    // loads of B and stores (`short4`), is a candidate too. (It adds no bias: a Linear's
+    // `W^T` is never a row-major B.)
+    let vec4 = kind == Narrow::Short
+        && fused.is_none()
+        && b.strides()[1] == 1
+        && [n, b.layout().offset, b.strides()[0], out.layout().offset]
+            .iter()
+            .all(|v| v.is_multiple_of(4));
+    let mut candidates = vec![(Some(kind), "narrow")];
+    if vec4 {
+        candidates.push((Some(Narrow::Short4), "narrow_vec4"));
     }
-    launch()?;
+    candidates.push((None, "tiled"));
+    let work = (m * n * k) as u64;
+    let pick = tune::pick(
+        a.device(),
+        "matmul narrow",
+        key,
+        work,
+        &candidates,
+        |v| match v {
+            Some(kind) => launch(kind),
+            None => matmul_with(a, b, bias, false).map(drop),
+        },
+    )?;
+    let Some(kind) = pick else {
+        return Ok(None);
+    };
+    launch(kind)?;
     match fused {
         Some(_) => Ok(Some(out)),
         None => add_bias(out, bias).map(Some),

@@ -1,0 +1,72 @@
+// `short4`: a product with a K of 16 or less (the head's input gradient `g @ W`, K = 10) where
+// B is row-major on whole vec4s: `matmul_narrow.wgsl`'s `short` four columns at a time, so that
+// each of B's 16-byte vectors serves four rows and each of A's elements (the same across a
+// subgroup) four columns, and the stores are 16 bytes. One invocation per four columns and
+// four rows (256 columns by 16 rows per workgroup), K walked serially. B's offset and row
+// stride, N, and the output's offset are multiples of 4 (`ops/matmul_narrow.rs` checks).
+{{ENABLES}}
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    off_a: u32,
+    sam: u32,
+    sak: u32,
+    off_b: u32,
+    sbk: u32,
+    sbn: u32,
+    off_out: u32,
+    // (No bias here: a Linear's `W^T` is never a row-major B.)
+    flags: u32,
+    off_bias: u32,
+    groups_x: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> b: array<vec4<{{T}}>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<{{T}}>>;
+// (The narrow kernels' fourth binding, unused here.)
+@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
+
+@compute @workgroup_size(64, 4)
+fn short4(@builtin(global_invocation_id) g: vec3<u32>) {
+    let j4 = g.x;
+    let r0 = 4u * g.y;
+    if 4u * j4 >= p.n || r0 >= p.m {
+        return;
+    }
+    // Rows r0..r0+3 of A (the last one repeated past m).
+    let rows = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u)) * p.sam
+        + vec4<u32>(p.off_a);
+    let b0 = p.off_b / 4u + j4;
+    let sbk4 = p.sbk / 4u;
+    var acc0 = vec4<f32>();
+    var acc1 = vec4<f32>();
+    var acc2 = vec4<f32>();
+    var acc3 = vec4<f32>();
+    for (var k = 0u; k < p.k; k++) {
+        let w = vec4<f32>(b[b0 + k * sbk4]);
+        let at = rows + vec4<u32>(k * p.sak);
+        acc0 = fma(vec4<f32>(f32(a[at.x])), w, acc0);
+        acc1 = fma(vec4<f32>(f32(a[at.y])), w, acc1);
+        acc2 = fma(vec4<f32>(f32(a[at.z])), w, acc2);
+        acc3 = fma(vec4<f32>(f32(a[at.w])), w, acc3);
+    }
+    let row = (p.off_out + r0 * p.n) / 4u + j4;
+    let n4 = p.n / 4u;
+    out[row] = vec4<{{T}}>(acc0);
+    if r0 + 1u < p.m {
+        out[row + n4] = vec4<{{T}}>(acc1);
+    }
+    if r0 + 2u < p.m {
+        out[row + 2u * n4] = vec4<{{T}}>(acc2);
+    }
+    if r0 + 3u < p.m {
+        out[row + 3u * n4] = vec4<{{T}}>(acc3);
+    }
+}
