@@ -22,27 +22,17 @@ fn unscaled(x: vec4<f32>) -> vec4<f32> {
     return x * p.inv_scale;
 }
 
+{{DEAL}}
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nw: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
-    let counts = array<u32, {{N}}>({{COUNTS}});
-    var w = wg.x + wg.y * nw.x;
-    var j = 0u;
-    for (; j < {{N}}u; j++) {
-        let groups = (counts[j] + 255u) / 256u;
-        if w < groups {
-            break;
-        }
-        w -= groups;
-    }
+    let slot = deal(array<u32, {{N}}>({{COUNTS}}), wg.x + wg.y * nw.x, t);
+    let j = slot.x;
+    let i = slot.y;
     if j == {{N}}u {
-        return;
-    }
-    let i = w * 256u + t;
-    if i >= counts[j] {
         return;
     }
     switch j {

@@ -15,29 +15,7 @@
 // one invocation per column and four rows (64 columns by 16 rows per workgroup), K walked
 // serially; the output's write, one coalesced store per row, is the cost.
 {{ENABLES}}
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    off_a: u32,
-    sam: u32,
-    sak: u32,
-    off_b: u32,
-    sbk: u32,
-    sbn: u32,
-    off_out: u32,
-    // Bit 0: add bias[j] (rows, short).
-    flags: u32,
-    off_bias: u32,
-    // Workgroups along x (rows: the row is x + y * groups_x).
-    groups_x: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-var<immediate> p: Params;
-
+{{PARAMS}}
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> b: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;

@@ -5,28 +5,7 @@
 // four rows (256 columns by 16 rows per workgroup), K walked serially. B's offset and row
 // stride, N, and the output's offset are multiples of 4 (`ops/matmul_narrow.rs` checks).
 {{ENABLES}}
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    off_a: u32,
-    sam: u32,
-    sak: u32,
-    off_b: u32,
-    sbk: u32,
-    sbn: u32,
-    off_out: u32,
-    // (No bias here: a Linear's `W^T` is never a row-major B.)
-    flags: u32,
-    off_bias: u32,
-    groups_x: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-var<immediate> p: Params;
-
+{{PARAMS}}
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> b: array<vec4<{{T}}>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<{{T}}>>;

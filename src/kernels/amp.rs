@@ -26,5 +26,6 @@ pub(crate) fn amp_multi_source() -> String {
         .replace("{{BINDINGS}}", &bindings)
         .replace("{{CASES}}", &cases)
         .replace("{{COUNTS}}", &counts.join(", "))
+        .replace("{{DEAL}}", include_str!("../../shaders/multi_slot.wgsl"))
         .replace("{{N}}", &AMP_MULTI.to_string())
 }

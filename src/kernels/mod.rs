@@ -257,11 +257,13 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.source()),
             Kernel::Predicate(k) => Cow::Owned(k.source()),
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
-            Kernel::MatmulNarrow(d, Narrow::Short4) => {
-                per_dtype(include_str!("../../shaders/matmul_short4.wgsl"), *d)
-            }
-            Kernel::MatmulNarrow(d, _) => {
-                per_dtype(include_str!("../../shaders/matmul_narrow.wgsl"), *d)
+            Kernel::MatmulNarrow(d, kind) => {
+                let src = match kind {
+                    Narrow::Short4 => include_str!("../../shaders/matmul_short4.wgsl"),
+                    _ => include_str!("../../shaders/matmul_narrow.wgsl"),
+                };
+                let params = include_str!("../../shaders/matmul_narrow_params.wgsl");
+                per_dtype(&src.replace("{{PARAMS}}", params), *d)
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),

@@ -76,5 +76,6 @@ pub(crate) fn sgd_multi_source() -> String {
         .replace("{{BINDINGS}}", &bindings)
         .replace("{{CASES}}", &cases)
         .replace("{{COUNTS}}", &counts.join(", "))
+        .replace("{{DEAL}}", include_str!("../../shaders/multi_slot.wgsl"))
         .replace("{{N}}", &SGD_MULTI.to_string())
 }
