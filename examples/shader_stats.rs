@@ -7,7 +7,9 @@
 //! `cargo run --release --example shader_stats -- [SUBSTRING...]` prints every kernel whose
 //! name contains one of the substrings (all kernels without any). `KILN_STATS_ADAPTER=nvidia`
 //! picks the adapter by name; `KILN_STATS_IR=DIR` also writes the driver's internal
-//! representations (where it gives any) to DIR.
+//! representations (where it gives any) to DIR, and `KILN_STATS_CACHE=DIR` each kernel's
+//! pipeline cache data (`vkGetPipelineCacheData`; NVIDIA's holds the compiled machine code as
+//! an ELF image, which CUDA's `nvdisasm` lists: the driver gives no IR of its own).
 //!
 //! Occupancy on NVIDIA follows from the register count: an SM has 65536 registers, so a
 //! workgroup of 256 invocations at R registers leaves room for floor(256 / R) workgroups.
@@ -283,8 +285,23 @@ mod stats {
             .layout(layout)
             .flags(flags);
         let started = std::time::Instant::now();
-        let created = device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+        let cache_dir = std::env::var_os("KILN_STATS_CACHE").map(std::path::PathBuf::from);
+        let cache = match &cache_dir {
+            Some(_) => device
+                .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+                .map_err(vkerr("vkCreatePipelineCache"))?,
+            None => vk::PipelineCache::null(),
+        };
+        let created = device.create_compute_pipelines(cache, &[info], None);
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = &cache_dir {
+            let data = device.get_pipeline_cache_data(cache);
+            device.destroy_pipeline_cache(cache, None);
+            let data = data.map_err(vkerr("vkGetPipelineCacheData"))?;
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let path = dir.join(format!("{}.bin", file_name(label)));
+            std::fs::write(&path, data).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
         let out = match created {
             Ok(p) => {
                 let r = describe(exec, p[0], label, compile_ms, ir_dir);
@@ -336,6 +353,14 @@ mod stats {
         Ok(line)
     }
 
+    /// A kernel's label as a file name.
+    fn file_name(label: &str) -> String {
+        label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    }
+
     /// The driver's internal representations of one executable, each to its own file.
     unsafe fn write_ir(
         exec: &ash::khr::pipeline_executable_properties::Device,
@@ -363,10 +388,7 @@ mod stats {
         fp(exec.device(), info, &mut count, reps.as_mut_ptr())
             .result()
             .map_err(vkerr("vkGetPipelineExecutableInternalRepresentationsKHR"))?;
-        let safe: String = label
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
+        let safe = file_name(label);
         for (j, (r, d)) in reps.iter().zip(&data).enumerate() {
             let path = dir.join(format!("{safe}.{index}.{j}.txt"));
             let body = if r.is_text == vk::TRUE {
