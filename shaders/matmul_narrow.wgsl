@@ -9,7 +9,7 @@
 // 256 invocations splitting K (+ bias[j] where flagged).
 // `cols`: out[0..m, j] for m <= 16, one workgroup per 32 columns j: 32 columns by 8 lanes of K,
 // so that B's rows are read 32 elements at a time and A's elements are the same across a
-// subgroup.
+// subgroup (staged in shared memory 256 k at a time).
 // `short`: a K of 16 or less (the head's input gradient `g @ W`, K = 10), which the tiled
 // kernels run as one slice with every step's loads and barriers for 10 FMAs per output:
 // one invocation per column and four rows (64 columns by 16 rows per workgroup), K walked
@@ -122,29 +122,43 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var acc1 = vec4<f32>();
     var acc2 = vec4<f32>();
     var acc3 = vec4<f32>();
-    if j < p.n {
-        let b_col = p.off_b + j * p.sbn;
+    // Columns past n read the last one (their sums are not stored): every invocation reaches
+    // the barriers.
+    let b_col = p.off_b + min(j, p.n - 1u) * p.sbn;
+    // A's 16 rows over 256 k at a time, staged as quads in the reduction's shared arrays (free
+    // until the end): each A element is loaded once per workgroup, not once per k step by
+    // every subgroup, and a step's four quads are one broadcast shared read each.
+    for (var k0 = 0u; k0 < p.k; k0 += 256u) {
+        let ka = min(k0 + t, p.k - 1u);
+        part0[t] = a_quad(ka, 0u);
+        part1[t] = a_quad(ka, 1u);
+        part2[t] = a_quad(ka, 2u);
+        part3[t] = a_quad(ka, 3u);
+        workgroupBarrier();
+        let len = min(256u, p.k - k0);
         // Four k steps at a time (their loads before their FMAs), then the rest one by one.
         var k = lane;
-        for (; k + 24u < p.k; k += 32u) {
-            let x0 = vec4<f32>(f32(b[b_col + k * p.sbk]));
-            let x1 = vec4<f32>(f32(b[b_col + (k + 8u) * p.sbk]));
-            let x2 = vec4<f32>(f32(b[b_col + (k + 16u) * p.sbk]));
-            let x3 = vec4<f32>(f32(b[b_col + (k + 24u) * p.sbk]));
-            acc0 = fma(a_quad(k + 24u, 0u), x3, fma(a_quad(k + 16u, 0u), x2, fma(a_quad(k + 8u, 0u), x1, fma(a_quad(k, 0u), x0, acc0))));
-            acc1 = fma(a_quad(k + 24u, 1u), x3, fma(a_quad(k + 16u, 1u), x2, fma(a_quad(k + 8u, 1u), x1, fma(a_quad(k, 1u), x0, acc1))));
+        for (; k + 24u < len; k += 32u) {
+            let at = b_col + (k0 + k) * p.sbk;
+            let x0 = vec4<f32>(f32(b[at]));
+            let x1 = vec4<f32>(f32(b[at + 8u * p.sbk]));
+            let x2 = vec4<f32>(f32(b[at + 16u * p.sbk]));
+            let x3 = vec4<f32>(f32(b[at + 24u * p.sbk]));
+            acc0 = fma(part0[k + 24u], x3, fma(part0[k + 16u], x2, fma(part0[k + 8u], x1, fma(part0[k], x0, acc0))));
+            acc1 = fma(part1[k + 24u], x3, fma(part1[k + 16u], x2, fma(part1[k + 8u], x1, fma(part1[k], x0, acc1))));
             if p.m > 8u {
-                acc2 = fma(a_quad(k + 24u, 2u), x3, fma(a_quad(k + 16u, 2u), x2, fma(a_quad(k + 8u, 2u), x1, fma(a_quad(k, 2u), x0, acc2))));
-                acc3 = fma(a_quad(k + 24u, 3u), x3, fma(a_quad(k + 16u, 3u), x2, fma(a_quad(k + 8u, 3u), x1, fma(a_quad(k, 3u), x0, acc3))));
+                acc2 = fma(part2[k + 24u], x3, fma(part2[k + 16u], x2, fma(part2[k + 8u], x1, fma(part2[k], x0, acc2))));
+                acc3 = fma(part3[k + 24u], x3, fma(part3[k + 16u], x2, fma(part3[k + 8u], x1, fma(part3[k], x0, acc3))));
             }
         }
-        for (; k < p.k; k += 8u) {
-            let x = vec4<f32>(f32(b[b_col + k * p.sbk]));
-            acc0 = fma(a_quad(k, 0u), x, acc0);
-            acc1 = fma(a_quad(k, 1u), x, acc1);
-            acc2 = fma(a_quad(k, 2u), x, acc2);
-            acc3 = fma(a_quad(k, 3u), x, acc3);
+        for (; k < len; k += 8u) {
+            let x = vec4<f32>(f32(b[b_col + (k0 + k) * p.sbk]));
+            acc0 = fma(part0[k], x, acc0);
+            acc1 = fma(part1[k], x, acc1);
+            acc2 = fma(part2[k], x, acc2);
+            acc3 = fma(part3[k], x, acc3);
         }
+        workgroupBarrier();
     }
     let sums = reduce(t, 32u, 8u, array<vec4<f32>, 4>(acc0, acc1, acc2, acc3));
     if t < 32u && j < p.n {
