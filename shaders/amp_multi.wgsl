@@ -22,20 +22,11 @@ fn unscaled(x: vec4<f32>) -> vec4<f32> {
     return x * p.inv_scale;
 }
 
-{{DEAL}}
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nw: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let slot = deal(array<u32, {{N}}>({{COUNTS}}), wg.x + wg.y * nw.x, t);
-    let j = slot.x;
-    let i = slot.y;
-    if j == {{N}}u {
-        return;
-    }
+// Element i of slot j (the entry point and the dealing: `multi_slot.wgsl`).
+fn run(j: u32, i: u32) {
     switch j {
 {{CASES}}        default: {}
     }
 }
+
+{{DEAL}}

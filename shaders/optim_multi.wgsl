@@ -41,22 +41,13 @@ fn sgd(w_in: {{E}}, g_in: {{E}}, m_in: {{E}}, first: bool) -> Update {
     return Update({{E}}(w - p.lr * d), {{E}}(buf));
 }
 
-{{DEAL}}
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nw: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let slot = deal(array<u32, {{N}}>({{COUNTS}}), wg.x + wg.y * nw.x, t);
-    let j = slot.x;
-    let i = slot.y;
-    if j == {{N}}u {
-        return;
-    }
+// Element i of slot j (the entry point and the dealing: `multi_slot.wgsl`).
+fn run(j: u32, i: u32) {
     let momentum = (p.flags & 4u) != 0u;
     let first = (p.flags & (256u << j)) != 0u;
     switch j {
 {{CASES}}        default: {}
     }
 }
+
+{{DEAL}}

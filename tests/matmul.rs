@@ -32,19 +32,23 @@ fn product_error(a: &Tensor, b: &Tensor, cpu: &Device) -> f32 {
     worst(&got, &on_cpu(a).matmul(&on_cpu(b)).unwrap())
 }
 
-/// The profiler's trace of `a @ b` on their device (which kernels ran).
-fn product_trace(a: &Tensor, b: &Tensor) -> String {
-    let dev = a.device();
+/// The profiler's trace of `work` on `dev` (which kernels ran).
+fn kernel_trace(dev: &Device, work: impl FnOnce() -> kiln::Result<()>) -> String {
     let options = kiln::profiler::ProfileOptions {
         devices: vec![dev.clone()],
         profile_memory: false,
     };
     let (_, prof) = kiln::profiler::profile(&options, || {
-        a.matmul(b)?;
+        work()?;
         dev.synchronize()
     })
     .unwrap();
     prof.chrome_trace_json()
+}
+
+/// The profiler's trace of `a @ b` on their device.
+fn product_trace(a: &Tensor, b: &Tensor) -> String {
+    kernel_trace(a.device(), || a.matmul(b).map(drop))
 }
 
 /// A [rows, cols] view of random values: with `transposed`, the transpose of a contiguous
@@ -187,16 +191,7 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
             let [x, w, b] = [x, w, b].map(|t| t.requires_grad_(true).unwrap());
             let y = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
             let loss = y.mul(&y.detach()).unwrap().sum_all().unwrap();
-            let options = kiln::profiler::ProfileOptions {
-                devices: vec![dev.clone()],
-                profile_memory: false,
-            };
-            let (_, prof) = kiln::profiler::profile(&options, || {
-                loss.backward()?;
-                dev.synchronize()
-            })
-            .unwrap();
-            let trace = prof.chrome_trace_json();
+            let trace = kernel_trace(&dev, || loss.backward());
             assert!(trace.contains("_ac_br_rowsum"), "{dev:?}: {trace}");
             assert!(!trace.contains("colsum"), "{dev:?}: {trace}");
         }

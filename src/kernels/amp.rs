@@ -20,12 +20,9 @@ pub(crate) fn amp_multi_source() -> String {
             "        case {j}u: {{\n            g{j}[p.o{j} + i] = unscaled(g{j}[p.o{j} + i]);\n        }}\n"
         );
     }
-    let counts: Vec<String> = (0..AMP_MULTI).map(|j| format!("p.n{j}")).collect();
-    include_str!("../../shaders/amp_multi.wgsl")
-        .replace("{{FIELDS}}", &fields)
-        .replace("{{BINDINGS}}", &bindings)
-        .replace("{{CASES}}", &cases)
-        .replace("{{COUNTS}}", &counts.join(", "))
-        .replace("{{DEAL}}", include_str!("../../shaders/multi_slot.wgsl"))
-        .replace("{{N}}", &AMP_MULTI.to_string())
+    super::optim::multi_source(
+        include_str!("../../shaders/amp_multi.wgsl"),
+        AMP_MULTI,
+        [fields, bindings, cases],
+    )
 }

@@ -70,12 +70,27 @@ pub(crate) fn sgd_multi_source() -> String {
 "
         );
     }
-    let counts: Vec<String> = (0..SGD_MULTI).map(|j| format!("p.n{j}")).collect();
-    include_str!("../../shaders/optim_multi.wgsl")
+    multi_source(
+        include_str!("../../shaders/optim_multi.wgsl"),
+        SGD_MULTI,
+        [fields, bindings, cases],
+    )
+}
+
+/// A multi-tensor kernel's WGSL (`optim_multi.wgsl`, `amp_multi.wgsl`) for `n` slots: its
+/// per-slot immediates, bindings and switch cases written in, and `multi_slot.wgsl`'s entry
+/// point, which deals out the workgroups by the slots' counts (`p.n0`, `p.n1`, ...).
+pub(crate) fn multi_source(
+    template: &str,
+    n: usize,
+    [fields, bindings, cases]: [String; 3],
+) -> String {
+    let counts: Vec<String> = (0..n).map(|j| format!("p.n{j}")).collect();
+    template
         .replace("{{FIELDS}}", &fields)
         .replace("{{BINDINGS}}", &bindings)
         .replace("{{CASES}}", &cases)
-        .replace("{{COUNTS}}", &counts.join(", "))
         .replace("{{DEAL}}", include_str!("../../shaders/multi_slot.wgsl"))
-        .replace("{{N}}", &SGD_MULTI.to_string())
+        .replace("{{COUNTS}}", &counts.join(", "))
+        .replace("{{N}}", &n.to_string())
 }
