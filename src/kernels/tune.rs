@@ -47,6 +47,9 @@ pub const MARGIN: f64 = 0.05;
 /// Time one timing sample aims at (repeats of short kernels fill it).
 const SAMPLE: Duration = Duration::from_millis(8);
 
+/// The most runs one sample repeats (a 20 us kernel fills [`SAMPLE`] with 400).
+const MAX_REPS: u32 = 1024;
+
 /// Whether kernels are chosen by measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Autotune {
@@ -391,6 +394,12 @@ fn named<V: Copy>(candidates: &[(V, &'static str)], name: &str) -> Option<V> {
     candidates.iter().find(|(_, n)| *n == name).map(|&(v, _)| v)
 }
 
+/// Runs of a candidate that fill one [`SAMPLE`], for runs of `per_run` seconds (at most
+/// [`MAX_REPS`]).
+fn sample_reps(per_run: f64) -> u32 {
+    (SAMPLE.as_secs_f64() / per_run.max(1e-7)).clamp(1.0, MAX_REPS as f64) as u32
+}
+
 /// Seconds per run of `run`: one warm-up run (which compiles the pipeline), then the best of
 /// three samples, each repeating `run` to fill [`SAMPLE`] (one sample of one run where a run
 /// alone takes longer).
@@ -417,15 +426,38 @@ fn time_one(device: &Device, mut run: impl FnMut() -> Result<()>) -> Result<f64>
         // remaining candidates need (GL's tiled transpose: 0.4 s a run on llvmpipe).
         return Ok(once.as_secs_f64());
     }
-    let reps = (SAMPLE.as_secs_f64() / once.as_secs_f64()).clamp(1.0, 64.0) as u32;
-    let mut best = once.as_secs_f64();
-    for _ in 0..2 {
+    // Each sample repeats the run to fill SAMPLE, judged by the previous sample's time per
+    // run, so that the host's synchronisation is spread over enough runs. Judged by the
+    // first run alone (one run and one synchronisation, which the host can slow many times
+    // over), every sample could be a few runs of a 20 us kernel and mostly synchronisation:
+    // the H100's head product (about 20 us in the step) was once tuned at 0.116 ms.
+    let mut per_run = once.as_secs_f64();
+    let mut best = per_run;
+    for _ in 0..3 {
+        let reps = sample_reps(per_run);
         let t = Instant::now();
         for _ in 0..reps {
             run()?;
         }
         device.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+        per_run = t.elapsed().as_secs_f64() / reps as f64;
+        best = best.min(per_run);
     }
     Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_fills_its_time_within_the_cap() {
+        assert_eq!(sample_reps(20e-6), 400);
+        assert_eq!(sample_reps(0.5), 1);
+        assert_eq!(sample_reps(1e-9), MAX_REPS);
+        // A sample judged by a slowed first run repeats few runs; the next, judged by that
+        // sample's own time per run, fills SAMPLE.
+        assert_eq!(sample_reps(2e-3), 4);
+        assert_eq!(sample_reps((4.0 * 20e-6 + 300e-6) / 4.0), 84);
+    }
 }
