@@ -314,3 +314,126 @@ fn split_products_match_the_cpu() {
         }
     }
 }
+
+/// `ops::linear_relu` against `linear` then `relu`: the values (NaN kept) against the CPU, the
+/// gradients, the graph's node, and every allocator statistic the two leave behind, on the same
+/// device; where the vec4 kernel takes the product, no ReLU kernel runs (its epilogue clamps).
+#[test]
+fn linear_relu_is_linear_then_relu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        kiln::ops::force_matmul_tile(Some(128));
+        let (m, k, n) = (128, 48, 256);
+        cpu.manual_seed(11);
+        let x = Tensor::randn(&[m, k], DType::F32, &cpu).unwrap();
+        let w = Tensor::randn(&[n, k], DType::F32, &cpu).unwrap();
+        let b = Tensor::randn(&[n], DType::F32, &cpu).unwrap();
+        let c = Tensor::randn(&[m, n], DType::F32, &cpu).unwrap();
+        let on = |t: &Tensor, d: &Device| t.to_device(d).unwrap();
+
+        // Values, with a NaN in one row of x (its whole output row is NaN either way).
+        let mut xv = x.to_vec::<f32>().unwrap();
+        xv[3 * k + 5] = f32::NAN;
+        let xn = Tensor::from_slice(&xv, &[m, k], &cpu).unwrap();
+        let got = kiln::ops::linear_relu(&on(&xn, &dev), &on(&w, &dev), Some(&on(&b, &dev)))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let want = kiln::ops::linear(&xn, &w, Some(&b))
+            .unwrap()
+            .relu()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.is_nan(), w.is_nan(), "{dev:?} element {i}: {g} vs {w}");
+            if !w.is_nan() {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{dev:?} {i}: {g} vs {w}"
+                );
+            }
+        }
+        assert!(got[3 * n..4 * n].iter().all(|v| v.is_nan()));
+
+        // Gradients and graph, and the allocator's statistics over a forward and backward,
+        // fused and not (the first run of each tunes the product; the second is measured).
+        let leaves = |d: &Device| [&x, &w, &b].map(|t| on(t, d).requires_grad_(true).unwrap());
+        let step = |d: &Device, fused: bool| {
+            let [xl, wl, bl] = leaves(d);
+            let r = match fused {
+                true => kiln::ops::linear_relu(&xl, &wl, Some(&bl)).unwrap(),
+                false => kiln::ops::linear(&xl, &wl, Some(&bl))
+                    .unwrap()
+                    .relu()
+                    .unwrap(),
+            };
+            assert_eq!(r.grad_fn_name(), Some("ReluBackward0"));
+            r.mul(&on(&c, d))
+                .unwrap()
+                .sum(&[0, 1], false)
+                .unwrap()
+                .backward()
+                .unwrap();
+            [xl, wl, bl].map(|t| t.grad().unwrap().to_vec::<f32>().unwrap())
+        };
+        let stats = |fused: bool| {
+            step(&dev, fused);
+            dev.synchronize().unwrap();
+            let before = dev.memory_stats();
+            dev.reset_peak_memory_stats();
+            let grads = step(&dev, fused);
+            dev.synchronize().unwrap();
+            let after = dev.memory_stats();
+            let delta: Vec<(String, i64)> = after
+                .iter()
+                .filter(|(key, _)| key.starts_with("allocation") || key.contains("bytes"))
+                .filter(|(key, _)| !key.contains("reserved") && !key.contains("segment"))
+                .map(|(key, v)| {
+                    let base = if key.ends_with(".peak") {
+                        0
+                    } else {
+                        before[key]
+                    };
+                    (key.clone(), v - base)
+                })
+                .collect();
+            (grads, delta)
+        };
+        let (plain, plain_stats) = stats(false);
+        let (fused, fused_stats) = stats(true);
+        assert_eq!(
+            plain_stats, fused_stats,
+            "{dev:?}: allocator statistics differ"
+        );
+        let reference = step(&cpu, false);
+        for (i, name) in ["x", "w", "b"].iter().enumerate() {
+            for (got, label) in [(&fused[i], "fused"), (&plain[i], "plain")] {
+                let worst = got
+                    .iter()
+                    .zip(&reference[i])
+                    .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+                    .fold(0.0, f32::max);
+                assert!(
+                    worst < 1e-4,
+                    "{dev:?} {label} grad of {name}: error {worst}"
+                );
+            }
+        }
+
+        // The kernels: the vec4 product alone where it runs (not on GL, which keeps to the
+        // scalar kernel and then runs the ReLU's own).
+        let info = dev.adapter_info().unwrap();
+        if info.features.timestamp_query {
+            let (xd, wd, bd) = (on(&x, &dev), on(&w, &dev), on(&b, &dev));
+            let trace = kernel_trace(&dev, || {
+                kiln::ops::linear_relu(&xd, &wd, Some(&bd)).map(drop)
+            });
+            let vec4 = info.backend != wgpu::Backend::Gl;
+            assert_eq!(trace.contains("matmul128_vec4"), vec4, "{trace}");
+            assert_eq!(trace.contains("unary_relu"), !vec4, "{trace}");
+        }
+        kiln::ops::force_matmul_tile(None);
+    }
+}

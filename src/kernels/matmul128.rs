@@ -26,13 +26,18 @@ pub enum Vec4Layout {
     /// its bias gradient, the sums over `g`'s batch rows, in the same launch, and the two
     /// launches of the column sums (`shaders/colsum.wgsl`) leave the MLP's step.
     ColRowSums,
+    /// `Runtime` whose epilogue clamps the outputs at zero after the bias (`ops::linear_relu`:
+    /// `x @ W^T + b` with the ReLU that follows it). A kernel of its own: the same clamp
+    /// behind a flag tested at run time cost every f32 product 2-3% on the H100.
+    RuntimeRelu,
 }
 
 impl Vec4Layout {
-    pub const ALL: [Vec4Layout; 3] = [
+    pub const ALL: [Vec4Layout; 4] = [
         Vec4Layout::Runtime,
         Vec4Layout::ColRow,
         Vec4Layout::ColRowSums,
+        Vec4Layout::RuntimeRelu,
     ];
 
     /// The layout for operands with A's k stride `sak` and B's n stride `sbn`.
@@ -50,18 +55,24 @@ impl Vec4Layout {
             Vec4Layout::Runtime => "",
             Vec4Layout::ColRow => "_ac_br",
             Vec4Layout::ColRowSums => "_ac_br_rowsum",
+            Vec4Layout::RuntimeRelu => "_relu",
         }
     }
 
     /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
     pub(crate) fn io(self) -> String {
         let (a_rows, b_rows) = match self {
-            Vec4Layout::Runtime => ("p.sak == 1u", "p.sbn == 1u"),
+            Vec4Layout::Runtime | Vec4Layout::RuntimeRelu => ("p.sak == 1u", "p.sbn == 1u"),
             Vec4Layout::ColRow | Vec4Layout::ColRowSums => ("false", "true"),
+        };
+        let relu = match self {
+            Vec4Layout::RuntimeRelu => "x = select(x, vec4<f32>(), x < vec4<f32>());",
+            _ => "",
         };
         include_str!("../../shaders/matmul128_vec4.wgsl")
             .replace("{{A_ROWS}}", a_rows)
             .replace("{{B_ROWS}}", b_rows)
+            .replace("{{RELU}}", relu)
     }
 }
 

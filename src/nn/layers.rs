@@ -58,6 +58,13 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         crate::ops::linear(x, &self.weight, self.bias.as_ref())
     }
+    fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_then_relu(x)
+    }
+    /// The ReLU in the product's epilogue where it can (`ops::linear_relu`).
+    fn forward_then_relu(&self, x: &Tensor) -> Result<Tensor> {
+        crate::ops::linear_relu(x, &self.weight, self.bias.as_ref())
+    }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         weight_and_bias(&self.weight, &self.bias)
             .map(|(n, t)| (n.to_string(), t.clone()))
@@ -377,6 +384,9 @@ macro_rules! activation {
             fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
                 Vec::new()
             }
+            fn is_relu(&self) -> bool {
+                stringify!($method) == "relu"
+            }
         }
     )*};
 }
@@ -501,10 +511,18 @@ impl Sequential {
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
+        let mut i = 0;
+        while let Some(layer) = self.layers.get(i) {
             // The module path in allocation frames, as PyTorch's stacks show `model.0`.
             let _scope = crate::alloc::kiln_scope(|| format!("Sequential.{i}"), "kiln nn");
-            y = layer.forward(&y)?;
+            // A layer followed by `Relu` applies it (the same graph and allocations).
+            if self.layers.get(i + 1).is_some_and(|next| next.is_relu()) {
+                y = layer.forward_then_relu(&y)?;
+                i += 2;
+            } else {
+                y = layer.forward(&y)?;
+                i += 1;
+            }
         }
         Ok(y)
     }

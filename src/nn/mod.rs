@@ -34,6 +34,19 @@ pub trait Module: Send + Sync {
         self.forward(x)?.relu()
     }
 
+    /// `relu(self.forward(x))` with the graph and every allocation of the two ops unchanged,
+    /// which a layer overrides where it can apply the ReLU in its own kernel (`Linear`:
+    /// `ops::linear_relu`). `Sequential` calls it for a layer followed by `Relu`.
+    fn forward_then_relu(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)?.relu()
+    }
+
+    /// Whether this is `Relu` (out of place), which `Sequential` hands to the layer before it
+    /// (`forward_then_relu`).
+    fn is_relu(&self) -> bool {
+        false
+    }
+
     /// Parameters with their dotted paths (`0.weight`), in registration order.
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
 
