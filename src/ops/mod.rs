@@ -10,6 +10,7 @@ mod conv_grad;
 mod grad;
 mod index;
 mod inplace;
+mod linear;
 pub(crate) mod loss;
 mod matmul;
 mod matmul_choice;
@@ -30,7 +31,8 @@ pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
-pub use matmul::{linear, linear_relu, matmul};
+pub use linear::{linear, linear_relu};
+pub use matmul::matmul;
 pub use matmul_choice::force_matmul_tile;
 pub use predicate::{compare, compare_scalar, masked_fill, to_dtype, where_};
 
