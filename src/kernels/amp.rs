@@ -9,20 +9,17 @@ pub const AMP_MULTI: usize = 7;
 /// `shaders/amp_multi.wgsl` for `AMP_MULTI` gradients: per gradient a count and an offset, a
 /// binding, and a case of the switch.
 pub(crate) fn amp_multi_source() -> String {
-    let mut fields = String::new();
-    let mut bindings = String::new();
-    let mut cases = String::new();
-    for j in 0..AMP_MULTI {
-        fields += &format!("    n{j}: u32,\n    o{j}: u32,\n");
-        bindings +=
-            &format!("@group(0) @binding({j}) var<storage, read_write> g{j}: array<vec4<f32>>;\n");
-        cases += &format!(
-            "        case {j}u: {{\n            g{j}[p.o{j} + i] = unscaled(g{j}[p.o{j} + i]);\n        }}\n"
-        );
-    }
     super::optim::multi_source(
         include_str!("../../shaders/amp_multi.wgsl"),
         AMP_MULTI,
-        [fields, bindings, cases],
+        |j| {
+            [
+            format!("    n{j}: u32,\n    o{j}: u32,\n"),
+            format!("@group(0) @binding({j}) var<storage, read_write> g{j}: array<vec4<f32>>;\n"),
+            format!(
+                "        case {j}u: {{\n            g{j}[p.o{j} + i] = unscaled(g{j}[p.o{j} + i]);\n        }}\n"
+            ),
+        ]
+        },
     )
 }

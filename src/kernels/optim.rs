@@ -44,19 +44,25 @@ pub const SGD_MULTI_IMMEDIATES: usize = 4 * SGD_MULTI + 5;
 
 /// `shaders/optim_multi.wgsl` for `SGD_MULTI` slots, before the dtype's substitution.
 pub(crate) fn sgd_multi_source() -> String {
-    let mut fields = String::new();
-    let mut bindings = String::new();
-    let mut cases = String::new();
-    for j in 0..SGD_MULTI {
-        fields += &format!("    n{j}: u32,\n    po{j}: u32,\n    go{j}: u32,\n    mo{j}: u32,\n");
-        for (b, name) in ["w", "g", "m"].iter().enumerate() {
-            bindings += &format!(
-                "@group(0) @binding({}) var<storage, read_write> {name}{j}: array<{{{{E}}}}>;\n",
-                3 * j + b
-            );
-        }
-        cases += &format!(
-            "        case {j}u: {{
+    multi_source(
+        include_str!("../../shaders/optim_multi.wgsl"),
+        SGD_MULTI,
+        |j| {
+            let bindings = ["w", "g", "m"]
+            .iter()
+            .enumerate()
+            .map(|(b, name)| {
+                format!(
+                    "@group(0) @binding({}) var<storage, read_write> {name}{j}: array<{{{{E}}}}>;\n",
+                    3 * j + b
+                )
+            })
+            .collect();
+            [
+                format!("    n{j}: u32,\n    po{j}: u32,\n    go{j}: u32,\n    mo{j}: u32,\n"),
+                bindings,
+                format!(
+                    "        case {j}u: {{
             var m_in = {{{{E}}}}();
             if momentum && !first {{
                 m_in = m{j}[p.mo{j} + i];
@@ -68,23 +74,27 @@ pub(crate) fn sgd_multi_source() -> String {
             w{j}[p.po{j} + i] = u.param;
         }}
 "
-        );
-    }
-    multi_source(
-        include_str!("../../shaders/optim_multi.wgsl"),
-        SGD_MULTI,
-        [fields, bindings, cases],
+                ),
+            ]
+        },
     )
 }
 
-/// A multi-tensor kernel's WGSL (`optim_multi.wgsl`, `amp_multi.wgsl`) for `n` slots: its
-/// per-slot immediates, bindings and switch cases written in, and `multi_slot.wgsl`'s entry
-/// point, which deals out the workgroups by the slots' counts (`p.n0`, `p.n1`, ...).
+/// A multi-tensor kernel's WGSL (`optim_multi.wgsl`, `amp_multi.wgsl`) for `n` slots: each
+/// slot's immediates, bindings and switch case (`slot(j)`) written in, and `multi_slot.wgsl`'s
+/// entry point, which deals out the workgroups by the slots' counts (`p.n0`, `p.n1`, ...).
 pub(crate) fn multi_source(
     template: &str,
     n: usize,
-    [fields, bindings, cases]: [String; 3],
+    slot: impl Fn(usize) -> [String; 3],
 ) -> String {
+    let [mut fields, mut bindings, mut cases] = [String::new(), String::new(), String::new()];
+    for j in 0..n {
+        let [f, b, c] = slot(j);
+        fields += &f;
+        bindings += &b;
+        cases += &c;
+    }
     let counts: Vec<String> = (0..n).map(|j| format!("p.n{j}")).collect();
     template
         .replace("{{FIELDS}}", &fields)

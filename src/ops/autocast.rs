@@ -189,6 +189,12 @@ pub(crate) fn suspended<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// The dtype to cast to for tensors of `t`'s device type, when a region is active.
+/// Whether an op on `t` would be cast by autocast now (a region enabled for `t`'s device and
+/// not suspended): what `lower` asks first.
+pub(crate) fn applies(t: &Tensor) -> bool {
+    active(t).is_some()
+}
+
 fn active(t: &Tensor) -> Option<DType> {
     STATE.with(|s| {
         let s = s.borrow();

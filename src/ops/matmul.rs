@@ -605,7 +605,6 @@ pub(super) fn matmul_impl(
             let relu = relu.filter(|_| {
                 choice == Simt::Vec4
                     && layout == Vec4Layout::Runtime
-                    && sums.is_none()
                     && fused_bias.is_some()
                     && a.rank() == 2
                     && b.rank() == 2
