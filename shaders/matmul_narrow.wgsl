@@ -9,7 +9,7 @@
 // 256 invocations splitting K (+ bias[j] where flagged).
 // `cols`: out[0..m, j] for m <= 16, one workgroup per 32 columns j: 32 columns by 8 lanes of K,
 // so that B's rows are read 32 elements at a time and A's elements are the same across a
-// subgroup (staged in shared memory 256 k at a time).
+// subgroup (staged in shared memory 256 k at a time); with flag bit 1 also A's row sums.
 // `short`: a K of 16 or less (the head's input gradient `g @ W`, K = 10), which the tiled
 // kernels run as one slice with every step's loads and barriers for 10 FMAs per output:
 // one invocation per column and four rows (64 columns by 16 rows per workgroup), K walked
@@ -125,15 +125,32 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // Columns past n read the last one (their sums are not stored): every invocation reaches
     // the barriers.
     let b_col = p.off_b + min(j, p.n - 1u) * p.sbn;
+    // With flag bit 1, workgroup 0 also sums A's rows over K into `bias` (a Linear's bias
+    // gradient beside its weight's, `matmul_row_sums`): each invocation its staged k's.
+    let row_sums = wg.x == 0u && (p.flags & 2u) != 0u;
+    var s0 = vec4<f32>();
+    var s1 = vec4<f32>();
+    var s2 = vec4<f32>();
+    var s3 = vec4<f32>();
     // A's 16 rows over 256 k at a time, staged as quads in the reduction's shared arrays (free
     // until the end): each A element is loaded once per workgroup, not once per k step by
     // every subgroup, and a step's four quads are one broadcast shared read each.
     for (var k0 = 0u; k0 < p.k; k0 += 256u) {
         let ka = min(k0 + t, p.k - 1u);
-        part0[t] = a_quad(ka, 0u);
-        part1[t] = a_quad(ka, 1u);
-        part2[t] = a_quad(ka, 2u);
-        part3[t] = a_quad(ka, 3u);
+        let q0 = a_quad(ka, 0u);
+        let q1 = a_quad(ka, 1u);
+        let q2 = a_quad(ka, 2u);
+        let q3 = a_quad(ka, 3u);
+        part0[t] = q0;
+        part1[t] = q1;
+        part2[t] = q2;
+        part3[t] = q3;
+        if row_sums && k0 + t < p.k {
+            s0 += q0;
+            s1 += q1;
+            s2 += q2;
+            s3 += q3;
+        }
         workgroupBarrier();
         let len = min(256u, p.k - k0);
         // Four k steps at a time (their loads before their FMAs), then the rest one by one.
@@ -169,6 +186,13 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                     out[p.off_out + i * p.n + j] = {{T}}(sums[q][r]);
                 }
             }
+        }
+    }
+    if row_sums {
+        workgroupBarrier();
+        let rs = reduce(t, 1u, 256u, array<vec4<f32>, 4>(s0, s1, s2, s3));
+        if t < p.m {
+            bias[p.off_bias + t] = {{T}}(rs[t / 4u][t % 4u]);
         }
     }
 }

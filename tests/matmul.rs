@@ -196,6 +196,39 @@ fn linear_fuses_its_bias_and_backpropagates_through_it() {
             assert!(!trace.contains("colsum"), "{dev:?}: {trace}");
         }
         kiln::ops::force_matmul_tile(None);
+        // A classifier head (10 outputs; its weight's gradient `g^T @ x` on the narrow `cols`
+        // kernel, K = 300 rows, a partial last 256): the bias's gradient from the same launch.
+        tune::force_variant("matmul narrow", Some("narrow"));
+        cpu.manual_seed(9);
+        let data = [vec![300, 40], vec![10, 40], vec![10]]
+            .map(|s| Tensor::randn(&s, DType::F32, &cpu).unwrap());
+        let on = |d: &Device| {
+            let [x, w, b] = data
+                .clone()
+                .map(|t| t.to_device(d).unwrap().requires_grad_(true).unwrap());
+            let y = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
+            let r = y.detach().to_device(&cpu).unwrap().cos().unwrap();
+            let loss = y.mul(&r.to_device(d).unwrap()).unwrap().sum_all().unwrap();
+            let trace = (!d.is_cpu()).then(|| kernel_trace(d, || loss.backward()));
+            if d.is_cpu() {
+                loss.backward().unwrap();
+            }
+            ([&x, &w, &b].map(|t| t.grad().unwrap()), trace)
+        };
+        let ((gg, trace), (cg, _)) = (on(&dev), on(&cpu));
+        for (i, (g, c)) in gg.iter().zip(&cg).enumerate() {
+            let e = worst(g, c);
+            assert!(e < 1e-4, "{dev:?} head: gradient {i}: error {e}");
+        }
+        if let Some(trace) = trace.filter(|_| info.features.timestamp_query) {
+            assert!(trace.contains("matmul_narrow_cols"), "{dev:?}: {trace}");
+            // No reduction op or kernel (`sum`, `sum_f32_...`, `colsum_...`).
+            for name in ["\"name\":\"sum\"", "\"name\":\"sum_f32"] {
+                assert!(!trace.contains(name), "{dev:?}: {trace}");
+            }
+            assert!(!trace.contains("colsum"), "{dev:?}: {trace}");
+        }
+        tune::force_variant("matmul narrow", None);
     }
 }
 

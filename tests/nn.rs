@@ -616,15 +616,25 @@ fn nll_loss_rejects_a_target_out_of_range() {
     }
 }
 
-/// SGD steps parameters five to a launch where they are whole vec4s (`optim_sgd_multi`, as
-/// PyTorch's foreach SGD steps a list), the others one to a launch: every configuration matches
-/// the CPU device's tensor-op formulas, with one parameter's momentum buffer created a step
-/// later than the others' (its first step shares a launch with the others' later steps).
+/// SGD steps parameters six (five on GL) to a launch (`optim_sgd_multi`, as PyTorch's foreach
+/// SGD steps a list), counts that are not a multiple of 4 included: every configuration
+/// matches the CPU device's tensor-op formulas, with one parameter's momentum buffer created a
+/// step later than the others' (its first step shares a launch with the others' later steps).
 #[test]
 fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
     let cpu = Device::cpu().unwrap();
-    // Seven parameters: six of whole vec4s (a launch of five, then one alone) and ten elements.
-    let shapes: [&[usize]; 7] = [&[64, 32], &[32], &[16, 8], &[10], &[8], &[4, 4], &[12]];
+    // Eight parameters: a launch of six (one of them ten elements, a partial last vec4), then
+    // one of two (six elements); on GL five, then three.
+    let shapes: [&[usize]; 8] = [
+        &[64, 32],
+        &[32],
+        &[16, 8],
+        &[10],
+        &[8],
+        &[4, 4],
+        &[12],
+        &[6],
+    ];
     cpu.manual_seed(3);
     let init: Vec<Tensor> = shapes
         .iter()
@@ -689,7 +699,7 @@ fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
                 }
             }
         }
-        // The five whole-vec4 parameters went to one launch.
+        // The parameters went to the multi-parameter kernel.
         if dev.adapter_info().unwrap().features.timestamp_query {
             let p: Vec<Tensor> = init
                 .iter()
@@ -709,7 +719,60 @@ fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
             })
             .unwrap();
             let trace = prof.chrome_trace_json();
-            assert!(trace.contains("optim_sgd_multi_f32"), "{dev:?}: {trace}");
+            assert!(trace.contains("optim_sgd_multi"), "{dev:?}: {trace}");
+            assert!(!trace.contains("optim_sgd_f32"), "{dev:?}: {trace}");
+        }
+    }
+}
+
+/// A parameter of ten elements that is a view of a larger tensor: SGD's multi-parameter kernel
+/// reads its partial last vec4 whole and must write the two elements past the view back as
+/// they were.
+#[test]
+fn sgd_partial_vec4_leaves_a_views_neighbours_alone() {
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let base: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let base_t = Tensor::from_vec(base.clone(), &[16], &dev).unwrap();
+        let p = base_t
+            .narrow(0, 0, 10)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let q = Tensor::ones(&[8], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let gp: Vec<f32> = (0..10).map(|i| 0.5 - i as f32 * 0.125).collect();
+        // Weight decay, so that the update moves an element even where its gradient is zero.
+        let mut opt = Sgd::new(vec![p.clone(), q.clone()], 0.1)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap()
+            .weight_decay(0.5)
+            .unwrap();
+        for _ in 0..2 {
+            p.set_grad(Some(Tensor::from_vec(gp.clone(), &[10], &dev).unwrap()))
+                .unwrap();
+            q.set_grad(Some(Tensor::ones(&[8], DType::F32, &dev).unwrap()))
+                .unwrap();
+            opt.step().unwrap();
+        }
+        // PyTorch's two steps: d = g + wd w; the buffer starts as d, then 0.9 buf + d.
+        let got = base_t.to_vec::<f32>().unwrap();
+        for i in 0..16 {
+            let want = match i < 10 {
+                true => {
+                    let d1 = gp[i] + 0.5 * base[i];
+                    let w1 = base[i] - 0.1 * d1;
+                    w1 - 0.1 * (0.9 * d1 + gp[i] + 0.5 * w1)
+                }
+                false => base[i],
+            };
+            assert!(
+                (got[i] - want).abs() <= 1e-6,
+                "{dev:?} element {i}: {} vs {want}",
+                got[i]
+            );
         }
     }
 }

@@ -22,7 +22,7 @@ pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
-pub use optim::{OptimKernel, SGD_MULTI, SGD_MULTI_IMMEDIATES};
+pub use optim::{sgd_multi_immediates, sgd_multi_slots, OptimKernel, SGD_MULTI};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
 pub use softmax::SoftmaxKernel;
@@ -100,9 +100,9 @@ pub enum Kernel {
     ColumnSum(DType, DType),
     /// `shaders/optim.wgsl`: a fused optimizer update over f32 or f16 parameters (f32 math).
     Optim(OptimKernel, DType),
-    /// `shaders/optim_multi.wgsl`: SGD over up to `SGD_MULTI` parameters of whole vec4s of one
-    /// float dtype in one launch.
-    SgdMulti(DType),
+    /// `shaders/optim_multi.wgsl`: SGD over up to this many parameters (`SGD_MULTI`) of vec4s
+    /// of one float dtype in one launch.
+    SgdMulti(DType, usize),
     /// Convolution as implicit GEMM on the 128-tile kernel (`shaders/conv_gemm*.wgsl`).
     ConvGemm(ConvGemm),
     /// `shaders/amp.wgsl`: GradScaler's unscale and inf/NaN check over one f32 gradient, four
@@ -206,7 +206,11 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
             )
-            .chain([DType::F32, DType::F16].map(Kernel::SgdMulti))
+            .chain(
+                SGD_MULTI
+                    .into_iter()
+                    .flat_map(|n| [DType::F32, DType::F16].map(|d| Kernel::SgdMulti(d, n))),
+            )
             .chain([false, true].map(Kernel::AmpUnscale))
             .chain([Kernel::AmpUnscaleMulti])
             .chain(ConvGemm::all().into_iter().map(Kernel::ConvGemm))
@@ -268,7 +272,7 @@ impl Kernel {
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
             Kernel::Optim(k, d) => float_io(include_str!("../../shaders/optim.wgsl"), *d, k.vec4()),
-            Kernel::SgdMulti(d) => Cow::Owned(float_io(&optim::sgd_multi_source(), *d, true).into_owned()),
+            Kernel::SgdMulti(d, n) => Cow::Owned(float_io(&optim::sgd_multi_source(*n), *d, true).into_owned()),
             Kernel::AmpUnscale(vec4) => {
                 let u = if *vec4 { "vec4<u32>" } else { "u32" };
                 let src = float_io(include_str!("../../shaders/amp.wgsl"), DType::F32, *vec4);
@@ -416,7 +420,7 @@ impl Kernel {
                 k.entry_point(),
                 if k.vec4() { "_vec4" } else { "" }
             )),
-            Kernel::SgdMulti(d) => Cow::Owned(format!("optim_sgd_multi_{d}_vec4")),
+            Kernel::SgdMulti(d, n) => Cow::Owned(format!("optim_sgd_multi{n}_{d}_vec4")),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
@@ -457,7 +461,7 @@ impl Kernel {
             Kernel::Pool2dArgmax(_) => 2,
             Kernel::Pool2dBackward(_) => 3,
             Kernel::Optim(..) | Kernel::ConvGemm(_) => 4,
-            Kernel::SgdMulti(_) => 3 * SGD_MULTI as u32,
+            Kernel::SgdMulti(_, n) => 3 * *n as u32,
             Kernel::AmpUnscale(_) => 2,
             Kernel::AmpUnscaleMulti => AMP_MULTI as u32 + 1,
             Kernel::ColumnSum(..) => 2,
@@ -524,7 +528,9 @@ impl Kernel {
             Kernel::MatmulCoop(..) => 48,
             Kernel::ConvCoop(_) => 112,
             Kernel::Optim(..) => 64,
-            Kernel::SgdMulti(_) => (4 * SGD_MULTI_IMMEDIATES as u32).next_multiple_of(16),
+            Kernel::SgdMulti(_, n) => {
+                (4 * optim::sgd_multi_immediates(*n) as u32).next_multiple_of(16)
+            }
             Kernel::AmpUnscale(_) => 16,
             Kernel::AmpUnscaleMulti => 8 * AMP_MULTI as u32 + 8,
             Kernel::ColumnSum(..) => 32,

@@ -1,5 +1,5 @@
 //! The optimizers' kernels: `shaders/optim.wgsl` (one parameter per launch, any float layout)
-//! and `shaders/optim_multi.wgsl` (SGD over up to `SGD_MULTI` parameters per launch, its WGSL
+//! and `shaders/optim_multi.wgsl` (SGD over up to six parameters per launch, its WGSL
 //! written out per slot: WGSL cannot index bindings, so each slot gets its own bindings,
 //! count, offsets and case of the kernel's switch).
 
@@ -34,21 +34,31 @@ impl OptimKernel {
     }
 }
 
-/// Parameters per launch of `Kernel::SgdMulti`: three storage buffers each (15 in all: GL's
-/// llvmpipe allows 16, lavapipe 32) and 25 immediates (100 bytes: lavapipe allows 128).
-/// Five covers an MLP's layers' weights and biases in one launch.
-pub const SGD_MULTI: usize = 5;
+/// Parameters per launch of `Kernel::SgdMulti`: three storage buffers each and four immediates
+/// (plus five shared). Six (18 buffers, 116 bytes of immediates: Vulkan adapters, lavapipe's 32
+/// buffers and 128 bytes among them) take a Linear-ReLU-Linear-ReLU-Linear MLP's weights and
+/// biases in one launch; five (15 buffers: GL's llvmpipe allows 16) where six do not fit.
+pub const SGD_MULTI: [usize; 2] = [6, 5];
 
-/// Immediates of `Kernel::SgdMulti`, in u32s: four per slot, then flags and four floats.
-pub const SGD_MULTI_IMMEDIATES: usize = 4 * SGD_MULTI + 5;
+/// Immediates of `Kernel::SgdMulti` with `slots` slots, in u32s: four per slot, then flags and
+/// four floats.
+pub const fn sgd_multi_immediates(slots: usize) -> usize {
+    4 * slots + 5
+}
 
-/// `shaders/optim_multi.wgsl` for `SGD_MULTI` slots, before the dtype's substitution.
-pub(crate) fn sgd_multi_source() -> String {
-    multi_source(
-        include_str!("../../shaders/optim_multi.wgsl"),
-        SGD_MULTI,
-        |j| {
-            let bindings = ["w", "g", "m"]
+/// The most parameters one `Kernel::SgdMulti` launch takes on an adapter that allows
+/// `storage_buffers` per shader stage and `immediate_bytes` of immediates.
+pub fn sgd_multi_slots(storage_buffers: u32, immediate_bytes: u32) -> Option<usize> {
+    SGD_MULTI.into_iter().find(|&n| {
+        storage_buffers >= 3 * n as u32
+            && immediate_bytes >= (4 * sgd_multi_immediates(n) as u32).next_multiple_of(16)
+    })
+}
+
+/// `shaders/optim_multi.wgsl` for `slots` slots, before the dtype's substitution.
+pub(crate) fn sgd_multi_source(slots: usize) -> String {
+    multi_source(include_str!("../../shaders/optim_multi.wgsl"), slots, |j| {
+        let bindings = ["w", "g", "m"]
             .iter()
             .enumerate()
             .map(|(b, name)| {
@@ -58,26 +68,34 @@ pub(crate) fn sgd_multi_source() -> String {
                 )
             })
             .collect();
-            [
-                format!("    n{j}: u32,\n    po{j}: u32,\n    go{j}: u32,\n    mo{j}: u32,\n"),
-                bindings,
-                format!(
-                    "        case {j}u: {{
+        [
+            format!("    n{j}: u32,\n    po{j}: u32,\n    go{j}: u32,\n    mo{j}: u32,\n"),
+            bindings,
+            format!(
+                "        case {j}u: {{
             var m_in = {{{{E}}}}();
             if momentum && !first {{
                 m_in = m{j}[p.mo{j} + i];
             }}
-            let u = sgd(w{j}[p.po{j} + i], g{j}[p.go{j} + i], m_in, first);
+            let w_in = w{j}[p.po{j} + i];
+            var u = sgd(w_in, g{j}[p.go{j} + i], m_in, first);
+            if tail != 0u && i + 1u == p.n{j} {{
+                // The partial last vec4: its elements past the count keep their values.
+                let keep = vec4<u32>(0u, 1u, 2u, 3u) >= vec4<u32>(tail);
+                u.param = select(u.param, w_in, keep);
+                if momentum {{
+                    u.buf = select(u.buf, m{j}[p.mo{j} + i], keep);
+                }}
+            }}
             if momentum {{
                 m{j}[p.mo{j} + i] = u.buf;
             }}
             w{j}[p.po{j} + i] = u.param;
         }}
 "
-                ),
-            ]
-        },
-    )
+            ),
+        ]
+    })
 }
 
 /// A multi-tensor kernel's WGSL (`optim_multi.wgsl`, `amp_multi.wgsl`) for `n` slots: each

@@ -332,7 +332,9 @@ pub(super) fn matmul_impl(
     }
     let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
     if narrow && a.rank() == 2 && b.rank() == 2 {
-        if let Some(out) = super::matmul_narrow::narrow_product(a, b, [m, n, k], bias)? {
+        if let Some(out) =
+            super::matmul_narrow::narrow_product(a, b, [m, n, k], bias, sums, written)?
+        {
             return Ok(out);
         }
     }

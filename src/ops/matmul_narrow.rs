@@ -18,11 +18,17 @@ use crate::{DType, Result};
 /// gradient, most of it a few workgroups each walking a long K or tiles of 64 rows holding
 /// 10; the head's input gradient took 33 us (f32) and 18 us (f16) for a product whose 8 MiB
 /// output is 3 us of HBM time.
+///
+/// With `sums` (f32, contiguous, m elements), `cols` also writes the sums of A's rows there
+/// and sets `written` (`matmul_row_sums`: the head's bias gradient from its weight's
+/// gradient's launch).
 pub(super) fn narrow_product(
     a: &Tensor,
     b: &Tensor,
     [m, n, k]: [usize; 3],
     bias: Option<&Tensor>,
+    sums: Option<&Tensor>,
+    written: &mut bool,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "matmul";
     // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them; `short` one
@@ -50,6 +56,14 @@ pub(super) fn narrow_product(
             && t.strides() == [1]
             && t.device() == a.device()
     });
+    let sums = sums.filter(|t| {
+        kind == Narrow::Cols
+            && a.dtype() == DType::F32
+            && t.dtype() == DType::F32
+            && t.shape() == [m]
+            && t.strides() == [1]
+            && t.device() == a.device()
+    });
     let out = Tensor::empty(&[m, n], a.dtype(), a.device())?;
     // Every element index the kernel computes must fit a u32 too.
     for t in [a, b] {
@@ -67,8 +81,8 @@ pub(super) fn narrow_product(
         b.strides()[0],
         b.strides()[1],
         out.layout().offset,
-        fused.is_some() as usize,
-        fused.map_or(0, |t| t.layout().offset),
+        fused.is_some() as usize | (sums.is_some() as usize) << 1,
+        fused.or(sums).map_or(0, |t| t.layout().offset),
         groups_x,
         0,
         0,
@@ -90,7 +104,9 @@ pub(super) fn narrow_product(
                 &a.storage.block,
                 &b.storage.block,
                 &out.storage.block,
-                fused.map_or(&a.storage.block, |t| &t.storage.block),
+                fused
+                    .or(sums)
+                    .map_or(&a.storage.block, |t| &t.storage.block),
             ],
             &imm,
             (u32_of(OP, groups.0)?, u32_of(OP, groups.1)?, 1),
@@ -136,6 +152,7 @@ pub(super) fn narrow_product(
         return Ok(None);
     };
     launch(kind)?;
+    *written = sums.is_some();
     match fused {
         Some(_) => Ok(Some(out)),
         None => add_bias(out, bias).map(Some),

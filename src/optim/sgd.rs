@@ -2,7 +2,7 @@
 //! that allow it five to a launch (`shaders/optim_multi.wgsl`), the others one to a launch.
 
 use super::*;
-use crate::kernels::{SGD_MULTI, SGD_MULTI_IMMEDIATES};
+use crate::kernels::{sgd_multi_immediates, sgd_multi_slots};
 
 /// Stochastic gradient descent, PyTorch's formulas.
 pub struct Sgd {
@@ -145,23 +145,26 @@ impl Sgd {
         p.sub_(&d.mul_scalar(self.lr)?)
     }
 
-    /// Up to `SGD_MULTI` updates (`multi_eligible`, one device and dtype) in one launch of
+    /// Up to `slots` updates (`multi_eligible`, one device and dtype) in one launch of
     /// `shaders/optim_multi.wgsl`; a single one on the one-parameter kernel.
-    fn step_many(&self, batch: &mut Vec<SgdWork>) -> Result<()> {
+    fn step_many(&self, batch: &mut Vec<SgdWork>, slots: usize) -> Result<()> {
         if batch.len() <= 1 {
             return batch.pop().map_or(Ok(()), |w| self.step_one(w));
         }
         let first = &batch[0];
-        let mut imm = Vec::with_capacity(SGD_MULTI_IMMEDIATES);
-        let mut blocks = Vec::with_capacity(3 * SGD_MULTI);
+        let kernel = Kernel::SgdMulti(first.p.dtype(), slots);
+        let mut imm = Vec::with_capacity(sgd_multi_immediates(slots));
+        let mut blocks = Vec::with_capacity(3 * slots);
         let mut flags = self.flags(false);
         let mut groups = 0u64;
         let vec4_off = |t: &Tensor| (t.layout().offset / 4) as u32;
-        for j in 0..SGD_MULTI {
+        for j in 0..slots {
             // An unused slot binds the first parameter again, with nothing to do.
             let w = batch.get(j);
-            let n = w.map_or(0, |w| w.p.numel() / 4);
+            let numel = w.map_or(0, |w| w.p.numel());
+            let n = numel.div_ceil(4);
             flags |= w.is_some_and(|w| w.first) as u32 * (256 << j);
+            flags |= ((numel % 4) as u32) << (16 + 2 * j);
             imm.extend([
                 n as u32,
                 w.map_or(0, |w| vec4_off(&w.p)),
@@ -183,16 +186,8 @@ impl Sgd {
             [self.lr, self.weight_decay, self.momentum, self.dampening]
                 .map(|x| (x as f32).to_bits()),
         );
-        imm.resize(
-            Kernel::SgdMulti(first.p.dtype()).immediate_size() as usize / 4,
-            0,
-        );
-        launch(
-            Kernel::SgdMulti(first.p.dtype()),
-            &blocks,
-            &imm,
-            groups * 256,
-        )?;
+        imm.resize(kernel.immediate_size() as usize / 4, 0);
+        launch(kernel, &blocks, &imm, groups * 256)?;
         for w in batch.drain(..) {
             w.p.bump_version();
         }
@@ -208,17 +203,25 @@ struct SgdWork {
     first: bool,
 }
 
-/// Whether `w` can join a multi-parameter launch (`Kernel::SgdMulti`): whole vec4s of one
-/// float dtype, contiguous, on an adapter with the kernel's bindings and immediates.
-fn multi_eligible(w: &SgdWork) -> bool {
+/// Whether `w` can join a multi-parameter launch (`Kernel::SgdMulti`): vec4s of one float
+/// dtype, contiguous, on an adapter with the kernel's bindings and immediates. A count that is
+/// not a multiple of 4 is taken where each tensor's block holds its last vec4 whole (the
+/// allocator's 512-byte rounding gives that to any fresh tensor): the kernel reads those
+/// elements and writes them back unchanged.
+fn multi_eligible(w: &SgdWork) -> Option<usize> {
     let tensors: Vec<&Tensor> = [&w.p, &w.g].into_iter().chain(w.buf.as_ref()).collect();
-    let fits = w.p.device().adapter_info().is_some_and(|i| {
-        i.limits.max_storage_buffers_per_shader_stage >= 3 * SGD_MULTI as u32
-            && i.limits.max_immediate_size >= Kernel::SgdMulti(DType::F32).immediate_size()
+    let slots = w.p.device().adapter_info().and_then(|i| {
+        sgd_multi_slots(
+            i.limits.max_storage_buffers_per_shader_stage,
+            i.limits.max_immediate_size,
+        )
+    })?;
+    let whole = w.p.numel().next_multiple_of(4);
+    let fits = tensors.iter().all(|t| {
+        let end = (t.layout().offset + whole) * t.dtype().size_bytes();
+        t.layout().offset.is_multiple_of(4) && end as u64 <= t.storage.block.block_size()
     });
-    fits && fusable(&tensors)
-        && w.p.numel().is_multiple_of(4)
-        && tensors.iter().all(|t| t.layout().offset.is_multiple_of(4))
+    (fusable(&tensors) && fits).then_some(slots)
 }
 
 impl Optimizer for Sgd {
@@ -227,30 +230,33 @@ impl Optimizer for Sgd {
         let _scope = crate::alloc::kiln_scope(|| "SGD.step".into(), "kiln optim");
         // One op: what the step allocates and frees is a temporary.
         let _op = crate::alloc::op_scope();
-        // PyTorch's foreach step: the parameters that allow it go `SGD_MULTI` to a launch, in
-        // order (so their momentum buffers are created in order, as before).
+        // PyTorch's foreach step: the parameters that allow it go as many to a launch as the
+        // adapter's kernel takes (`SGD_MULTI`), in order (so their momentum buffers are created
+        // in order, as before).
         no_grad(|| {
-            let mut batch: Vec<SgdWork> = Vec::with_capacity(SGD_MULTI);
+            let mut batch: Vec<SgdWork> = Vec::new();
+            let mut slots = 0;
             for i in 0..self.params.len() {
                 let Some(w) = self.prepare(i)? else {
                     continue;
                 };
-                if !multi_eligible(&w) {
+                let Some(n) = multi_eligible(&w) else {
                     self.step_one(w)?;
                     continue;
-                }
+                };
                 let joins = batch
                     .first()
                     .is_none_or(|b| b.p.device() == w.p.device() && b.p.dtype() == w.p.dtype());
                 if !joins {
-                    self.step_many(&mut batch)?;
+                    self.step_many(&mut batch, slots)?;
                 }
+                slots = n;
                 batch.push(w);
-                if batch.len() == SGD_MULTI {
-                    self.step_many(&mut batch)?;
+                if batch.len() == slots {
+                    self.step_many(&mut batch, slots)?;
                 }
             }
-            self.step_many(&mut batch)
+            self.step_many(&mut batch, slots)
         })
     }
     fn params(&self) -> &[Tensor] {
