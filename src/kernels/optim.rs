@@ -50,8 +50,8 @@ pub const fn sgd_multi_immediates(slots: usize) -> usize {
 /// `storage_buffers` per shader stage and `immediate_bytes` of immediates.
 pub fn sgd_multi_slots(storage_buffers: u32, immediate_bytes: u32) -> Option<usize> {
     SGD_MULTI.into_iter().find(|&n| {
-        storage_buffers >= 3 * n as u32
-            && immediate_bytes >= (4 * sgd_multi_immediates(n) as u32).next_multiple_of(16)
+        let k = super::Kernel::SgdMulti(crate::DType::F32, n);
+        storage_buffers >= k.bindings() && immediate_bytes >= k.immediate_size()
     })
 }
 
