@@ -50,7 +50,7 @@ pub const fn sgd_multi_immediates(slots: usize) -> usize {
 /// `storage_buffers` per shader stage and `immediate_bytes` of immediates.
 pub fn sgd_multi_slots(storage_buffers: u32, immediate_bytes: u32) -> Option<usize> {
     SGD_MULTI.into_iter().find(|&n| {
-        let k = super::Kernel::SgdMulti(crate::DType::F32, n);
+        let k = super::Kernel::SgdMulti(crate::base::DType::F32, n);
         storage_buffers >= k.bindings() && immediate_bytes >= k.immediate_size()
     })
 }
