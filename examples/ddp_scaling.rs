@@ -7,7 +7,8 @@
 //!     mpirun -n 1 cargo run --release --features mpi --example ddp_scaling
 //!     mpirun -n 2 cargo run --release --features mpi --example ddp_scaling
 //!
-//! Options: `--model mlp|resnet50|all`, `--steps N`, `--resnet-batch B`, `--mlp-batch B`.
+//! Options: `--model mlp|resnet50|all`, `--steps N`, `--resnet-batch B`, `--mlp-batch B`,
+//! `--profile N` (N DDP steps under the profiler; rank 0 prints the table).
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::distributed::{DistributedDataParallel, ProcessGroup, ReduceOp};
@@ -98,6 +99,29 @@ fn measure<M: Module>(
     dev.synchronize()?;
     let all_reduce_ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
     bar.finish_and_clear();
+    // `--profile N`: N DDP steps under kiln's profiler on every rank (timestamps around every
+    // kernel and copy, so the steps run slower); rank 0 prints where the GPU's time went.
+    let profiled = num("--profile", 0);
+    if profiled > 0 {
+        use kiln::profiler::{profile, ProfileOptions};
+        let opts = ProfileOptions {
+            devices: vec![dev.clone()],
+            profile_memory: false,
+        };
+        pg.barrier()?;
+        let ((), prof) = profile(&opts, || {
+            for _ in 0..profiled {
+                step(&mut opt)?;
+            }
+            dev.synchronize()
+        })?;
+        if pg.rank() == 0 {
+            println!(
+                "{label}: {profiled} DDP steps profiled on rank 0\n{}",
+                prof.key_averages().table("self_gpu_time_total", 25)
+            );
+        }
+    }
     Ok(Figures {
         step_ms,
         local_ms,

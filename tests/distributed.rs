@@ -629,8 +629,57 @@ fn buffers_follow_rank_0(pg: &ProcessGroup) {
     ddp.eval();
     set(&ddp, 20.0 + rank);
     let (x, _) = batch(4, 5);
-    kiln::no_grad(|| ddp.forward(&x.to_device(&dev).unwrap())).unwrap();
+    let x = x.to_device(&dev).unwrap();
+    kiln::no_grad(|| ddp.forward(&x)).unwrap();
     check(&ddp, 20.0, "after an eval forward");
+    // Rank 0 sends what its last forward left where nothing changed since (Note [Buffers'
+    // broadcast]); what the other ranks did to theirs is overwritten either way.
+    if rank > 0.0 {
+        set(&ddp, 50.0 + rank);
+    }
+    kiln::no_grad(|| ddp.forward(&x)).unwrap();
+    check(&ddp, 20.0, "after a second eval forward");
+    // A buffer rank 0 wrote in place since its last forward: the prefetched copy is stale and
+    // must not be sent.
+    set(&ddp, 30.0 + 10.0 * rank);
+    kiln::no_grad(|| ddp.forward(&x)).unwrap();
+    check(
+        &ddp,
+        30.0,
+        "after rank 0 wrote its buffers between forwards",
+    );
+    // Training: the same batch everywhere updates every rank's statistics alike, from rank 0's;
+    // the next forward starts from rank 0's updated ones, whatever the others hold.
+    ddp.train(true);
+    ddp.forward(&x).unwrap();
+    let stats = |m: &dyn Module| -> Vec<Vec<f32>> {
+        m.named_buffers()
+            .into_iter()
+            .filter(|(_, b)| b.dtype() == DType::F32)
+            .map(|(_, b)| values(&b))
+            .collect()
+    };
+    let after_one = stats(&ddp);
+    assert!(
+        after_one.iter().flatten().all(|&v| v != 30.0),
+        "a training forward updates them"
+    );
+    if rank > 0.0 {
+        set(&ddp, 70.0 + rank);
+    }
+    ddp.forward(&x).unwrap();
+    let after_two = stats(&ddp);
+    let expect: Vec<Vec<f32>> = {
+        // Rank 0's statistics after two updates with the same batch statistics s: each update
+        // is r <- 0.9 r + 0.1 s, so r2 = 0.9 r1 + (r1 - 0.9 r0) with r0 = 30.
+        after_one
+            .iter()
+            .map(|r1| r1.iter().map(|&v| 0.9 * v + (v - 0.9 * 30.0)).collect())
+            .collect()
+    };
+    for (got, want) in after_two.iter().zip(&expect) {
+        assert_close(got, want, 1e-4, "after two training forwards");
+    }
 }
 
 #[cfg(feature = "mpi")]

@@ -69,6 +69,8 @@ struct Reducer {
     pass: Mutex<Pass>,
     /// Cleared inside `no_sync`.
     require_sync: AtomicBool,
+    /// Rank 0's buffers as its last forward left them (Note [Buffers' broadcast]).
+    buffer_prefetch: Mutex<Option<BufferPrefetch>>,
 }
 
 /// PyTorch's `DistributedDataParallel`: wraps a module whose parameters are on this rank's
@@ -162,6 +164,7 @@ impl Reducer {
             slot,
             pass: Mutex::new(pass),
             require_sync: AtomicBool::new(true),
+            buffer_prefetch: Mutex::new(None),
         })
     }
 
@@ -194,7 +197,7 @@ impl Reducer {
                     )?;
                 }
             }
-            broadcast_buffers(&self.group, buffers)
+            broadcast_buffers(&self.group, buffers, None)
         })
     }
 
@@ -249,15 +252,19 @@ impl Reducer {
         Ok(())
     }
 
-    /// Back to the start of a pass; returns the work still in flight.
-    fn reset(&self, pass: &mut Pass) -> Vec<Work<()>> {
+    /// Back to the start of a pass; returns the work still in flight, with its bucket.
+    fn reset(&self, pass: &mut Pass) -> Vec<(usize, Work<()>)> {
         pass.ready.iter_mut().for_each(|r| *r = false);
         for (p, b) in pass.pending.iter_mut().zip(&self.buckets) {
             *p = b.params.len();
         }
         pass.next = 0;
         pass.finalize_queued = false;
-        pass.work.iter_mut().filter_map(Option::take).collect()
+        pass.work
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(b, w)| Some((b, w.take()?)))
+            .collect()
     }
 }
 
@@ -283,8 +290,20 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
         r.reset(&mut pass)
     };
     let waiting = super::staging::clock_ms();
-    for w in work {
+    // Each bucket's averages go back into `.grad` as soon as its reduction is done, while the
+    // later buckets are still exchanged: the host records those copies (one per parameter,
+    // 161 for ResNet-50) in the wait instead of after the last bucket, where nothing else
+    // hides them. The copies follow the bucket's uploads in the one stream.
+    for (b, w) in work {
         w.wait()?;
+        for &i in &r.buckets[b].params {
+            let p = &r.params[i];
+            let avg = r.view(i)?.reshape(&isize_shape(p.shape()))?;
+            match p.grad() {
+                Some(g) => g.copy_(&avg)?,
+                None => p.set_grad(Some(crate::ops::copy(&avg)?))?,
+            }
+        }
     }
     if super::staging::profiling() {
         eprintln!(
@@ -293,35 +312,115 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
             super::staging::clock_ms() - waiting
         );
     }
-    for (i, p) in r.params.iter().enumerate() {
-        let avg = r.view(i)?.reshape(&isize_shape(p.shape()))?;
-        match p.grad() {
-            Some(g) => g.copy_(&avg)?,
-            None => p.set_grad(Some(crate::ops::copy(&avg)?))?,
+    Ok(())
+}
+
+/// Rank 0's buffers, packed per dtype and already on their way to the host: queued at the end
+/// of rank 0's forward, right after the kernels that last wrote them (BatchNorm's running
+/// statistics), so that the next forward's broadcast need not wait for the GPU to finish the
+/// backward and the optimizer step queued since (see Note [Buffers' broadcast]).
+struct BufferPrefetch {
+    /// The buffers and their versions when packed: the prefetch stands for them only while
+    /// every one is the same tensor at the same version.
+    buffers: Vec<(Tensor, u64)>,
+    /// Per dtype, in `dtype_groups` order: the packed tensor and its pinned chunks.
+    packed: Vec<(Tensor, Vec<Tensor>)>,
+}
+
+impl BufferPrefetch {
+    fn stands_for(&self, buffers: &[Tensor]) -> bool {
+        self.buffers.len() == buffers.len()
+            && self
+                .buffers
+                .iter()
+                .zip(buffers)
+                .all(|((b, v), now)| b.shares_storage(now) && b.version() == *v)
+    }
+}
+
+// Note [Buffers' broadcast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch broadcasts rank 0's buffers before every forward on NCCL's stream: nothing on the host
+// waits. kiln's broadcast goes through the host, and rank 0's download of its buffers, queued at
+// the forward, ran after everything queued before it: the previous step's backward and
+// optimizer. Every forward began with both GPUs drained and idle while the buffers crossed
+// (ResNet-50 on two H200s: a `no_sync` step 2-3 ms slower than one rank's). Rank 0 now packs
+// and prefetches its buffers right after its forward, when they were last written, and the next
+// forward sends that copy if every buffer is still the same tensor at the same version (an
+// in-place write bumps the version; `load_state_dict` copies in place); else it packs afresh.
+// The bytes sent are the ones PyTorch sends.
+
+/// The buffers grouped by dtype (one broadcast each), in a fixed order.
+fn dtype_groups(buffers: &[Tensor]) -> Vec<(DType, Vec<&Tensor>)> {
+    let mut dtypes: Vec<DType> = buffers.iter().map(Tensor::dtype).collect();
+    dtypes.sort_by_key(|d| format!("{d:?}"));
+    dtypes.dedup();
+    dtypes
+        .into_iter()
+        .map(|d| (d, buffers.iter().filter(|b| b.dtype() == d).collect()))
+        .collect()
+}
+
+/// One dtype's buffers packed into a new flat tensor.
+fn pack(group_of: &[&Tensor]) -> Result<Option<Tensor>> {
+    let n: usize = group_of.iter().map(|b| b.numel()).sum();
+    let Some(first) = group_of.first() else {
+        return Ok(None);
+    };
+    let flat = Tensor::empty(&[n], first.dtype(), first.device())?;
+    let mut at = 0;
+    for b in group_of {
+        flat.narrow(0, at, b.numel())?.copy_(&b.reshape(&[-1])?)?;
+        at += b.numel();
+    }
+    Ok(Some(flat))
+}
+
+/// Rank 0's packed buffers, prefetched for the next forward's broadcast.
+fn prefetch_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<BufferPrefetch> {
+    let mut packed = Vec::new();
+    for (_, group_of) in dtype_groups(buffers) {
+        if let Some(flat) = pack(&group_of)? {
+            let blocks = group.prefetch(&flat)?.unwrap_or_default();
+            packed.push((flat, blocks));
         }
     }
-    Ok(())
+    Ok(BufferPrefetch {
+        buffers: buffers.iter().map(|b| (b.clone(), b.version())).collect(),
+        packed,
+    })
 }
 
 /// Rank 0's buffers everywhere, one broadcast per dtype (PyTorch's coalesced broadcast): a
 /// ResNet's BatchNorm statistics are a hundred small tensors, each a collective otherwise.
-fn broadcast_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<()> {
-    let mut dtypes: Vec<DType> = buffers.iter().map(Tensor::dtype).collect();
-    dtypes.dedup();
-    dtypes.sort_by_key(|d| format!("{d:?}"));
-    dtypes.dedup();
-    for dtype in dtypes {
-        let group_of: Vec<&Tensor> = buffers.iter().filter(|b| b.dtype() == dtype).collect();
+/// Rank 0 only sends and the others only receive: each packs or unpacks, not both. Rank 0
+/// sends `prefetched` where it still stands for the buffers.
+fn broadcast_buffers(
+    group: &ProcessGroup,
+    buffers: &[Tensor],
+    prefetched: Option<BufferPrefetch>,
+) -> Result<()> {
+    let root = group.rank() == 0;
+    let mut prefetched = prefetched
+        .filter(|p| root && p.stands_for(buffers))
+        .map(|p| p.packed.into_iter());
+    for (dtype, group_of) in dtype_groups(buffers) {
+        if root {
+            let (flat, blocks) = match prefetched.as_mut().and_then(Iterator::next) {
+                Some((flat, blocks)) => (flat, Some(blocks)),
+                None => match pack(&group_of)? {
+                    Some(flat) => (flat, None),
+                    None => continue,
+                },
+            };
+            group.broadcast_staged(&flat, 0, blocks)?;
+            continue;
+        }
         let n: usize = group_of.iter().map(|b| b.numel()).sum();
         let Some(first) = group_of.first() else {
             continue;
         };
         let flat = Tensor::empty(&[n], dtype, first.device())?;
-        let mut at = 0;
-        for b in &group_of {
-            flat.narrow(0, at, b.numel())?.copy_(&b.reshape(&[-1])?)?;
-            at += b.numel();
-        }
         group.broadcast(&flat, 0)?;
         let mut at = 0;
         for b in &group_of {
@@ -456,7 +555,7 @@ impl<M: Module> Module for DistributedDataParallel<M> {
             pass.sync = r.require_sync.load(Ordering::Acquire);
             stale
         };
-        for w in stale {
+        for (_, w) in stale {
             w.wait()?;
         }
         if self.options.broadcast_buffers && r.group.world_size() > 1 {
@@ -466,7 +565,14 @@ impl<M: Module> Module for DistributedDataParallel<M> {
                 .into_iter()
                 .map(|(_, b)| b)
                 .collect();
-            crate::no_grad(|| broadcast_buffers(&r.group, &buffers))?;
+            let prefetched = lock(&r.buffer_prefetch).take();
+            crate::no_grad(|| broadcast_buffers(&r.group, &buffers, prefetched))?;
+            let y = self.module.forward(x)?;
+            if r.group.rank() == 0 && !buffers.is_empty() {
+                let next = crate::no_grad(|| prefetch_buffers(&r.group, &buffers))?;
+                *lock(&r.buffer_prefetch) = Some(next);
+            }
+            return Ok(y);
         }
         self.module.forward(x)
     }

@@ -330,12 +330,31 @@ impl ProcessGroup {
                 ),
             });
         }
+        self.broadcast_staged(t, src, None)
+    }
+
+    /// Prefetches `t` for a later `broadcast_staged` from this rank: its download is queued
+    /// now, in stream order after the work that wrote it, so that the broadcast need not wait
+    /// for the work queued in between. `t` must not change before that broadcast.
+    pub(crate) fn prefetch(&self, t: &Tensor) -> Result<Option<Vec<Tensor>>> {
+        staging::prefetch(&Self::flat("broadcast", t)?)
+    }
+
+    /// `broadcast`, with the root's data already on its way to the host (`prefetch` of a
+    /// tensor equal to `t`) where `prefetched` is given. Other ranks ignore it.
+    pub(crate) fn broadcast_staged(
+        &self,
+        t: &Tensor,
+        src: usize,
+        prefetched: Option<Vec<Tensor>>,
+    ) -> Result<()> {
         Self::check_dtype("broadcast", t.dtype(), None)?;
         let flat = Self::flat("broadcast", t)?;
         if self.world_size() == 1 {
             return Ok(());
         }
         let root = self.rank() == src;
+        let prefetched = prefetched.filter(|_| root);
         self.0.comm.call("broadcast", move |tr| {
             let dsts = if root { Vec::new() } else { vec![flat.clone()] };
             Staged {
@@ -343,7 +362,7 @@ impl ProcessGroup {
                 dtype: flat.dtype(),
                 numel: flat.numel(),
                 src: root.then_some(&flat),
-                prefetched: None,
+                prefetched: prefetched.as_deref(),
                 dsts: &dsts,
                 parts: 1,
             }
