@@ -49,6 +49,10 @@ pub(crate) struct GpuDevice {
     troubled: Arc<AtomicBool>,
     /// On GL, every wgpu call goes through the process's GL lock (`serial.rs`).
     pub gl: GlSerial,
+    /// A second queue for copies to and from pinned memory, where kiln opened the device
+    /// itself (see Note [Side queue]).
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    pub side: Option<super::side_queue::SideQueue>,
 }
 
 /// Pageable copies move through the pinned pool in chunks of this size: large enough that a
@@ -134,17 +138,24 @@ impl GpuDevice {
                 .ok()
             });
         #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
-        let sparse_device: Option<(wgpu::Device, wgpu::Queue)> = None;
+        let sparse_device: Option<(wgpu::Device, wgpu::Queue, Option<(u32, u32)>)> = None;
         let sparse_opened = sparse_device.is_some();
-        let (device, queue) = match sparse_device {
-            Some(dq) => dq,
-            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-                Error::RequestDevice {
-                    adapter: info.name.clone(),
-                    msg: e.to_string(),
-                }
-            })?,
+        let (device, queue, side_queue) = match sparse_device {
+            Some(dqs) => dqs,
+            None => {
+                let (d, q) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+                    Error::RequestDevice {
+                        adapter: info.name.clone(),
+                        msg: e.to_string(),
+                    }
+                })?;
+                (d, q, None)
+            }
         };
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        let side = side_queue.and_then(|at| super::side_queue::SideQueue::new(&device, at));
+        #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
+        let _ = side_queue;
         let troubled = Arc::new(AtomicBool::new(false));
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let (sink, flag) = (errors.clone(), troubled.clone());
@@ -219,6 +230,8 @@ impl GpuDevice {
             pending_asserts: Mutex::default(),
             troubled,
             gl,
+            #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+            side,
         })
     }
 

@@ -10,6 +10,8 @@ mod memory;
 pub(crate) mod pinned;
 pub(crate) mod serial;
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+pub(crate) mod side_queue;
+#[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 mod sparse;
 pub(crate) mod stream;
 mod timer;

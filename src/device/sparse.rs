@@ -59,21 +59,46 @@ pub(crate) fn supported(adapter: &wgpu::Adapter) -> bool {
             .is_some_and(|f| f.queue_flags.contains(vk::QueueFlags::SPARSE_BINDING))
 }
 
-/// Opens the device as `Adapter::request_device` would, with the sparse features on.
+/// A device and queue opened by kiln, and its side queue's family and first index if any.
+pub(crate) type OpenedDevice = (wgpu::Device, wgpu::Queue, Option<(u32, u32)>);
+
+/// Opens the device as `Adapter::request_device` would, with the sparse features on, and with
+/// two more queues for copies where the adapter has them (`side_queue::choose`): their family
+/// and first index come back with the device.
 pub(crate) fn open_device(
     adapter: &wgpu::Adapter,
     desc: &wgpu::DeviceDescriptor<'_>,
-) -> Result<(wgpu::Device, wgpu::Queue), String> {
+) -> Result<OpenedDevice, String> {
+    let mut side = None;
     let open = {
         // SAFETY: the hal adapter is used only to create the device below.
         let hal = unsafe { adapter.as_hal::<Vulkan>() }.ok_or("not a Vulkan adapter")?;
         let features = desc.required_features;
         let extensions = hal.required_device_extensions(features);
         let mut phd = hal.physical_device_features(&extensions, features);
-        let priorities = [1.0f32];
-        let family = [vk::DeviceQueueCreateInfo::default()
-            .queue_family_index(0)
-            .queue_priorities(&priorities)];
+        let instance = hal.shared_instance().raw_instance();
+        // SAFETY: a valid physical device of this instance.
+        let families = unsafe {
+            instance.get_physical_device_queue_family_properties(hal.raw_physical_device())
+        };
+        let priorities = [1.0f32; 3];
+        let mut queues = vec![(0u32, 1u32)];
+        // The side queue's two lanes: queues `first` and `first + 1` of `family`.
+        if let Some((family, first)) = super::side_queue::choose(&families) {
+            match queues.iter_mut().find(|(f, _)| *f == family) {
+                Some((_, count)) => *count = first + 2,
+                None => queues.push((family, first + 2)),
+            }
+            side = Some((family, first));
+        }
+        let family: Vec<vk::DeviceQueueCreateInfo> = queues
+            .iter()
+            .map(|&(f, n)| {
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(f)
+                    .queue_priorities(&priorities[..n as usize])
+            })
+            .collect();
         let names: Vec<*const std::ffi::c_char> = extensions.iter().map(|e| e.as_ptr()).collect();
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&family)
@@ -86,7 +111,6 @@ pub(crate) fn open_device(
         core.sparse_binding = vk::TRUE;
         core.sparse_residency_buffer = vk::TRUE;
         info.p_enabled_features = &core;
-        let instance = hal.shared_instance().raw_instance();
         // SAFETY: the create info is wgpu-hal's own (extensions, features, queue family 0) with
         // two features the adapter reports (`supported`).
         let raw = unsafe { instance.create_device(hal.raw_physical_device(), &info, None) }
@@ -108,7 +132,9 @@ pub(crate) fn open_device(
         .map_err(|e| format!("{e}"))?
     };
     // SAFETY: `open` comes from this adapter, with exactly the requested features.
-    unsafe { adapter.create_device_from_hal(open, desc) }.map_err(|e| e.to_string())
+    let (device, queue) =
+        unsafe { adapter.create_device_from_hal(open, desc) }.map_err(|e| e.to_string())?;
+    Ok((device, queue, side))
 }
 
 /// The Vulkan side of a device's expandable segments.

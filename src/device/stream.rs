@@ -149,6 +149,13 @@ impl Stream {
         event
     }
 
+    /// Submits what is recorded; false if nothing was.
+    pub fn submit_if_recorded(&mut self, queue: &wgpu::Queue) -> bool {
+        let recorded = self.encoder.is_some();
+        self.submit(queue);
+        recorded
+    }
+
     /// Non-blocking: has `event` completed? Polls the device once if not yet known.
     pub fn query(&mut self, device: &wgpu::Device, event: u64) -> bool {
         if self.completed.load(Ordering::Acquire) >= event {

@@ -324,7 +324,7 @@ struct BufferPrefetch {
     /// every one is the same tensor at the same version.
     buffers: Vec<(Tensor, u64)>,
     /// Per dtype, in `dtype_groups` order: the packed tensor and its pinned chunks.
-    packed: Vec<(Tensor, Vec<Tensor>)>,
+    packed: Vec<(Tensor, Option<super::staging::Prefetched>)>,
 }
 
 impl BufferPrefetch {
@@ -381,7 +381,7 @@ fn prefetch_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<BufferPr
     let mut packed = Vec::new();
     for (_, group_of) in dtype_groups(buffers) {
         if let Some(flat) = pack(&group_of)? {
-            let blocks = group.prefetch(&flat)?.unwrap_or_default();
+            let blocks = group.prefetch(&flat)?;
             packed.push((flat, blocks));
         }
     }
@@ -407,7 +407,7 @@ fn broadcast_buffers(
     for (dtype, group_of) in dtype_groups(buffers) {
         if root {
             let (flat, blocks) = match prefetched.as_mut().and_then(Iterator::next) {
-                Some((flat, blocks)) => (flat, Some(blocks)),
+                Some((flat, blocks)) => (flat, blocks),
                 None => match pack(&group_of)? {
                     Some(flat) => (flat, None),
                     None => continue,

@@ -306,7 +306,7 @@ impl ProcessGroup {
                 dtype,
                 numel: flat.numel(),
                 src: Some(&flat),
-                prefetched: prefetched.as_deref(),
+                prefetched,
                 dsts: std::slice::from_ref(&flat),
                 parts: 1,
             }
@@ -336,7 +336,7 @@ impl ProcessGroup {
     /// Prefetches `t` for a later `broadcast_staged` from this rank: its download is queued
     /// now, in stream order after the work that wrote it, so that the broadcast need not wait
     /// for the work queued in between. `t` must not change before that broadcast.
-    pub(crate) fn prefetch(&self, t: &Tensor) -> Result<Option<Vec<Tensor>>> {
+    pub(crate) fn prefetch(&self, t: &Tensor) -> Result<Option<staging::Prefetched>> {
         staging::prefetch(&Self::flat("broadcast", t)?)
     }
 
@@ -346,7 +346,7 @@ impl ProcessGroup {
         &self,
         t: &Tensor,
         src: usize,
-        prefetched: Option<Vec<Tensor>>,
+        prefetched: Option<staging::Prefetched>,
     ) -> Result<()> {
         Self::check_dtype("broadcast", t.dtype(), None)?;
         let flat = Self::flat("broadcast", t)?;
@@ -362,7 +362,7 @@ impl ProcessGroup {
                 dtype: flat.dtype(),
                 numel: flat.numel(),
                 src: root.then_some(&flat),
-                prefetched: prefetched.as_deref(),
+                prefetched,
                 dsts: &dsts,
                 parts: 1,
             }

@@ -1,26 +1,28 @@
 //! How tensors reach the transport. A GPU tensor travels through kiln's pinned pool in chunks:
-//! device to pinned memory, the transport on the pinned memory, pinned memory to device, with
-//! `SLOTS` chunks in flight so that the copies of one chunk overlap the exchange of another.
-//! Never through pageable memory. CPU tensors lend their own memory.
-//!
-//! Note [Receive blocks]
-//! ~~~~~~~~~~~~~~~~~~~~~
-//! kiln has one in-order stream, and the communication thread queues a chunk's upload (pinned
-//! to device) when its exchange is done: behind everything the main thread has recorded by
-//! then. Under DDP that is the rest of the backward pass, which the host records far ahead of
-//! the GPU (ResNet-50: the whole backward recorded in 4 ms, run in 33). The receive side once
-//! went round `SLOTS` blocks, so the fourth chunk of a bucket waited for the first chunk's
-//! upload to finish before the host could write the block again: for the whole backward. On
-//! two H200s every bucket after the first waited 31-33 ms that way and no exchange overlapped
-//! the backward (ResNet-50 at 2 ranks: all-reduce added 13.4 ms a step against a bare
-//! all-reduce of 8.6). Each chunk now receives into a block of its own; the host allocator
-//! takes it back only once its upload's event completes (PyTorch's `record_event` rule), so
-//! the host never waits on an upload, and a steady loop finds the blocks in its cache. The
-//! send side has no such wait: its downloads are queued in order as the data is produced
-//! (`prefetch`), or, without a prefetch, by a caller that waits for the collective.
+//! device to pinned memory, the transport on the pinned memory, pinned memory to device, the
+//! copies of one chunk overlapping the exchange of another (see Note [Receive blocks]; on the
+//! device's side queue where it has one, Note [Side queue] in `device/side_queue.rs`). Never
+//! through pageable memory. CPU tensors lend their own memory.
+
+// Note [Receive blocks]
+// ~~~~~~~~~~~~~~~~~~~~~
+// kiln has one in-order stream, and the communication thread queues a chunk's upload (pinned
+// to device) when its exchange is done: behind everything the main thread has recorded by
+// then. Under DDP that is the rest of the backward pass, which the host records far ahead of
+// the GPU (ResNet-50: the whole backward recorded in 4 ms, run in 33). The receive side once
+// went round `SLOTS` blocks, so the fourth chunk of a bucket waited for the first chunk's
+// upload to finish before the host could write the block again: for the whole backward. On
+// two H200s every bucket after the first waited 31-33 ms that way and no exchange overlapped
+// the backward (ResNet-50 at 2 ranks: all-reduce added 13.4 ms a step against a bare
+// all-reduce of 8.6). Each chunk now receives into a block of its own; the host allocator
+// takes it back only once its upload's event completes (PyTorch's `record_event` rule), so
+// the host never waits on an upload, and a steady loop finds the blocks in its cache. The
+// send side has no such wait: its downloads are queued in order as the data is produced
+// (`prefetch`), or, without a prefetch, by a caller that waits for the collective.
 
 use crate::device::Device;
 use crate::host::PinnedKind;
+use crate::ops::SideCopy;
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 use std::time::{Duration, Instant};
@@ -65,8 +67,9 @@ pub(super) struct Staged<'a> {
     pub numel: usize,
     pub src: Option<&'a Tensor>,
     /// `src` already on its way to pinned memory (`prefetch`: one `Download` block per chunk,
-    /// each copy queued by the caller): chunks are read from them instead of copied here.
-    pub prefetched: Option<&'a [Tensor]>,
+    /// each copy queued by the caller): chunks are read from them instead of copied here, and
+    /// with a side queue's gate the uploads go there too.
+    pub prefetched: Option<Prefetched>,
     pub dsts: &'a [Tensor],
     pub parts: usize,
 }
@@ -80,30 +83,52 @@ fn chunks(numel: usize, dtype: DType) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// A tensor on its way to pinned memory (`prefetch`): one `Download` block per chunk, and, where
+/// the device has a side queue, the copies to wait for and the gate every later copy of the
+/// same collective waits for (Note [Side queue]).
+pub(crate) struct Prefetched {
+    /// Before `blocks`: a copy is waited for (in its drop, at worst) before its block is freed.
+    copies: Vec<Option<SideCopy>>,
+    blocks: Vec<Tensor>,
+    gate: Option<u64>,
+}
+
 /// Queues the copy of a whole GPU tensor into new pinned `Download` blocks now, on the
 /// caller's thread, so that it runs right after the kernels queued before it: a copy that the
 /// communication thread queued later would wait behind everything queued since (one in-order
 /// queue), e.g. the rest of a backward pass. One block per chunk, each copy its own
 /// submission: the exchange of the first chunk starts when that chunk has landed, not the
-/// whole tensor (the host maps a block only when every copy into it is done).
-pub(super) fn prefetch(src: &Tensor) -> Result<Option<Vec<Tensor>>> {
+/// whole tensor (the host maps a block only when every copy into it is done). Where the device
+/// has a side queue the copies run there, beside the kernels, after a gate taken here.
+pub(super) fn prefetch(src: &Tensor) -> Result<Option<Prefetched>> {
     if src.device().is_cpu() || src.numel() == 0 {
         return Ok(None);
     }
-    let blocks = chunks(src.numel(), src.dtype())
-        .into_iter()
-        .map(|(a, l)| {
-            let pinned =
-                Tensor::empty_pinned(&[l], src.dtype(), src.device(), PinnedKind::Download)?;
-            pinned.copy_non_blocking_(&src.narrow(0, a, l)?)?;
-            Ok(pinned)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some(blocks))
+    let gate = Tensor::side_gate(src.device());
+    let mut blocks = Vec::new();
+    let mut copies = Vec::new();
+    for (a, l) in chunks(src.numel(), src.dtype()) {
+        let pinned = Tensor::empty_pinned(&[l], src.dtype(), src.device(), PinnedKind::Download)?;
+        let part = src.narrow(0, a, l)?;
+        let side = match gate {
+            Some(gate) => pinned.copy_side_(&part, gate)?,
+            None => None,
+        };
+        if side.is_none() {
+            pinned.copy_non_blocking_(&part)?;
+        }
+        blocks.push(pinned);
+        copies.push(side);
+    }
+    Ok(Some(Prefetched {
+        copies,
+        blocks,
+        gate,
+    }))
 }
 
 impl Staged<'_> {
-    pub fn run(&self, exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
+    pub fn run(self, exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
         if self.numel == 0 {
             return Ok(());
         }
@@ -128,13 +153,21 @@ impl Staged<'_> {
         Ok(())
     }
 
-    fn run_pinned(&self, mut exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
+    fn run_pinned(self, mut exchange: impl FnMut(&[u8], &mut [u8]) -> Result<()>) -> Result<()> {
         let chunks = chunks(self.numel, self.dtype);
         let ce = chunks[0].1;
         let slots = SLOTS.min(chunks.len());
         let pinned = |n: usize, kind| Tensor::empty_pinned(&[n], self.dtype, self.device, kind);
-        let down = match (self.src, self.prefetched) {
-            (Some(_), None) => (0..slots)
+        let (mut sent, gate) = match self.prefetched {
+            Some(p) => (
+                Some(p.copies.into_iter().zip(p.blocks).collect::<Vec<_>>()),
+                p.gate,
+            ),
+            None => (None, None),
+        };
+        let prefetched = sent.is_some();
+        let down = match (self.src, prefetched) {
+            (Some(_), false) => (0..slots)
                 .map(|_| pinned(ce, PinnedKind::Download))
                 .collect::<Result<Vec<_>>>()?,
             _ => Vec::new(),
@@ -142,7 +175,7 @@ impl Staged<'_> {
         // Queues chunk c's copy to the host (non-blocking: the GPU runs it in order with the
         // work queued before, the host waits only when it reads the chunk).
         let fetch = |c: usize| -> Result<()> {
-            if let (Some(src), None) = (self.src, self.prefetched) {
+            if let (Some(src), false) = (self.src, prefetched) {
                 let (a, l) = chunks[c];
                 down[c % slots]
                     .narrow(0, 0, l)?
@@ -153,6 +186,9 @@ impl Staged<'_> {
         let start = Instant::now();
         let began = clock_ms();
         let mut times = [Duration::ZERO; 3];
+        // Uploads on the side queue, with their blocks: waited for before this returns, so
+        // that the collective is complete for its caller (and the blocks free to reuse).
+        let mut uploads = Vec::new();
         (0..slots).try_for_each(fetch)?;
         for (c, &(a, l)) in chunks.iter().enumerate() {
             let slot = c % slots;
@@ -173,8 +209,14 @@ impl Staged<'_> {
             };
             match self.src {
                 Some(_) => {
-                    let send = match self.prefetched {
-                        Some(p) => p[c].clone(),
+                    let send = match sent.as_mut() {
+                        Some(p) => {
+                            let (copy, block) = &mut p[c];
+                            if let Some(copy) = copy.take() {
+                                copy.wait()?;
+                            }
+                            block.clone()
+                        }
                         None => down[slot].narrow(0, 0, l)?,
                     };
                     send.with_host_bytes(|s| recv.with_host_bytes_mut(|r| exchange(s, r))?)?
@@ -183,14 +225,29 @@ impl Staged<'_> {
             }
             let t2 = Instant::now();
             for (i, d) in self.dsts.iter().enumerate() {
-                d.narrow(0, a, l)?
-                    .copy_non_blocking_(&recv.narrow(0, i * l, l)?)?;
+                let (d, part) = (d.narrow(0, a, l)?, recv.narrow(0, i * l, l)?);
+                let side = match gate {
+                    Some(gate) => d.copy_side_(&part, gate)?,
+                    None => None,
+                };
+                match side {
+                    // The block stays alive until its copy has been waited for.
+                    Some(copy) => uploads.push((copy, recv.clone())),
+                    None => {
+                        d.copy_non_blocking_(&part)?;
+                    }
+                }
             }
             if c + slots < chunks.len() {
                 fetch(c + slots)?;
             }
             times[2] += t2.elapsed();
         }
+        let t3 = Instant::now();
+        for (copy, _block) in uploads {
+            copy.wait()?;
+        }
+        times[0] += t3.elapsed();
         if profiling() {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             eprintln!(

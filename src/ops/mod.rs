@@ -21,6 +21,7 @@ mod reduce;
 pub(crate) use reduce::sum_to;
 mod softmax;
 mod transfer;
+pub(crate) use transfer::SideCopy;
 mod view;
 pub(crate) use view::isize_shape;
 

@@ -15,6 +15,59 @@ fn word_aligned(t: &Tensor) -> bool {
     (t.layout.offset * t.dtype.size_bytes()).is_multiple_of(4)
 }
 
+/// A direct copy between pinned memory and its GPU (`copy_non_blocking_`, `copy_side_`): both
+/// tensors contiguous, same shape and dtype, at word-aligned offsets, the pinned side's memory
+/// going that way. GPU -> pinned (download) first, as a pinned destination asks, else pinned
+/// -> GPU.
+struct PinnedCopy<'a> {
+    gpu: &'a Device,
+    buffer: &'a Arc<crate::device::pinned::PinnedBuffer>,
+    /// The pinned block's id in the host allocator.
+    id: usize,
+    /// The GPU side.
+    on_gpu: &'a Tensor,
+    download: bool,
+    bytes: u64,
+    /// Byte offsets of the destination and the source in their blocks.
+    dst_at: u64,
+    src_at: u64,
+}
+
+impl<'a> PinnedCopy<'a> {
+    fn of(dst: &'a Tensor, src: &'a Tensor) -> Option<PinnedCopy<'a>> {
+        let direct = dst.shape() == src.shape()
+            && dst.dtype == src.dtype
+            && dst.is_contiguous()
+            && src.is_contiguous()
+            && word_aligned(dst)
+            && word_aligned(src);
+        if !direct {
+            return None;
+        }
+        let (gpu, buffer, id, on_gpu, download) =
+            match (dst.storage.block.pinned(), src.storage.block.pinned()) {
+                (Some((gpu, buffer, id)), _) if buffer.can_download() && src.device() == gpu => {
+                    (gpu, buffer, id, src, true)
+                }
+                (_, Some((gpu, buffer, id))) if buffer.can_upload() && dst.device() == gpu => {
+                    (gpu, buffer, id, dst, false)
+                }
+                _ => return None,
+            };
+        let at = |t: &Tensor| (t.layout.offset * t.dtype.size_bytes()) as u64;
+        Some(PinnedCopy {
+            gpu,
+            buffer,
+            id,
+            on_gpu,
+            download,
+            bytes: (dst.numel() * dst.dtype.size_bytes()) as u64,
+            dst_at: at(dst),
+            src_at: at(src),
+        })
+    }
+}
+
 impl Tensor {
     /// The raw little-endian bytes of the elements in row-major order (`from_le_bytes`'s
     /// inverse): a sync point on a GPU.
@@ -271,34 +324,20 @@ impl Tensor {
     /// stale or torn data: the host access waits for the copy (kiln's choice where CUDA leaves
     /// the race to the user). The returned `Transfer` says when that wait would be free.
     pub fn copy_non_blocking_(&self, src: &Tensor) -> Result<Transfer> {
-        let direct = self.shape() == src.shape()
-            && self.dtype == src.dtype
-            && self.is_contiguous()
-            && src.is_contiguous()
-            && word_aligned(self)
-            && word_aligned(src);
-        let (dst_pin, src_pin) = (self.storage.block.pinned(), src.storage.block.pinned());
-        if direct {
-            let bytes = (self.numel() * self.dtype.size_bytes()) as u64;
-            let words = bytes.next_multiple_of(4);
-            let (dst_off, src_off) = (
-                (self.layout.offset * self.dtype.size_bytes()) as u64,
-                (src.layout.offset * src.dtype.size_bytes()) as u64,
-            );
+        if let Some(plan) = PinnedCopy::of(self, src) {
+            let (dst_off, src_off) = (plan.dst_at, plan.src_at);
+            let (bytes, words) = (plan.bytes, plan.bytes.next_multiple_of(4));
             // Rounding up to a word must not spill into bytes another view of `self` owns.
             let spill_ok = bytes == words || dst_off + words <= self.storage.block.block_size();
-            // The pinned side, where its memory may go this way, and the GPU tensor: GPU ->
-            // pinned (download) first, as a pinned destination asks, else pinned -> GPU.
-            let plan = match (dst_pin, src_pin) {
-                (Some((gpu, buffer, id)), _) if buffer.can_download() && src.device() == gpu => {
-                    Some((gpu, buffer, id, src, true))
-                }
-                (_, Some((gpu, buffer, id))) if buffer.can_upload() && self.device() == gpu => {
-                    Some((gpu, buffer, id, self, false))
-                }
-                _ => None,
-            };
-            if let (Some((gpu, buffer, id, on_gpu, download)), true) = (plan, spill_ok) {
+            if spill_ok {
+                let PinnedCopy {
+                    gpu,
+                    buffer,
+                    id,
+                    on_gpu,
+                    download,
+                    ..
+                } = plan;
                 self.check_inplace("copy_")?;
                 let g = gpu.gpu().expect("pinned memory belongs to a GPU");
                 let Some(gpu_buf) = on_gpu.storage.block.gpu_buffer() else {
@@ -381,6 +420,138 @@ impl Transfer {
         Transfer {
             event: Event::at(gpu, seq),
             pinned: pinned.map(|b| (gpu.clone(), b)),
+        }
+    }
+}
+
+/// A copy queued on a GPU's side queue (`Tensor::copy_side_`; Note [Side queue] in
+/// `device/side_queue.rs`): `wait` for it before touching its memory. One never waited for
+/// waits when dropped, so that the pinned block it uses is not handed out while it runs.
+pub(crate) struct SideCopy {
+    device: Device,
+    value: u64,
+    /// A copy into GPU memory: the stream's later work is ordered after it.
+    into_gpu: bool,
+    waited: bool,
+}
+
+impl SideCopy {
+    pub(crate) fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if self.waited {
+            return Ok(());
+        }
+        self.waited = true;
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        if let Some((g, side)) = self
+            .device
+            .gpu()
+            .and_then(|g| g.side.as_ref().map(|s| (g, s)))
+        {
+            let way = if self.into_gpu {
+                crate::device::side_queue::Way::ToGpu
+            } else {
+                crate::device::side_queue::Way::ToHost
+            };
+            side.wait(way, self.value).map_err(|msg| Error::Wgpu {
+                op: "copy queue wait",
+                msg,
+            })?;
+            if self.into_gpu {
+                side.order_stream_after(g, self.value);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SideCopy {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+impl Tensor {
+    /// A gate on `device`'s side queue: copies after it wait for everything recorded on the
+    /// stream so far. `None` where the device has no side queue.
+    pub(crate) fn side_gate(device: &Device) -> Option<u64> {
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        if let Some(g) = device.gpu() {
+            return g.side.as_ref().map(|s| s.gate(g));
+        }
+        let _ = device;
+        None
+    }
+
+    /// `copy_non_blocking_(src)` on the GPU's side queue, after `gate` (`side_gate`): between
+    /// a contiguous GPU tensor and pinned memory of its GPU that goes that way, same shape and
+    /// dtype, word-aligned. `None`, with nothing done, where it cannot be: the caller copies
+    /// on the stream instead. The caller keeps both tensors' memory untouched by later work
+    /// until it has waited for the copy.
+    pub(crate) fn copy_side_(&self, src: &Tensor, gate: u64) -> Result<Option<SideCopy>> {
+        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+        {
+            use crate::device::side_queue::Way;
+            let Some(plan) =
+                PinnedCopy::of(self, src).filter(|p| p.bytes > 0 && p.bytes.is_multiple_of(4))
+            else {
+                return Ok(None);
+            };
+            let (Some(g), Some(gpu_buf)) = (plan.gpu.gpu(), plan.on_gpu.storage.block.gpu_buffer())
+            else {
+                return Ok(None);
+            };
+            let Some(side) = g.side.as_ref() else {
+                return Ok(None);
+            };
+            let (download, bytes, pinned) = (plan.download, plan.bytes, &plan.buffer.buffer);
+            self.check_inplace("copy_")?;
+            if download {
+                // Mapped before the copy writes it: wgpu zero-fills a buffer's never-written
+                // ranges when it maps them, and it does not see this queue's writes.
+                self.storage.block.host_address()?;
+            }
+            let (gpu_at, pinned_at) = match download {
+                true => (plan.src_at, plan.dst_at),
+                false => (plan.dst_at, plan.src_at),
+            };
+            let gpu_at = plan.on_gpu.storage.block.offset() + gpu_at;
+            let value = if download {
+                side.copy(
+                    (gpu_buf, gpu_at),
+                    (pinned, pinned_at),
+                    bytes,
+                    gate,
+                    Way::ToHost,
+                )
+            } else {
+                side.copy(
+                    (pinned, pinned_at),
+                    (gpu_buf, gpu_at),
+                    bytes,
+                    gate,
+                    Way::ToGpu,
+                )
+            }
+            .map_err(|msg| Error::Wgpu {
+                op: "copy_ (copy queue)",
+                msg,
+            })?;
+            self.bump_version();
+            return Ok(Some(SideCopy {
+                device: plan.gpu.clone(),
+                value,
+                into_gpu: !download,
+                waited: false,
+            }));
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = (src, gate);
+            Ok(None)
         }
     }
 }
