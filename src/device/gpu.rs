@@ -49,8 +49,8 @@ pub(crate) struct GpuDevice {
     troubled: Arc<AtomicBool>,
     /// On GL, every wgpu call goes through the process's GL lock (`serial.rs`).
     pub gl: GlSerial,
-    /// A second queue for copies to and from pinned memory, where kiln opened the device
-    /// itself (see Note [Side queue]).
+    /// Two more queues for copies to and from pinned memory, where kiln opened the device
+    /// itself and `KILN_COPY_QUEUE=transfer` asks for them (see Note [Side queue]).
     #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
     pub side: Option<super::side_queue::SideQueue>,
 }

@@ -378,6 +378,11 @@ fn pack(group_of: &[&Tensor]) -> Result<Option<Tensor>> {
 
 /// Rank 0's packed buffers, prefetched for the next forward's broadcast.
 fn prefetch_buffers(group: &ProcessGroup, buffers: &[Tensor]) -> Result<BufferPrefetch> {
+    // Held until the next forward: snapshots name it, as they name the buckets.
+    let _scope = crate::alloc::kiln_scope(
+        || "DistributedDataParallel.buffers".into(),
+        "kiln distributed",
+    );
     let mut packed = Vec::new();
     for (_, group_of) in dtype_groups(buffers) {
         if let Some(flat) = pack(&group_of)? {
