@@ -83,14 +83,28 @@ fn chunks(numel: usize, dtype: DType) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// A tensor on its way to pinned memory (`prefetch`): one `Download` block per chunk, and, where
-/// the device has a side queue, the copies to wait for and the gate every later copy of the
-/// same collective waits for (Note [Side queue]).
+/// A tensor on its way to pinned memory (`prefetch`): one `Download` block per chunk, each
+/// with its side-queue copy to wait for where the device has a side queue, and the gate every
+/// later copy of the same collective waits for (Note [Side queue]).
 pub(crate) struct Prefetched {
-    /// Before `blocks`: a copy is waited for (in its drop, at worst) before its block is freed.
-    copies: Vec<Option<SideCopy>>,
-    blocks: Vec<Tensor>,
+    /// (copy, block): the copy first, so that it is waited for (in its drop, at worst) before
+    /// its block is freed.
+    chunks: Vec<(Option<SideCopy>, Tensor)>,
     gate: Option<u64>,
+}
+
+/// Queues `dst.copy_(src)` between a GPU tensor and pinned memory: on the side queue after
+/// `gate` where there is one and the copy can go there (its copy comes back, to be waited for
+/// before either tensor is touched), else non-blocking on the stream.
+fn queue_copy(dst: &Tensor, src: &Tensor, gate: Option<u64>) -> Result<Option<SideCopy>> {
+    let side = match gate {
+        Some(gate) => dst.copy_side_(src, gate)?,
+        None => None,
+    };
+    if side.is_none() {
+        dst.copy_non_blocking_(src)?;
+    }
+    Ok(side)
 }
 
 /// Queues the copy of a whole GPU tensor into new pinned `Download` blocks now, on the
@@ -105,26 +119,15 @@ pub(super) fn prefetch(src: &Tensor) -> Result<Option<Prefetched>> {
         return Ok(None);
     }
     let gate = Tensor::side_gate(src.device());
-    let mut blocks = Vec::new();
-    let mut copies = Vec::new();
-    for (a, l) in chunks(src.numel(), src.dtype()) {
-        let pinned = Tensor::empty_pinned(&[l], src.dtype(), src.device(), PinnedKind::Download)?;
-        let part = src.narrow(0, a, l)?;
-        let side = match gate {
-            Some(gate) => pinned.copy_side_(&part, gate)?,
-            None => None,
-        };
-        if side.is_none() {
-            pinned.copy_non_blocking_(&part)?;
-        }
-        blocks.push(pinned);
-        copies.push(side);
-    }
-    Ok(Some(Prefetched {
-        copies,
-        blocks,
-        gate,
-    }))
+    let chunks = chunks(src.numel(), src.dtype())
+        .into_iter()
+        .map(|(a, l)| {
+            let block =
+                Tensor::empty_pinned(&[l], src.dtype(), src.device(), PinnedKind::Download)?;
+            Ok((queue_copy(&block, &src.narrow(0, a, l)?, gate)?, block))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(Prefetched { chunks, gate }))
 }
 
 impl Staged<'_> {
@@ -159,10 +162,7 @@ impl Staged<'_> {
         let slots = SLOTS.min(chunks.len());
         let pinned = |n: usize, kind| Tensor::empty_pinned(&[n], self.dtype, self.device, kind);
         let (mut sent, gate) = match self.prefetched {
-            Some(p) => (
-                Some(p.copies.into_iter().zip(p.blocks).collect::<Vec<_>>()),
-                p.gate,
-            ),
+            Some(p) => (Some(p.chunks), p.gate),
             None => (None, None),
         };
         let prefetched = sent.is_some();
@@ -225,17 +225,10 @@ impl Staged<'_> {
             }
             let t2 = Instant::now();
             for (i, d) in self.dsts.iter().enumerate() {
-                let (d, part) = (d.narrow(0, a, l)?, recv.narrow(0, i * l, l)?);
-                let side = match gate {
-                    Some(gate) => d.copy_side_(&part, gate)?,
-                    None => None,
-                };
-                match side {
+                let part = recv.narrow(0, i * l, l)?;
+                if let Some(copy) = queue_copy(&d.narrow(0, a, l)?, &part, gate)? {
                     // The block stays alive until its copy has been waited for.
-                    Some(copy) => uploads.push((copy, recv.clone())),
-                    None => {
-                        d.copy_non_blocking_(&part)?;
-                    }
+                    uploads.push((copy, recv.clone()));
                 }
             }
             if c + slots < chunks.len() {

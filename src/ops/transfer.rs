@@ -507,39 +507,33 @@ impl Tensor {
             let Some(side) = g.side.as_ref() else {
                 return Ok(None);
             };
-            let (download, bytes, pinned) = (plan.download, plan.bytes, &plan.buffer.buffer);
+            let (download, bytes) = (plan.download, plan.bytes);
+            let pinned: &wgpu::Buffer = &plan.buffer.buffer;
             self.check_inplace("copy_")?;
             if download {
                 // Mapped before the copy writes it: wgpu zero-fills a buffer's never-written
                 // ranges when it maps them, and it does not see this queue's writes.
                 self.storage.block.host_address()?;
             }
-            let (gpu_at, pinned_at) = match download {
-                true => (plan.src_at, plan.dst_at),
-                false => (plan.dst_at, plan.src_at),
-            };
-            let gpu_at = plan.on_gpu.storage.block.offset() + gpu_at;
-            let value = if download {
-                side.copy(
-                    (gpu_buf, gpu_at),
-                    (pinned, pinned_at),
-                    bytes,
-                    gate,
+            let gpu_block = plan.on_gpu.storage.block.offset();
+            let (from, to, way) = match download {
+                true => (
+                    (gpu_buf, gpu_block + plan.src_at),
+                    (pinned, plan.dst_at),
                     Way::ToHost,
-                )
-            } else {
-                side.copy(
-                    (pinned, pinned_at),
-                    (gpu_buf, gpu_at),
-                    bytes,
-                    gate,
+                ),
+                false => (
+                    (pinned, plan.src_at),
+                    (gpu_buf, gpu_block + plan.dst_at),
                     Way::ToGpu,
-                )
-            }
-            .map_err(|msg| Error::Wgpu {
-                op: "copy_ (copy queue)",
-                msg,
-            })?;
+                ),
+            };
+            let value = side
+                .copy(from, to, bytes, gate, way)
+                .map_err(|msg| Error::Wgpu {
+                    op: "copy_ (copy queue)",
+                    msg,
+                })?;
             self.bump_version();
             return Ok(Some(SideCopy {
                 device: plan.gpu.clone(),
