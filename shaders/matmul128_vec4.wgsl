@@ -62,8 +62,10 @@ fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
     }
 }
 
-// Columns n..n+3 of row m, plus the bias where asked; `{{RELU}}` clamps them at zero in
-// `Vec4Layout::RuntimeRelu` (`ops::linear_relu`; NaN stays NaN, as in `relu`).
+// Columns n..n+3 of row m, plus the bias where asked; the epilogue then clamps them at zero in
+// `Vec4Layout::RuntimeRelu` (`ops::linear_relu`; NaN stays NaN, as in `relu`), or keeps them
+// where the mask in the fourth binding is positive in the `*Mask` layouts (ReLU's backward:
+// a NaN product where the mask is not positive becomes 0, as in `relu`'s backward).
 fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
     if n >= p.n {
         return;
@@ -72,6 +74,6 @@ fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
     if (p.flags & 1u) != 0u {
         x += bias[(p.off_bias + n) / 4u];
     }
-    {{RELU}}
+    {{EPILOGUE}}
     out[((bt * p.m + m) * p.n + n) / 4u] = x;
 }

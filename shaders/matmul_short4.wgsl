@@ -9,8 +9,10 @@
 @group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> b: array<vec4<{{T}}>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<{{T}}>>;
-// (The narrow kernels' fourth binding, unused here.)
-@group(0) @binding(3) var<storage, read_write> bias: array<{{T}}>;
+// The narrow kernels' fourth binding: here only the mask of flag bit 2 (ReluBackward0's
+// formula: the product kept where the ReLU's saved output, [m, n] contiguous at an offset of
+// whole vec4s, is positive).
+@group(0) @binding(3) var<storage, read_write> bias: array<vec4<{{T}}>>;
 
 @compute @workgroup_size(64, 4)
 fn short4(@builtin(global_invocation_id) g: vec3<u32>) {
@@ -38,14 +40,24 @@ fn short4(@builtin(global_invocation_id) g: vec3<u32>) {
     }
     let row = (p.off_out + r0 * p.n) / 4u + j4;
     let n4 = p.n / 4u;
-    out[row] = vec4<{{T}}>(acc0);
+    store(row, acc0);
     if r0 + 1u < p.m {
-        out[row + n4] = vec4<{{T}}>(acc1);
+        store(row + n4, acc1);
     }
     if r0 + 2u < p.m {
-        out[row + 2u * n4] = vec4<{{T}}>(acc2);
+        store(row + 2u * n4, acc2);
     }
     if r0 + 3u < p.m {
-        out[row + 3u * n4] = vec4<{{T}}>(acc3);
+        store(row + 3u * n4, acc3);
     }
+}
+
+// Vector `at` of the output (the mask's vector at the same place, past its offset).
+fn store(at: u32, acc: vec4<f32>) {
+    var v = vec4<{{T}}>(acc);
+    if (p.flags & 4u) != 0u {
+        let mask = bias[p.off_bias / 4u + (at - p.off_out / 4u)];
+        v = select(vec4<{{T}}>(), v, mask > vec4<{{T}}>());
+    }
+    out[at] = v;
 }

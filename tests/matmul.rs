@@ -32,6 +32,27 @@ fn product_error(a: &Tensor, b: &Tensor, cpu: &Device) -> f32 {
     worst(&got, &on_cpu(a).matmul(&on_cpu(b)).unwrap())
 }
 
+/// The allocator's statistics of allocations and bytes from `before` to `after` (peaks as
+/// they are: the caller resets them at `before`).
+fn allocation_delta(
+    before: &std::collections::BTreeMap<String, i64>,
+    after: &std::collections::BTreeMap<String, i64>,
+) -> Vec<(String, i64)> {
+    after
+        .iter()
+        .filter(|(key, _)| key.starts_with("allocation") || key.contains("bytes"))
+        .filter(|(key, _)| !key.contains("reserved") && !key.contains("segment"))
+        .map(|(key, v)| {
+            let base = if key.ends_with(".peak") {
+                0
+            } else {
+                before[key]
+            };
+            (key.clone(), v - base)
+        })
+        .collect()
+}
+
 /// The profiler's trace of `work` on `dev` (which kernels ran).
 fn kernel_trace(dev: &Device, work: impl FnOnce() -> kiln::Result<()>) -> String {
     let options = kiln::profiler::ProfileOptions {
@@ -418,21 +439,7 @@ fn linear_relu_is_linear_then_relu() {
             dev.reset_peak_memory_stats();
             let grads = step(&dev, fused);
             dev.synchronize().unwrap();
-            let after = dev.memory_stats();
-            let delta: Vec<(String, i64)> = after
-                .iter()
-                .filter(|(key, _)| key.starts_with("allocation") || key.contains("bytes"))
-                .filter(|(key, _)| !key.contains("reserved") && !key.contains("segment"))
-                .map(|(key, v)| {
-                    let base = if key.ends_with(".peak") {
-                        0
-                    } else {
-                        before[key]
-                    };
-                    (key.clone(), v - base)
-                })
-                .collect();
-            (grads, delta)
+            (grads, allocation_delta(&before, &dev.memory_stats()))
         };
         let (plain, plain_stats) = stats(false);
         let (fused, fused_stats) = stats(true);
@@ -467,6 +474,117 @@ fn linear_relu_is_linear_then_relu() {
             assert_eq!(trace.contains("matmul128_vec4"), vec4, "{trace}");
             assert_eq!(trace.contains("unary_relu"), !vec4, "{trace}");
         }
+        kiln::ops::force_matmul_tile(None);
+    }
+}
+
+/// Note [Backward epilogues]: an MLP whose ReLUs' backward formulas ride in the epilogues of
+/// the products that compute their incoming gradients (the head's `g @ W3` on the narrow
+/// `short` kernels, the hidden layer's `g @ W2` on the vec4 128-tile in both of its layouts),
+/// against the CPU device and against the same device with the epilogues off: the gradients,
+/// the allocator's statistics over a step, and the kernels (no ReLU backward kernel runs where
+/// every product took its mask; one per ReLU with them off).
+#[test]
+fn relu_backward_rides_in_the_products() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    let (batch, inputs, hidden, classes) = (128, 48, 256, 10);
+    cpu.manual_seed(21);
+    let shapes = [
+        vec![hidden, inputs],
+        vec![hidden],
+        vec![hidden, hidden],
+        vec![hidden],
+        vec![classes, hidden],
+        vec![classes],
+    ];
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
+        .collect();
+    let x = Tensor::randn(&[batch, inputs], DType::F32, &cpu).unwrap();
+    let c = Tensor::randn(&[batch, classes], DType::F32, &cpu).unwrap();
+    // Linear + ReLU (fused forward), Linear then ReLU, the head; the loss sum(y * c).
+    let step = |d: &Device| -> Vec<Vec<f32>> {
+        let on = |t: &Tensor| t.to_device(d).unwrap();
+        let p: Vec<Tensor> = params
+            .iter()
+            .map(|t| on(t).requires_grad_(true).unwrap())
+            .collect();
+        let h1 = kiln::ops::linear_relu(&on(&x), &p[0], Some(&p[1])).unwrap();
+        let h2 = kiln::ops::linear(&h1, &p[2], Some(&p[3]))
+            .unwrap()
+            .relu()
+            .unwrap();
+        let y = kiln::ops::linear(&h2, &p[4], Some(&p[5])).unwrap();
+        y.mul(&on(&c))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        p.iter()
+            .map(|t| t.grad().unwrap().to_vec::<f32>().unwrap())
+            .collect()
+    };
+    let reference = step(&cpu);
+    for dev in gpus() {
+        let info = dev.adapter_info().unwrap();
+        kiln::ops::force_matmul_tile(Some(128));
+        for (tile, narrow) in [
+            ("tile128_vec4", "narrow"),
+            ("tile128_vec4_col_a", "narrow_vec4"),
+        ] {
+            tune::force_variant("matmul", Some(tile));
+            tune::force_variant("matmul narrow", Some(narrow));
+            let what = format!("{dev:?} {tile} {narrow}");
+            // With and without the epilogues: the same gradients (the same products, the
+            // formula applied in the epilogue or by its own kernel), near the CPU's, and the
+            // same allocator statistics (the second step of each, after tuning).
+            let mut runs = Vec::new();
+            for on in [true, false] {
+                kiln::autograd::set_backward_epilogues(on);
+                step(&dev);
+                dev.synchronize().unwrap();
+                let before = dev.memory_stats();
+                dev.reset_peak_memory_stats();
+                let grads = step(&dev);
+                dev.synchronize().unwrap();
+                runs.push((grads, allocation_delta(&before, &dev.memory_stats())));
+            }
+            kiln::autograd::set_backward_epilogues(true);
+            let ((fused, fused_stats), (plain, plain_stats)) = (&runs[0], &runs[1]);
+            assert_eq!(fused_stats, plain_stats, "{what}: allocator statistics");
+            for (i, want) in reference.iter().enumerate() {
+                assert_eq!(fused[i], plain[i], "{what}: gradient {i} with and without");
+                let e = fused[i]
+                    .iter()
+                    .zip(want)
+                    .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+                    .fold(0.0, f32::max);
+                // (Three layers of f32 sums over 128 to 256 terms: the CPU's order differs.)
+                assert!(e < 1e-3, "{what}: gradient {i}: error {e}");
+            }
+            // The kernels: none for ReLU's backward where both products applied the masks (not
+            // on GL, which keeps to the scalar 128-tile kernel: there the hidden layer's ReLU
+            // runs its own kernel, the head's rides in `short`).
+            if info.features.timestamp_query {
+                let trace = |on: bool| {
+                    kiln::autograd::set_backward_epilogues(on);
+                    let t = kernel_trace(&dev, || {
+                        step(&dev);
+                        Ok(())
+                    });
+                    kiln::autograd::set_backward_epilogues(true);
+                    t.matches("ReluBackward0_f32").count()
+                };
+                let vec4 = info.backend != wgpu::Backend::Gl;
+                assert_eq!(trace(true), if vec4 { 0 } else { 1 }, "{what}");
+                assert_eq!(trace(false), 2, "{what}");
+            }
+        }
+        tune::force_variant("matmul", None);
+        tune::force_variant("matmul narrow", None);
         kiln::ops::force_matmul_tile(None);
     }
 }

@@ -5,12 +5,12 @@
 
 use crate::alloc::MemoryCategory;
 use crate::base::lock;
-use crate::graph::{AutogradMeta, Edge, Node};
+use crate::graph::{AutogradMeta, Edge, Epilogue, Node};
 use crate::tensor::GradModeGuard;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 use std::cell::RefCell;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Work queued to run when the current backward pass has finished its graph.
@@ -155,7 +155,7 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
     let mut deps: HashMap<usize, usize> = HashMap::new();
     let mut leaf_deps: HashMap<usize, (usize, bool)> = HashMap::new();
     let mut stack = vec![root_node.clone()];
-    let mut seen = std::collections::HashSet::from([key(root_node)]);
+    let mut seen = HashSet::from([key(root_node)]);
     while let Some(node) = stack.pop() {
         for edge in node.edges.iter().flatten() {
             match edge {
@@ -172,6 +172,8 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
         }
     }
 
+    // Nodes whose formula a producer's kernel applied: their gradient passes through.
+    let mut fused: HashSet<usize> = HashSet::new();
     let mut pending: HashMap<usize, Tensor> = HashMap::new();
     pending.insert(key(root_node), grad);
     let mut ready = BinaryHeap::from([Ready(root_node.clone())]);
@@ -196,7 +198,22 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
             accumulate(&out_meta, g.clone())?;
         }
         let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
-        let grads = {
+        let grads = if fused.remove(&key(&node)) {
+            pass_through(&node, g.clone(), retain_graph)?
+        } else {
+            // The formulas of the nodes fed only by this one, for its kernels to apply (Note
+            // [Backward epilogues]).
+            let offers: Vec<(usize, Epilogue)> = node
+                .edges
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| match e {
+                    Some(Edge::Node(next)) if deps.get(&key(next)) == Some(&1) => {
+                        next.epilogue().map(|ep| (i, ep))
+                    }
+                    _ => None,
+                })
+                .collect();
             let mut slot = lock(&node.backward);
             let Some(f) = slot.as_mut() else {
                 return Err(Error::Autograd {
@@ -210,7 +227,15 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                     "kiln autograd",
                 );
                 let _op = crate::alloc::op_scope();
-                crate::ops::autocast::suspended(|| f(&g, &needs))?
+                let (grads, applied) = crate::graph::with_offers(offers, || {
+                    crate::ops::autocast::suspended(|| f(&g, &needs))
+                });
+                for i in applied {
+                    if let Some(Some(Edge::Node(next))) = node.edges.get(i) {
+                        fused.insert(key(next));
+                    }
+                }
+                grads?
             };
             if !retain_graph {
                 *slot = None;
@@ -246,6 +271,25 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
         }
     }
     frame.run()
+}
+
+/// A node whose formula the producer of `g` applied in its kernel (Note [Backward epilogues]):
+/// `g` goes on along its one edge. Its own output, which PyTorch's backward would allocate
+/// here, is allocated and freed unwritten, so that the allocator sees the same sizes live as
+/// PyTorch's (the output while the input gradient lives, then one of them).
+fn pass_through(node: &Node, g: Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
+    {
+        let _scope = crate::alloc::kiln_scope(
+            || crate::alloc::op_frame_name(node.name, true),
+            "kiln autograd",
+        );
+        let twin = Tensor::empty(g.shape(), g.dtype(), g.device())?;
+        drop(twin);
+    }
+    if !retain_graph {
+        *lock(&node.backward) = None;
+    }
+    Ok(node.edges.iter().map(|_| Some(g.clone())).collect())
 }
 
 /// Counts one more edge into a leaf (`added`: it carried a gradient); after its last one, the

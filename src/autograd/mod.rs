@@ -14,7 +14,7 @@ mod engine;
 pub use checkpoint::checkpoint;
 pub use engine::queue_callback;
 
-pub use crate::graph::RemovableHandle;
+pub use crate::graph::{set_backward_epilogues, RemovableHandle};
 
 pub use crate::tensor::mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,

@@ -96,6 +96,135 @@ pub(crate) struct Node {
     pub(crate) dtype: DType,
     /// The storages the backward closure saved (for `kiln::debug`'s graph sizes).
     pub(crate) saved: Vec<Weak<crate::tensor::Storage>>,
+    /// What this node's backward can hand to the kernel of the node before it (Note [Backward
+    /// epilogues]).
+    pub(crate) fusable: Option<Fusable>,
+}
+
+// Note [Backward epilogues]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Some backward formulas are one cheap elementwise pass over the gradient they receive:
+// ReLU's keeps it where the saved output is positive. When that gradient comes whole from one
+// other node (a Linear's input gradient, `g @ W`), the product's kernel can apply the formula
+// in its epilogue and the pass leaves the step (on the H100's f32 MLP step: two launches of
+// 13 us). The engine arranges it without changing the graph PyTorch would record:
+// - A node whose formula can be fused says so when it is recorded (`offer_fusion`, kept as
+//   `Node::fusable`).
+// - Before running a node N, the engine offers N, for each of its edges into such a node M,
+//   M's `Epilogue`, where N's gradient is the only one M will receive (M's dependency count
+//   is 1), M's output does not retain its gradient (`retain_grad` would see the gradient
+//   before the formula), and M's backward is still there to run.
+// - N's backward reads the offer (`offered`) and, where the kernel that computes that input's
+//   gradient applied it, says so (`accept`). A kernel that cannot apply it just leaves it.
+// - When M's turn comes and its formula was applied, the engine passes the gradient through
+//   along M's edge instead of calling M's backward (dropped as it would have been). For
+//   PyTorch's allocator statistics, M's output is allocated and freed there, unwritten, as
+//   `linear_relu` does with the linear's output: the same sizes are live at every point as in
+//   PyTorch's backward (its output and its input gradient both, then one).
+// The offers are per backward call (a checkpoint's backward runs a nested pass inside one).
+
+/// A formula a node's backward can hand to the kernel that produces its incoming gradient.
+pub(crate) enum Fusable {
+    /// `ReluBackward0`: the gradient kept where the saved output is positive, else zero.
+    ReluMask(Arc<Saved>),
+}
+
+/// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
+#[derive(Clone)]
+pub(crate) enum Epilogue {
+    /// Keep the gradient where this tensor (of the gradient's shape and dtype) is positive.
+    ReluMask(Tensor),
+}
+
+impl Fusable {
+    /// The epilogue, or `None` where a saved tensor was modified in place (the node's own
+    /// backward then raises the error as it would have).
+    fn epilogue(&self) -> Option<Epilogue> {
+        match self {
+            Fusable::ReluMask(saved) => saved.get().ok().map(Epilogue::ReluMask),
+        }
+    }
+}
+
+/// The offers of the backward call running now: (edge index, epilogue, accepted).
+type Offers = Vec<(usize, Epilogue, bool)>;
+
+thread_local! {
+    /// The fusable formula of the node being built (set by its backward builder).
+    static FUSABLE_FOR_NODE: std::cell::RefCell<Option<Fusable>> =
+        const { std::cell::RefCell::new(None) };
+    static OFFERS: std::cell::RefCell<Offers> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Called while building a node's backward: the node can hand `f` to its producer's kernel.
+pub(crate) fn offer_fusion(f: Fusable) {
+    FUSABLE_FOR_NODE.with(|v| *v.borrow_mut() = Some(f));
+}
+
+/// The epilogue offered for the gradient along edge `edge` of the node whose backward runs now.
+pub(crate) fn offered(edge: usize) -> Option<Epilogue> {
+    OFFERS.with(|o| {
+        o.borrow()
+            .iter()
+            .find(|(e, _, _)| *e == edge)
+            .map(|(_, ep, _)| ep.clone())
+    })
+}
+
+/// Says that the gradient along `edge` was computed with its offered epilogue applied.
+pub(crate) fn accept(edge: usize) {
+    OFFERS.with(|o| {
+        if let Some(entry) = o.borrow_mut().iter_mut().find(|(e, _, _)| *e == edge) {
+            entry.2 = true;
+        }
+    });
+}
+
+/// Runs `f` (a node's backward) with `offers` in place, restoring the enclosing call's after;
+/// returns `f`'s result and the edges whose epilogue was applied.
+pub(crate) fn with_offers<R>(
+    offers: Vec<(usize, Epilogue)>,
+    f: impl FnOnce() -> R,
+) -> (R, Vec<usize>) {
+    let mine: Offers = offers.into_iter().map(|(e, ep)| (e, ep, false)).collect();
+    let outer = OFFERS.with(|o| std::mem::replace(&mut *o.borrow_mut(), mine));
+    let r = f();
+    let mine = OFFERS.with(|o| std::mem::replace(&mut *o.borrow_mut(), outer));
+    let accepted = mine.into_iter().filter(|e| e.2).map(|e| e.0).collect();
+    (r, accepted)
+}
+
+/// 0: not yet read from `KILN_BACKWARD_EPILOGUES`; 1: off; 2: on.
+static EPILOGUES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether the engine offers backward epilogues (Note [Backward epilogues]): on unless
+/// `KILN_BACKWARD_EPILOGUES=off` or `set_backward_epilogues(false)`.
+pub(crate) fn backward_epilogues() -> bool {
+    match EPILOGUES.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("KILN_BACKWARD_EPILOGUES").map_or(true, |v| v != "off");
+            EPILOGUES.store(1 + on as u8, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+/// Turns backward epilogues on or off (for comparisons in tests and benchmarks; the results
+/// agree either way up to the rounding of the kernels that run).
+pub fn set_backward_epilogues(on: bool) {
+    EPILOGUES.store(1 + on as u8, Ordering::Relaxed);
+}
+
+impl Node {
+    /// The epilogue this node can hand to its producer now, if any.
+    pub(crate) fn epilogue(&self) -> Option<Epilogue> {
+        if !backward_epilogues() || lock(&self.retained).is_some() || lock(&self.backward).is_none()
+        {
+            return None;
+        }
+        self.fusable.as_ref()?.epilogue()
+    }
 }
 
 thread_local! {
@@ -217,10 +346,20 @@ pub(crate) fn record(
     out.autograd = None;
     if needed {
         SAVED_FOR_NODE.with(|v| v.borrow_mut().clear());
+        FUSABLE_FOR_NODE.with(|v| v.borrow_mut().take());
         let f = backward(&out)?;
         attach(&mut out, name, inputs, f);
     }
     Ok(out)
+}
+
+/// The error of a backward builder that `record` must never call (its op is recorded only
+/// where no input needs a gradient).
+pub(crate) fn no_node(op: &'static str) -> Error {
+    Error::Autograd {
+        op,
+        msg: "this op records no backward node".into(),
+    }
 }
 
 /// Makes `out` the output of a new node over `inputs`.
@@ -235,6 +374,7 @@ pub(crate) fn attach(out: &mut Tensor, name: &'static str, inputs: &[&Tensor], f
         shape: out.shape().to_vec(),
         dtype: out.dtype(),
         saved: SAVED_FOR_NODE.with(|v| std::mem::take(&mut *v.borrow_mut())),
+        fusable: FUSABLE_FOR_NODE.with(|v| v.borrow_mut().take()),
     });
     let meta = Arc::new(AutogradMeta::new(Some(node)));
     register_graph(&meta, out);

@@ -30,15 +30,33 @@ pub enum Vec4Layout {
     /// `x @ W^T + b` with the ReLU that follows it). A kernel of its own: the same clamp
     /// behind a flag tested at run time cost every f32 product 2-3% on the H100.
     RuntimeRelu,
+    /// `Runtime` whose epilogue keeps the outputs where a mask of the output's shape (the
+    /// fourth binding, at `off_bias`) is positive: `ReluBackward0`'s formula applied to the
+    /// input gradient `g @ W` of the Linear after a ReLU (Note [Backward epilogues]). Its own
+    /// kernel, as `RuntimeRelu` is.
+    RuntimeMask,
+    /// `ColRow` with the same mask (the input gradient after A's column-major copy).
+    ColRowMask,
 }
 
 impl Vec4Layout {
-    pub const ALL: [Vec4Layout; 4] = [
+    pub const ALL: [Vec4Layout; 6] = [
         Vec4Layout::Runtime,
         Vec4Layout::ColRow,
         Vec4Layout::ColRowSums,
         Vec4Layout::RuntimeRelu,
+        Vec4Layout::RuntimeMask,
+        Vec4Layout::ColRowMask,
     ];
+
+    /// This layout with the mask epilogue (the plain layouts only).
+    pub fn masked(self) -> Vec4Layout {
+        match self {
+            Vec4Layout::Runtime => Vec4Layout::RuntimeMask,
+            Vec4Layout::ColRow => Vec4Layout::ColRowMask,
+            other => other,
+        }
+    }
 
     /// The layout for operands with A's k stride `sak` and B's n stride `sbn`.
     pub fn of(sak: usize, sbn: usize) -> Vec4Layout {
@@ -56,23 +74,36 @@ impl Vec4Layout {
             Vec4Layout::ColRow => "_ac_br",
             Vec4Layout::ColRowSums => "_ac_br_rowsum",
             Vec4Layout::RuntimeRelu => "_relu",
+            Vec4Layout::RuntimeMask => "_mask",
+            Vec4Layout::ColRowMask => "_ac_br_mask",
         }
     }
 
     /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
     pub(crate) fn io(self) -> String {
         let (a_rows, b_rows) = match self {
-            Vec4Layout::Runtime | Vec4Layout::RuntimeRelu => ("p.sak == 1u", "p.sbn == 1u"),
-            Vec4Layout::ColRow | Vec4Layout::ColRowSums => ("false", "true"),
+            Vec4Layout::Runtime | Vec4Layout::RuntimeRelu | Vec4Layout::RuntimeMask => {
+                ("p.sak == 1u", "p.sbn == 1u")
+            }
+            Vec4Layout::ColRow | Vec4Layout::ColRowSums | Vec4Layout::ColRowMask => {
+                ("false", "true")
+            }
         };
-        let relu = match self {
-            Vec4Layout::RuntimeRelu => "x = select(x, vec4<f32>(), x < vec4<f32>());",
+        let epilogue = match self {
+            // Zero where x is below zero, by its bits: NVIDIA's compiler took the float
+            // form, `select(x, 0, x < 0)`, for a max and returned 0 for NaN (relu keeps NaN).
+            Vec4Layout::RuntimeRelu => {
+                "let u = bitcast<vec4<u32>>(x);\n    x = select(x, vec4<f32>(), (u > vec4<u32>(0x80000000u)) & (u <= vec4<u32>(0xff800000u)));"
+            }
+            Vec4Layout::RuntimeMask | Vec4Layout::ColRowMask => {
+                "x = select(vec4<f32>(), x, bias[(p.off_bias + (bt * p.m + m) * p.n + n) / 4u] > vec4<f32>());"
+            }
             _ => "",
         };
         include_str!("../../shaders/matmul128_vec4.wgsl")
             .replace("{{A_ROWS}}", a_rows)
             .replace("{{B_ROWS}}", b_rows)
-            .replace("{{RELU}}", relu)
+            .replace("{{EPILOGUE}}", epilogue)
     }
 }
 

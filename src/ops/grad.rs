@@ -7,6 +7,7 @@ use crate::graph::{save, save_output, BackwardFn, Saved};
 use crate::ops::sum_to;
 use crate::tensor::Tensor;
 use crate::Result;
+use std::sync::Arc;
 
 /// The backward node name of a binary op.
 pub(super) fn binary_name(op: BinaryOp) -> &'static str {
@@ -44,11 +45,16 @@ fn no_double_backward(name: &'static str) -> crate::Error {
 }
 
 pub(super) fn unary(x: &Tensor, out: &Tensor, op: UnaryOp) -> Result<BackwardFn> {
-    let saved: Option<Saved> = match op {
+    let saved: Option<Arc<Saved>> = match op {
         UnaryOp::Identity | UnaryOp::Neg => None,
-        _ if op.grad_from_output() => Some(save_output(out, op.backward_name())?),
-        _ => Some(save(x)?),
+        _ if op.grad_from_output() => Some(Arc::new(save_output(out, op.backward_name())?)),
+        _ => Some(Arc::new(save(x)?)),
     };
+    // ReLU's formula can ride in the epilogue of the product that computes its incoming
+    // gradient (Note [Backward epilogues]).
+    if let (UnaryOp::Relu, Some(s)) = (op, &saved) {
+        crate::graph::offer_fusion(crate::graph::Fusable::ReluMask(s.clone()));
+    }
     Ok(Box::new(move |g, _| {
         let gx = match (&saved, op) {
             (_, UnaryOp::Identity) => g.clone(),

@@ -1,7 +1,7 @@
 //! `linear` and `linear_relu`: PyTorch's `nn.functional.linear` as one `AddmmBackward0` node
 //! over the products of `matmul.rs`, and a Linear with the ReLU that follows it.
 
-use super::matmul::{matmul_forward, matmul_grads, matmul_impl, FusedRelu};
+use super::matmul::{matmul_forward, matmul_grads, matmul_impl, relu_mask, Extras, FusedRelu};
 use super::same_device;
 use crate::base::UnaryOp;
 use crate::tensor::Tensor;
@@ -70,17 +70,20 @@ pub fn linear_relu(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result
         );
         Tensor::empty(&shape, DType::F32, x.device())
     };
-    let mut fused = FusedRelu {
-        alloc: &alloc,
-        out: None,
+    let mut ex = Extras {
+        relu: Some(FusedRelu {
+            alloc: &alloc,
+            out: None,
+        }),
+        ..Extras::default()
     };
     let y = crate::graph::record(
         "AddmmBackward0",
         &[b, x, &wt],
-        || matmul_impl(x, &wt, Some(b), true, None, &mut false, Some(&mut fused)),
+        || matmul_impl(x, &wt, Some(b), true, &mut ex),
         |_| linear_backward(x, &wt, b),
     )?;
-    match fused.out {
+    match ex.relu.and_then(|r| r.out) {
         Some(r) => crate::graph::record(
             relu.backward_name(),
             &[&y],
@@ -104,16 +107,26 @@ fn linear_backward(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<crate::graph::
             && g.rank() == 2
             && g.dtype() == DType::F32
             && bias_shape.len() == 1;
+        // x's gradient with a ReLU's formula applied, where the ReLU before this layer
+        // offered it and the product's kernel can (Note [Backward epilogues]).
+        let mask = relu_mask(1);
         if !fuse {
             let gb = match needs[0] {
                 true => Some(crate::ops::sum_to(g, &bias_shape)?),
                 false => None,
             };
+            let (rest, _, masked) = product(g, &needs[1..], false, mask.as_ref())?;
+            if masked {
+                crate::graph::accept(1);
+            }
             let mut grads = vec![gb];
-            grads.extend(product(g, &needs[1..], false)?.0);
+            grads.extend(rest);
             return Ok(grads);
         }
-        let (rest, sums) = product(g, &needs[1..], true)?;
+        let (rest, sums, masked) = product(g, &needs[1..], true, mask.as_ref())?;
+        if masked {
+            crate::graph::accept(1);
+        }
         let gb = match sums {
             Some(s) => s,
             None => crate::ops::sum_to(g, &bias_shape)?,

@@ -71,22 +71,57 @@ pub(super) struct FusedRelu<'a> {
     pub(super) out: Option<Tensor>,
 }
 
+/// What a product's kernel may do besides the product where it can, and what it did.
+#[derive(Default)]
+pub(super) struct Extras<'a> {
+    /// Write the sums of `a`'s rows here (f32, contiguous); `written` where a kernel did
+    /// (`matmul_row_sums`).
+    pub(super) sums: Option<&'a Tensor>,
+    pub(super) written: bool,
+    /// The ReLU of the result (`linear_relu`).
+    pub(super) relu: Option<FusedRelu<'a>>,
+    /// `ReluBackward0`'s formula (Note [Backward epilogues]): the product kept where this
+    /// tensor of the product's shape is positive, zero elsewhere; `masked` where a kernel did.
+    pub(super) mask: Option<&'a Tensor>,
+    pub(super) masked: bool,
+}
+
+/// Whether `mask` can be read by a product's epilogue over an [m, n] output of `a`'s dtype:
+/// contiguous, on `a`'s device, with an offset of whole 16-byte vectors.
+pub(super) fn mask_fits(mask: &Tensor, a: &Tensor, m: usize, n: usize) -> bool {
+    mask.shape() == [m, n]
+        && mask.dtype() == a.dtype()
+        && mask.is_contiguous()
+        && mask.layout().offset.is_multiple_of(4)
+        && mask.device() == a.device()
+}
+
 /// `ga = g @ b^T`, `gb = a^T @ g` on the operands promoted to matrices, summed over broadcast
 /// batch dims. Where `b` is a transposed view (a Linear's `w.t()`), `gb` is computed as
 /// `(g^T @ a)^T` so that it comes back contiguous after the transpose's backward, as PyTorch's
 /// `mm_mat2_backward` arranges.
 fn matmul_backward(a: &Tensor, b: &Tensor) -> Result<crate::graph::BackwardFn> {
     let mut grads = matmul_grads(a, b)?;
-    Ok(Box::new(move |g, needs| Ok(grads(g, needs, false)?.0)))
+    Ok(Box::new(move |g, needs| {
+        let mask = relu_mask(0);
+        let (grads, _, masked) = grads(g, needs, false, mask.as_ref())?;
+        if masked {
+            crate::graph::accept(0);
+        }
+        Ok(grads)
+    }))
 }
 
 /// `matmul_backward`'s gradients; with `col_sums`, also `g`'s sums over its rows where the
 /// product `g^T @ a` computes them in passing (`matmul_row_sums`), else `None`.
-type ProductGrads = Box<
-    dyn FnMut(&Tensor, &[bool], bool) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)>
-        + Send
-        + Sync,
->;
+/// With `mask`, `ga` with `ReluBackward0`'s formula applied where a kernel could (the last
+/// value says whether it was: Note [Backward epilogues]).
+type ProductGrads =
+    Box<dyn FnMut(&Tensor, &[bool], bool, Option<&Tensor>) -> Result<ProductOut> + Send + Sync>;
+
+/// The gradients of a product, the sums of `g`'s rows where asked and computed, and whether
+/// the mask was applied to `ga`.
+pub(super) type ProductOut = (Vec<Option<Tensor>>, Option<Tensor>, bool);
 
 /// See `matmul_backward`.
 pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
@@ -96,8 +131,9 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
     let b_transposed = b.rank() == 2 && b.strides()[0] == 1 && b.strides()[1] != 1;
     let a_s = b.requires_grad().then(|| save(a)).transpose()?;
     let b_s = a.requires_grad().then(|| save(b)).transpose()?;
-    Ok(Box::new(move |g, needs, col_sums| {
+    Ok(Box::new(move |g, needs, col_sums, mask| {
         let mut sums = None;
+        let mut masked = false;
         let promote = |t: Tensor, vector_dim: isize| -> Result<Tensor> {
             if t.rank() == 1 {
                 t.unsqueeze(vector_dim)
@@ -115,7 +151,14 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
         let ga = match needs[0] {
             true => {
                 let bp = promote(b_s.as_ref().expect("saved").get()?, 1)?;
-                let ga = gp.matmul(&bp.transpose(-2, -1)?)?;
+                let ga = match mask {
+                    Some(mask) if sa.len() == 2 && sb.len() == 2 => {
+                        let (ga, applied) = matmul_masked(&gp, &bp.t()?, mask)?;
+                        masked = applied;
+                        ga
+                    }
+                    _ => gp.matmul(&bp.transpose(-2, -1)?)?,
+                };
                 let pa: Vec<usize> = if sa.len() == 1 {
                     vec![1, sa[0]]
                 } else {
@@ -147,8 +190,37 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
             }
             false => None,
         };
-        Ok((vec![ga, gb], sums))
+        Ok((vec![ga, gb], sums, masked))
     }))
+}
+
+/// The ReLU mask offered for edge `edge` of the backward running now (Note [Backward
+/// epilogues]).
+pub(super) fn relu_mask(edge: usize) -> Option<Tensor> {
+    match crate::graph::offered(edge)? {
+        crate::graph::Epilogue::ReluMask(t) => Some(t),
+    }
+}
+
+/// `a @ b` for two matrices (in a backward: no autograd, no autocast), with `mask`'s ReLU
+/// formula applied in the kernel's epilogue where the kernel that runs can; whether it was.
+fn matmul_masked(a: &Tensor, b: &Tensor, mask: &Tensor) -> Result<(Tensor, bool)> {
+    if crate::graph::needs_grad(&[a, b]) || super::autocast::applies(a) {
+        return Ok((matmul(a, b)?, false));
+    }
+    let mut ex = Extras {
+        mask: Some(mask),
+        ..Extras::default()
+    };
+    // (Recorded as `matmul` records it, for the profiler's and the snapshots' op names; no
+    // node is made, since no operand needs a gradient.)
+    let out = crate::graph::record(
+        "MmBackward0",
+        &[a, b],
+        || matmul_impl(a, b, None, true, &mut ex),
+        |_| Err(crate::graph::no_node("matmul_masked")),
+    )?;
+    Ok((out, ex.masked))
 }
 
 /// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
@@ -247,7 +319,7 @@ pub(super) fn matmul_with(
     bias: Option<&Tensor>,
     narrow: bool,
 ) -> Result<Tensor> {
-    matmul_impl(a, b, bias, narrow, None, &mut false, None)
+    matmul_impl(a, b, bias, narrow, &mut Extras::default())
 }
 
 /// `a @ b` for two f32 matrices on a GPU, and the sums of `a`'s rows where the product's
@@ -270,23 +342,24 @@ fn matmul_row_sums(a: &Tensor, b: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         return Ok((matmul(a, b)?, None));
     }
     let sums = Tensor::empty(&[a.shape()[0]], DType::F32, a.device())?;
-    let mut written = false;
-    let out = matmul_impl(a, b, None, true, Some(&sums), &mut written, None)?;
+    let mut ex = Extras {
+        sums: Some(&sums),
+        ..Extras::default()
+    };
+    let out = matmul_impl(a, b, None, true, &mut ex)?;
+    let written = ex.written;
     Ok((out, written.then_some(sums)))
 }
 
-/// `matmul_with`, also writing the sums of `a`'s rows into `sums` (f32, contiguous) and
-/// setting `written` where the kernel that ran did (`matmul_row_sums`), and with `relu`, the
-/// ReLU of the result into `relu.out` where the kernel that ran could (`linear_relu`; the
-/// returned product is then left unwritten).
+/// `matmul_with`, and what `ex` asks where the kernel that runs can (see `Extras`): the sums
+/// of `a`'s rows (`matmul_row_sums`), the ReLU of the result into `relu.out` (`linear_relu`;
+/// the returned product is then left unwritten), or a backward ReLU mask on the result.
 pub(super) fn matmul_impl(
     a: &Tensor,
     b: &Tensor,
     mut bias: Option<&Tensor>,
     narrow: bool,
-    sums: Option<&Tensor>,
-    written: &mut bool,
-    relu: Option<&mut FusedRelu>,
+    ex: &mut Extras,
 ) -> Result<Tensor> {
     const OP: &str = "matmul";
     same_device(OP, a, b)?;
@@ -332,9 +405,7 @@ pub(super) fn matmul_impl(
     }
     let batch_shape = broadcast_shapes(OP, &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
     if narrow && a.rank() == 2 && b.rank() == 2 {
-        if let Some(out) =
-            super::matmul_narrow::narrow_product(a, b, [m, n, k], bias, sums, written)?
-        {
+        if let Some(out) = super::matmul_narrow::narrow_product(a, b, [m, n, k], bias, ex)? {
             return Ok(out);
         }
     }
@@ -497,17 +568,27 @@ pub(super) fn matmul_impl(
             };
             // A's row sums ride with the column-major A by row-major B kernel, one product.
             let layout = Vec4Layout::of(sak, sbn);
-            let sums = sums.filter(|t| {
+            let sums = ex.sums.filter(|t| {
                 layout == Vec4Layout::ColRow
                     && flat.batch == 1
                     && fused_bias.is_none()
                     && t.shape() == [m]
                     && t.layout().offset.is_multiple_of(4)
             });
-            // With `relu_out`, `Simt::Vec4` writes the ReLU of the result there instead.
-            let run = |choice: Simt, relu_out: Option<&Tensor>| -> Result<()> {
+            // A backward ReLU mask rides in the vec4 kernels' epilogue, in the fourth binding
+            // (the product has no bias or sums then).
+            let mask = ex.mask.filter(|t| {
+                vec4 && fused_bias.is_none()
+                    && sums.is_none()
+                    && flat.batch == 1
+                    && mask_fits(t, a, m, n)
+            });
+            // With `relu_out`, `Simt::Vec4` writes the ReLU of the result there instead; with
+            // `mask`, a vec4 kernel applies it.
+            let run = |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>| {
                 let fused = fused_bias.filter(|_| choice.is_vec4());
                 let sums = sums.filter(|_| choice == Simt::Vec4);
+                let mask = mask.filter(|_| choice.is_vec4());
                 // Vec4ColA: A copied column-major first, so that the product runs the kernel
                 // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
                 let col_a = match choice {
@@ -532,7 +613,7 @@ pub(super) fn matmul_impl(
                     sbk,
                     sbn,
                     fused.is_some() as usize | (sums.is_some() as usize) << 1,
-                    fused.or(sums).map_or(0, |t| t.layout().offset),
+                    fused.or(sums).or(mask).map_or(0, |t| t.layout().offset),
                 ];
                 let (tile, kernel) = match choice {
                     Simt::Vec4 if sums.is_some() => {
@@ -542,7 +623,13 @@ pub(super) fn matmul_impl(
                         (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
                     }
                     Simt::Vec4 | Simt::Vec4ColA => {
-                        (128, Kernel::Matmul128Vec4(padded, Vec4Layout::of(sak, sbn)))
+                        let layout = Vec4Layout::of(sak, sbn);
+                        let layout = if mask.is_some() {
+                            layout.masked()
+                        } else {
+                            layout
+                        };
+                        (128, Kernel::Matmul128Vec4(padded, layout))
                     }
                     Simt::Tile128 => (128, Kernel::Matmul128(a.dtype(), padded)),
                     Simt::Tile64 => (64, Kernel::Matmul(a.dtype())),
@@ -562,11 +649,12 @@ pub(super) fn matmul_impl(
                 let dest = relu_out.unwrap_or(&out);
                 let mut blocks = vec![&a_op.storage.block, &fb.storage.block, &dest.storage.block];
                 if choice.is_vec4() {
-                    // Without a bias or sums the fourth binding is a dummy (the flags are
-                    // clear).
+                    // Without a bias, sums or a mask the fourth binding is a dummy (the flags
+                    // are clear).
                     blocks.push(
                         fused
                             .or(sums)
+                            .or(mask)
                             .map_or(&fa.storage.block, |t| &t.storage.block),
                     );
                 }
@@ -600,26 +688,28 @@ pub(super) fn matmul_impl(
             };
             let work = (m * n * k * flat.batch) as u64;
             let choice = tune::pick(a.device(), "matmul", key, work, &candidates, |c| {
-                run(c, None)
+                run(c, None, None)
             })?;
             // The ReLU rides in the epilogue after the bias: only where the bias did too, on
             // the plain vec4 kernel with the layouts tested at run time.
-            let relu = relu.filter(|_| {
+            let relu = ex.relu.as_mut().filter(|_| {
                 choice == Simt::Vec4
                     && layout == Vec4Layout::Runtime
                     && fused_bias.is_some()
                     && a.rank() == 2
                     && b.rank() == 2
             });
+            let mask = mask.filter(|_| choice.is_vec4());
             match relu {
                 Some(relu) => {
                     let r = (relu.alloc)()?;
-                    run(choice, Some(&r))?;
+                    run(choice, Some(&r), None)?;
                     relu.out = Some(r);
                 }
-                None => run(choice, None)?,
+                None => run(choice, None, mask)?,
             }
-            *written = choice == Simt::Vec4 && sums.is_some();
+            ex.written = choice == Simt::Vec4 && sums.is_some();
+            ex.masked = mask.is_some();
             if choice.is_vec4() && fused_bias.is_some() {
                 // `linear` checked the bias's device.
                 bias = None;

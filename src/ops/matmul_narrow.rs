@@ -1,7 +1,7 @@
 //! Products with a narrow side or a short K on `shaders/matmul_narrow.wgsl`, each measured
 //! against the tiled path of `matmul.rs` per size class.
 
-use super::matmul::{add_bias, matmul_with};
+use super::matmul::{add_bias, matmul_with, Extras};
 use super::u32_of;
 use crate::kernels::{launch_groups, tune, Kernel, Narrow};
 use crate::tensor::Tensor;
@@ -19,16 +19,17 @@ use crate::{DType, Result};
 /// 10; the head's input gradient took 33 us (f32) and 18 us (f16) for a product whose 8 MiB
 /// output is 3 us of HBM time.
 ///
-/// With `sums` (f32, contiguous, m elements), `cols` also writes the sums of A's rows there
-/// and sets `written` (`matmul_row_sums`: the head's bias gradient from its weight's
-/// gradient's launch).
+/// With `ex.sums` (f32, contiguous, m elements), `cols` also writes the sums of A's rows there
+/// and sets `ex.written` (`matmul_row_sums`: the head's bias gradient from its weight's
+/// gradient's launch). With `ex.mask`, `short` and `short4` keep the product where the mask
+/// is positive and set `ex.masked` (the head's input gradient with the ReLU's backward
+/// before it: Note [Backward epilogues]).
 pub(super) fn narrow_product(
     a: &Tensor,
     b: &Tensor,
     [m, n, k]: [usize; 3],
     bias: Option<&Tensor>,
-    sums: Option<&Tensor>,
-    written: &mut bool,
+    ex: &mut Extras,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "matmul";
     // (`cols` takes one workgroup per 32 columns along x: at most 65535 of them; `short` one
@@ -56,13 +57,16 @@ pub(super) fn narrow_product(
             && t.strides() == [1]
             && t.device() == a.device()
     });
-    let sums = sums.filter(|t| {
+    let sums = ex.sums.filter(|t| {
         kind == Narrow::Cols
             && a.dtype() == DType::F32
             && t.dtype() == DType::F32
             && t.shape() == [m]
             && t.strides() == [1]
             && t.device() == a.device()
+    });
+    let mask = ex.mask.filter(|t| {
+        kind == Narrow::Short && fused.is_none() && super::matmul::mask_fits(t, a, m, n)
     });
     let out = Tensor::empty(&[m, n], a.dtype(), a.device())?;
     // Every element index the kernel computes must fit a u32 too.
@@ -82,7 +86,7 @@ pub(super) fn narrow_product(
         b.strides()[1],
         out.layout().offset,
         fused.is_some() as usize | (sums.is_some() as usize) << 1,
-        fused.or(sums).map_or(0, |t| t.layout().offset),
+        fused.or(sums).or(mask).map_or(0, |t| t.layout().offset),
         groups_x,
         0,
         0,
@@ -91,7 +95,10 @@ pub(super) fn narrow_product(
     .iter()
     .map(|&v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
-    let launch = |kind: Narrow| -> Result<()> {
+    // (The mask's flag, bit 2, is set only for the launch that keeps its result.)
+    let launch = |kind: Narrow, mask: Option<&Tensor>| -> Result<()> {
+        let mut imm = imm.clone();
+        imm[10] |= (mask.is_some() as u32) << 2;
         let groups = match kind {
             Narrow::Cols => (n.div_ceil(32), 1),
             Narrow::Rows => (groups_x, m.div_ceil(groups_x)),
@@ -106,6 +113,7 @@ pub(super) fn narrow_product(
                 &out.storage.block,
                 fused
                     .or(sums)
+                    .or(mask)
                     .map_or(&a.storage.block, |t| &t.storage.block),
             ],
             &imm,
@@ -144,15 +152,16 @@ pub(super) fn narrow_product(
         work,
         &candidates,
         |v| match v {
-            Some(kind) => launch(kind),
+            Some(kind) => launch(kind, None),
             None => matmul_with(a, b, bias, false).map(drop),
         },
     )?;
     let Some(kind) = pick else {
         return Ok(None);
     };
-    launch(kind)?;
-    *written = sums.is_some();
+    launch(kind, mask)?;
+    ex.written = sums.is_some();
+    ex.masked = mask.is_some();
     match fused {
         Some(_) => Ok(Some(out)),
         None => add_bias(out, bias).map(Some),
