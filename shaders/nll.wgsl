@@ -5,25 +5,7 @@
 // -g / total_weight at each row's target and zero elsewhere. A target outside [0, C) that is not
 // ignore_index raises the device's assert flag (CUDA's device-side assert) and counts nothing.
 {{ENABLES}}
-struct Params {
-    n: u32,
-    c: u32,
-    // log_probs (forward) or the upstream gradient (backward, at x_off).
-    x_off: u32,
-    s0: u32,
-    s1: u32,
-    t_off: u32,
-    st: u32,
-    // forward: the loss; backward: the contiguous [N, C] gradient.
-    out_off: u32,
-    // total_weight (f32).
-    tw_off: u32,
-    ignore: i32,
-    pad0: u32,
-    pad1: u32,
-}
-
-var<immediate> p: Params;
+{{COMMON}}
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{T}}>;
 @group(0) @binding(1) var<storage, read_write> labels: array<i32>;
@@ -31,39 +13,18 @@ var<immediate> p: Params;
 @group(0) @binding(3) var<storage, read_write> total: array<f32>;
 @group(0) @binding(4) var<storage, read_write> flag: array<atomic<u32>>;
 
-var<workgroup> sums: array<f32, 256>;
-var<workgroup> counts: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn forward(@builtin(local_invocation_index) t: u32) {
     var s = 0.0;
     var count = 0.0;
     for (var i = t; i < p.n; i += 256u) {
-        let ti = labels[p.t_off + i * p.st];
-        if ti == p.ignore {
-            continue;
+        let ti = counted_target(i);
+        if ti >= 0 {
+            s -= f32(x[p.x_off + i * p.s0 + u32(ti) * p.s1]);
+            count += 1.0;
         }
-        if ti < 0 || u32(ti) >= p.c {
-            atomicMax(&flag[0], 1u);
-            continue;
-        }
-        s -= f32(x[p.x_off + i * p.s0 + u32(ti) * p.s1]);
-        count += 1.0;
     }
-    sums[t] = s;
-    counts[t] = count;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if t < k {
-            sums[t] += sums[t + k];
-            counts[t] += counts[t + k];
-        }
-        workgroupBarrier();
-    }
-    if t == 0u {
-        out[p.out_off] = {{T}}(sums[0] / counts[0]);
-        total[p.tw_off] = counts[0];
-    }
+    finish(t, s, count);
 }
 
 @compute @workgroup_size(256)

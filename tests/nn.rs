@@ -776,3 +776,105 @@ fn sgd_partial_vec4_leaves_a_views_neighbours_alone() {
         }
     }
 }
+
+/// cross_entropy's fused kernels (Note [Backward epilogues], `shaders/cross_entropy.wgsl`)
+/// against the two ops they stand for, `nll_loss(log_softmax(x))` with the backward epilogues
+/// off, on each GPU: the loss and gradient (strided logits, ignored rows), the nodes, every
+/// allocator statistic of a forward and backward, and the kernels that run (one forward, one
+/// backward, against four); a target out of range is the device assert nll_loss raises.
+#[test]
+fn cross_entropy_fuses_its_two_ops() {
+    use kiln::nn::{cross_entropy, nll_loss};
+    use kiln::Error;
+    let (n, c) = (300usize, 10usize);
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(5);
+    // Logits read through a transpose (strides 1, n).
+    let wide = Tensor::randn(&[c, n], DType::F32, &cpu).unwrap();
+    let targets: Vec<i32> = (0..n as i32)
+        .map(|i| if i % 7 == 2 { -100 } else { (i * 3) % c as i32 })
+        .collect();
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let y = Tensor::from_slice(&targets, &[n], &dev).unwrap();
+        let run = |fused: bool| {
+            kiln::autograd::set_backward_epilogues(fused);
+            let x = wide.to_device(&dev).unwrap().requires_grad_(true).unwrap();
+            let l = match fused {
+                true => cross_entropy(&x.t().unwrap(), &y).unwrap(),
+                false => nll_loss(&x.t().unwrap().log_softmax(1).unwrap(), &y).unwrap(),
+            };
+            assert_eq!(l.grad_fn_name(), Some("NllLossBackward0"));
+            l.backward().unwrap();
+            kiln::autograd::set_backward_epilogues(true);
+            let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+            (l.item::<f32>().unwrap(), g)
+        };
+        let stats = |fused: bool| {
+            run(fused);
+            dev.synchronize().unwrap();
+            let before = dev.memory_stats();
+            dev.reset_peak_memory_stats();
+            let out = run(fused);
+            dev.synchronize().unwrap();
+            let after = dev.memory_stats();
+            let delta: Vec<(String, i64)> = after
+                .iter()
+                .filter(|(k, _)| k.starts_with("allocation") || k.contains("bytes"))
+                .filter(|(k, _)| !k.contains("reserved") && !k.contains("segment"))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v - if k.ends_with(".peak") { 0 } else { before[k] },
+                    )
+                })
+                .collect();
+            (out, delta)
+        };
+        let ((fused, fused_stats), (plain, plain_stats)) = (stats(true), stats(false));
+        assert_eq!(fused_stats, plain_stats, "{dev:?}: allocator statistics");
+        assert!(
+            (fused.0 - plain.0).abs() < 1e-6,
+            "{dev:?}: {fused:?} {plain:?}"
+        );
+        assert!(close(&fused.1, &plain.1, 1e-7), "{dev:?}: gradients");
+        assert!(fused.1.iter().any(|v| *v != 0.0));
+
+        if dev.adapter_info().unwrap().features.timestamp_query {
+            let trace = |fused: bool| {
+                let options = kiln::profiler::ProfileOptions {
+                    devices: vec![dev.clone()],
+                    profile_memory: false,
+                };
+                let (_, prof) = kiln::profiler::profile(&options, || {
+                    run(fused);
+                    dev.synchronize()
+                })
+                .unwrap();
+                let t = prof.chrome_trace_json();
+                [
+                    "cross_entropy_forward_f32",
+                    "cross_entropy_backward_f32",
+                    "softmax_f32",
+                    "softmax_backward_f32",
+                    "nll_loss_forward_f32",
+                    "nll_loss_backward_f32",
+                ]
+                .map(|k| t.contains(k))
+            };
+            let (on, off) = (true, false);
+            assert_eq!(trace(true), [on, on, off, off, off, off], "{dev:?}");
+            assert_eq!(trace(false), [off, off, on, on, on, on], "{dev:?}");
+        }
+
+        // A target outside [0, C): nll_loss's device assert, the device usable after it.
+        let x = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
+        let bad = Tensor::from_slice(&[0i32, 4, 2], &[3], &dev).unwrap();
+        match cross_entropy(&x, &bad).and_then(|l| l.item::<f32>()) {
+            Err(Error::DeviceAssert { ops, .. }) => assert!(ops.contains("nll_loss"), "{ops}"),
+            other => panic!("{dev:?}: {other:?}"),
+        }
+        let good = Tensor::from_slice(&[0i32, 3, 2], &[3], &dev).unwrap();
+        let l = cross_entropy(&x, &good).unwrap().item::<f32>().unwrap();
+        assert!((l - 4f32.ln()).abs() < 1e-6, "{dev:?}: {l}");
+    }
+}

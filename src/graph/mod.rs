@@ -127,6 +127,9 @@ pub(crate) struct Node {
 pub(crate) enum Fusable {
     /// `ReluBackward0`: the gradient kept where the saved output is positive, else zero.
     ReluMask(Arc<Saved>),
+    /// `LogSoftmaxBackward0` over the rows of a matrix: the gradient minus exp(output) times
+    /// the gradient's row sums.
+    LogSoftmaxRows(Arc<Saved>),
 }
 
 /// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
@@ -134,6 +137,8 @@ pub(crate) enum Fusable {
 pub(crate) enum Epilogue {
     /// Keep the gradient where this tensor (of the gradient's shape and dtype) is positive.
     ReluMask(Tensor),
+    /// log_softmax's backward along dim 1, given its output (a matrix).
+    LogSoftmaxRows(Tensor),
 }
 
 impl Fusable {
@@ -142,6 +147,7 @@ impl Fusable {
     fn epilogue(&self) -> Option<Epilogue> {
         match self {
             Fusable::ReluMask(saved) => saved.get().ok().map(Epilogue::ReluMask),
+            Fusable::LogSoftmaxRows(saved) => saved.get().ok().map(Epilogue::LogSoftmaxRows),
         }
     }
 }

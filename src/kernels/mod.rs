@@ -120,6 +120,9 @@ pub enum Kernel {
     SoftmaxBackward(DType),
     /// `shaders/nll.wgsl` for one float dtype: nll_loss's forward (`false`) or backward.
     Nll(DType, bool),
+    /// `shaders/cross_entropy.wgsl` for one float dtype: log_softmax and nll_loss forward in
+    /// one kernel (`false`), or their two backwards in one (`true`).
+    CrossEntropy(DType, bool),
     /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in 4-byte
     /// words (16-byte vectors of them with `true`).
     CopyRows(bool),
@@ -230,6 +233,11 @@ impl Kernel {
                 [DType::F32, DType::F16]
                     .into_iter()
                     .flat_map(|d| [false, true].map(move |b| Kernel::Nll(d, b))),
+            )
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [false, true].map(move |b| Kernel::CrossEntropy(d, b))),
             )
             .collect()
     }
@@ -371,7 +379,14 @@ impl Kernel {
             Kernel::SoftmaxBackward(d) => {
                 per_dtype(include_str!("../../shaders/softmax_backward.wgsl"), *d)
             }
-            Kernel::Nll(d, _) => per_dtype(include_str!("../../shaders/nll.wgsl"), *d),
+            Kernel::Nll(d, _) => per_dtype(
+                &include_str!("../../shaders/nll.wgsl").replace("{{COMMON}}", NLL_COMMON),
+                *d,
+            ),
+            Kernel::CrossEntropy(d, _) => per_dtype(
+                &include_str!("../../shaders/cross_entropy.wgsl").replace("{{COMMON}}", NLL_COMMON),
+                *d,
+            ),
             Kernel::CopyRows(vec4) => Cow::Owned(
                 include_str!("../../shaders/copy_rows.wgsl")
                     .replace("{{U}}", if *vec4 { "vec4<u32>" } else { "u32" }),
@@ -429,6 +444,10 @@ impl Kernel {
                 "nll_loss_{}_{d}",
                 if *backward { "backward" } else { "forward" }
             )),
+            Kernel::CrossEntropy(d, backward) => Cow::Owned(format!(
+                "cross_entropy_{}_{d}",
+                if *backward { "backward" } else { "forward" }
+            )),
             Kernel::CopyRows(vec4) => {
                 Cow::Borrowed(if *vec4 { "copy_rows_vec4" } else { "copy_rows" })
             }
@@ -469,6 +488,8 @@ impl Kernel {
             Kernel::CastVec4(..) => 2,
             Kernel::CopyRows(_) => 2,
             Kernel::Nll(..) => 5,
+            // Five blocks, and the forward's assert flag.
+            Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
             Kernel::SoftmaxBackward(_) => 3,
         }
     }
@@ -479,6 +500,7 @@ impl Kernel {
             Kernel::Gather(_) => "gather/index_select/embedding",
             Kernel::ScatterAdd(_) => "scatter_add",
             Kernel::Nll(..) => "nll_loss",
+            Kernel::CrossEntropy(..) => "cross_entropy/nll_loss",
             _ => "kernel",
         }
     }
@@ -487,7 +509,10 @@ impl Kernel {
     fn checks_input(&self) -> bool {
         matches!(
             self,
-            Kernel::Gather(_) | Kernel::ScatterAdd(_) | Kernel::Nll(..)
+            Kernel::Gather(_)
+                | Kernel::ScatterAdd(_)
+                | Kernel::Nll(..)
+                | Kernel::CrossEntropy(_, false)
         )
     }
 
@@ -538,7 +563,7 @@ impl Kernel {
             Kernel::BatchNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
-            Kernel::Nll(..) => 48,
+            Kernel::Nll(..) | Kernel::CrossEntropy(..) => 48,
             Kernel::SoftmaxBackward(_) => 32,
         }
     }
@@ -551,10 +576,15 @@ impl Kernel {
             Kernel::MatmulNarrow(_, kind) => kind.entry_point(),
             Kernel::Nll(_, false) => "forward",
             Kernel::Nll(_, true) => "backward",
+            Kernel::CrossEntropy(_, false) => "forward",
+            Kernel::CrossEntropy(_, true) => "backward",
             _ => "main",
         }
     }
 }
+
+/// What `shaders/nll.wgsl` and `shaders/cross_entropy.wgsl` share.
+const NLL_COMMON: &str = include_str!("../../shaders/nll_common.wgsl");
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
 pub(crate) fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {

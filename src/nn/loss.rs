@@ -13,30 +13,38 @@ pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
     if let Some(v) = autocast::fp32(&[log_probs])? {
         return autocast::suspended(|| nll_loss(&v[0], target));
     }
-    if log_probs.rank() != 2 || target.rank() != 1 || target.shape()[0] != log_probs.shape()[0] {
+    check_classes("nll_loss", log_probs, target)?;
+    crate::ops::loss::nll_loss(log_probs, target, crate::ops::loss::IGNORE_INDEX)
+}
+
+/// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:
+/// `nll_loss(log_softmax(logits, 1))` with PyTorch's two nodes and allocations, each pair of
+/// kernels fused in one on a GPU (`ops::loss::cross_entropy`).
+pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    if let Some(v) = autocast::fp32(&[logits])? {
+        return autocast::suspended(|| cross_entropy(&v[0], target));
+    }
+    check_classes("cross_entropy", logits, target)?;
+    crate::ops::loss::cross_entropy(logits, target, crate::ops::loss::IGNORE_INDEX)
+}
+
+/// A classification loss's operands: an [N, C] input and N i32 class indices.
+fn check_classes(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
+    if input.rank() != 2 || target.rank() != 1 || target.shape()[0] != input.shape()[0] {
         return Err(Error::ShapeMismatch {
-            op: "nll_loss",
-            lhs: log_probs.shape().to_vec(),
+            op,
+            lhs: input.shape().to_vec(),
             rhs: target.shape().to_vec(),
         });
     }
     if target.dtype() != DType::I32 {
         return Err(Error::DTypeMismatch {
-            op: "nll_loss",
+            op,
             expected: DType::I32,
             got: target.dtype(),
         });
     }
-    crate::ops::loss::nll_loss(log_probs, target, crate::ops::loss::IGNORE_INDEX)
-}
-
-/// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:
-/// `nll_loss(log_softmax(logits))`.
-pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
-    if let Some(v) = autocast::fp32(&[logits])? {
-        return autocast::suspended(|| cross_entropy(&v[0], target));
-    }
-    nll_loss(&logits.log_softmax(1)?, target)
+    Ok(())
 }
 
 /// Mean squared error.

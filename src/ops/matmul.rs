@@ -199,6 +199,7 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
 pub(super) fn relu_mask(edge: usize) -> Option<Tensor> {
     match crate::graph::offered(edge)? {
         crate::graph::Epilogue::ReluMask(t) => Some(t),
+        _ => None,
     }
 }
 

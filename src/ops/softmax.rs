@@ -131,37 +131,47 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
 /// softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g), along `d`.
 /// Both read only the output, which is what PyTorch saves.
 fn softmax_recorded(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
+    softmax_recorded_with(x, d, log, || softmax_impl(x, d, log))
+}
+
+/// `softmax_recorded` whose output `forward` makes (`cross_entropy`'s fused kernel writes
+/// log_softmax's output later, in nll_loss's launch). log_softmax's formula, along the last
+/// dim of a matrix, can ride in nll_loss's backward kernel (Note [Backward epilogues]).
+pub(super) fn softmax_recorded_with(
+    x: &Tensor,
+    d: isize,
+    log: bool,
+    forward: impl FnOnce() -> Result<Tensor>,
+) -> Result<Tensor> {
     let name = if log {
         "LogSoftmaxBackward0"
     } else {
         "SoftmaxBackward0"
     };
-    crate::graph::record(
-        name,
-        &[x],
-        || softmax_impl(x, d, log),
-        |out| {
-            let saved = crate::graph::save_output(out, name)?;
-            let f: crate::graph::BackwardFn = Box::new(move |g, _| {
-                let y = saved.get()?;
-                if let Some(gx) = backward_rows(&y, g, d, log)? {
-                    return Ok(vec![Some(gx)]);
-                }
-                let dd = if y.rank() == 0 { -1 } else { d };
-                let y = if y.rank() == 0 { y.reshape(&[1])? } else { y };
-                let g1 = g.reshape(&y.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;
-                let gx = if log {
-                    g1.sub(&y.exp()?.mul(&g1.sum(&[dd], true)?)?)?
-                } else {
-                    y.mul(&g1.sub(&g1.mul(&y)?.sum(&[dd], true)?)?)?
-                };
-                Ok(vec![Some(gx.reshape(
-                    &g.shape().iter().map(|&n| n as isize).collect::<Vec<_>>(),
-                )?)])
-            });
-            Ok(f)
-        },
-    )
+    crate::graph::record(name, &[x], forward, |out| {
+        let saved = std::sync::Arc::new(crate::graph::save_output(out, name)?);
+        if log && out.rank() == 2 && dim("log_softmax", d, 2)? == 1 {
+            crate::graph::offer_fusion(crate::graph::Fusable::LogSoftmaxRows(saved.clone()));
+        }
+        let f: crate::graph::BackwardFn = Box::new(move |g, _| {
+            let y = saved.get()?;
+            if let Some(gx) = backward_rows(&y, g, d, log)? {
+                return Ok(vec![Some(gx)]);
+            }
+            let dd = if y.rank() == 0 { -1 } else { d };
+            let y = if y.rank() == 0 { y.reshape(&[1])? } else { y };
+            let g1 = g.reshape(&y.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;
+            let gx = if log {
+                g1.sub(&y.exp()?.mul(&g1.sum(&[dd], true)?)?)?
+            } else {
+                y.mul(&g1.sub(&g1.mul(&y)?.sum(&[dd], true)?)?)?
+            };
+            Ok(vec![Some(gx.reshape(
+                &g.shape().iter().map(|&n| n as isize).collect::<Vec<_>>(),
+            )?)])
+        });
+        Ok(f)
+    })
 }
 
 impl Tensor {

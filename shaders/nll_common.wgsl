@@ -1,0 +1,59 @@
+// What `nll.wgsl` and `cross_entropy.wgsl` share: their immediates, the check of a row's
+// target, and the forward's sum over the workgroup (each file declares the bindings these
+// read: `labels`, `out`, `total`, `flag`).
+struct Params {
+    n: u32,
+    c: u32,
+    // The input (strides s0, s1) in a forward; the upstream gradient (0-d) in a backward.
+    x_off: u32,
+    s0: u32,
+    s1: u32,
+    t_off: u32,
+    st: u32,
+    // forward: the loss; backward: the contiguous [N, C] gradient.
+    out_off: u32,
+    // total_weight (f32).
+    tw_off: u32,
+    ignore: i32,
+    // cross_entropy: log_softmax's output, contiguous [N, C].
+    y_off: u32,
+    pad0: u32,
+}
+
+var<immediate> p: Params;
+
+var<workgroup> sums: array<f32, 256>;
+var<workgroup> counts: array<f32, 256>;
+
+// Row i's target where it counts; -1 where it is ignore_index, or outside [0, C) (which also
+// raises the device's assert flag: CUDA's device-side assert).
+fn counted_target(i: u32) -> i32 {
+    let ti = labels[p.t_off + i * p.st];
+    if ti == p.ignore {
+        return -1;
+    }
+    if ti < 0 || u32(ti) >= p.c {
+        atomicMax(&flag[0], 1u);
+        return -1;
+    }
+    return ti;
+}
+
+// The workgroup's sums and counts added up: the loss (their quotient; 0 / 0 is NaN when every
+// target is ignored) and total_weight (the count).
+fn finish(t: u32, s: f32, count: f32) {
+    sums[t] = s;
+    counts[t] = count;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if t < k {
+            sums[t] += sums[t + k];
+            counts[t] += counts[t + k];
+        }
+        workgroupBarrier();
+    }
+    if t == 0u {
+        out[p.out_off] = {{T}}(sums[0] / counts[0]);
+        total[p.tw_off] = counts[0];
+    }
+}
