@@ -400,3 +400,33 @@ fn fused_optimizers_match_the_cpu_formulas() {
         }
     }
 }
+
+/// The tensors a node saved are freed once it has run, also where the node offered its
+/// formula to the kernel before it (Note [Backward epilogues]: ReLU's output, log_softmax's):
+/// with the loss still held, backward leaves the leaves, their gradients and the loss.
+#[test]
+fn saved_outputs_are_freed_by_backward() {
+    for dev in devices() {
+        let x = Tensor::randn(&[512, 256], DType::F32, &dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let target = Tensor::zeros(&[512], DType::I32, &dev).unwrap();
+        let relu = x.relu().unwrap().sum_all().unwrap();
+        let ce = cross_entropy(&x, &target).unwrap();
+        let loss = relu.add(&ce).unwrap();
+        dev.synchronize().unwrap();
+        let before = dev.memory_allocated() as i64;
+        loss.backward().unwrap();
+        dev.synchronize().unwrap();
+        let after = dev.memory_allocated() as i64;
+        // x.grad arrives (512 KiB); ReLU's output and log_softmax's (512 KiB each) and
+        // nll_loss's total_weight go.
+        let (mib, grad) = (1i64 << 20, 512 * 1024);
+        assert!(
+            after - before <= grad - mib + mib / 8,
+            "{dev:?}: {before} -> {after}"
+        );
+        drop((relu, ce, loss));
+    }
+}

@@ -124,12 +124,15 @@ pub(crate) struct Node {
 // The offers are per backward call (a checkpoint's backward runs a nested pass inside one).
 
 /// A formula a node's backward can hand to the kernel that produces its incoming gradient.
+/// It holds its saved tensor weakly: the node's backward closure owns it, and a saved tensor
+/// lives no longer than that closure (dropped when the node has run, unless the graph is
+/// retained), whatever the node offers.
 pub(crate) enum Fusable {
     /// `ReluBackward0`: the gradient kept where the saved output is positive, else zero.
-    ReluMask(Arc<Saved>),
+    ReluMask(Weak<Saved>),
     /// `LogSoftmaxBackward0` over the rows of a matrix: the gradient minus exp(output) times
     /// the gradient's row sums.
-    LogSoftmaxRows(Arc<Saved>),
+    LogSoftmaxRows(Weak<Saved>),
 }
 
 /// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
@@ -146,8 +149,10 @@ impl Fusable {
     /// backward then raises the error as it would have).
     fn epilogue(&self) -> Option<Epilogue> {
         match self {
-            Fusable::ReluMask(saved) => saved.get().ok().map(Epilogue::ReluMask),
-            Fusable::LogSoftmaxRows(saved) => saved.get().ok().map(Epilogue::LogSoftmaxRows),
+            Fusable::ReluMask(saved) => saved.upgrade()?.get().ok().map(Epilogue::ReluMask),
+            Fusable::LogSoftmaxRows(saved) => {
+                saved.upgrade()?.get().ok().map(Epilogue::LogSoftmaxRows)
+            }
         }
     }
 }

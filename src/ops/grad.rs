@@ -53,7 +53,7 @@ pub(super) fn unary(x: &Tensor, out: &Tensor, op: UnaryOp) -> Result<BackwardFn>
     // ReLU's formula can ride in the epilogue of the product that computes its incoming
     // gradient (Note [Backward epilogues]).
     if let (UnaryOp::Relu, Some(s)) = (op, &saved) {
-        crate::graph::offer_fusion(crate::graph::Fusable::ReluMask(s.clone()));
+        crate::graph::offer_fusion(crate::graph::Fusable::ReluMask(Arc::downgrade(s)));
     }
     Ok(Box::new(move |g, _| {
         let gx = match (&saved, op) {

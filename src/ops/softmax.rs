@@ -151,7 +151,9 @@ pub(super) fn softmax_recorded_with(
     crate::graph::record(name, &[x], forward, |out| {
         let saved = std::sync::Arc::new(crate::graph::save_output(out, name)?);
         if log && out.rank() == 2 && dim("log_softmax", d, 2)? == 1 {
-            crate::graph::offer_fusion(crate::graph::Fusable::LogSoftmaxRows(saved.clone()));
+            crate::graph::offer_fusion(crate::graph::Fusable::LogSoftmaxRows(
+                std::sync::Arc::downgrade(&saved),
+            ));
         }
         let f: crate::graph::BackwardFn = Box::new(move |g, _| {
             let y = saved.get()?;
