@@ -1,7 +1,7 @@
 // cross_entropy as log_softmax then nll_loss (mean reduction), each pair of kernels in one
 // (`ops/loss.rs`, `cross_entropy`; Note [Backward epilogues] for the backward):
 // - `forward` (one workgroup): each invocation takes rows i, i + 256, ..: the row's max, the
-//   sum of exp(x - max), then log_softmax's output y = x - max - log(sum) written whole
+//   sum of exp(x - max), then log_softmax's output y = (x - max) - log(sum) written whole
 //   (rounded to the dtype, as log_softmax's kernel stores it), and -y[i, target[i]] (the stored
 //   value, as nll_loss reads it) summed over the rows whose target is not ignore_index; the
 //   workgroup adds the sums and counts up, the loss is their quotient and total_weight the
@@ -35,14 +35,16 @@ fn forward(@builtin(local_invocation_index) t: u32) {
         for (var j = 0u; j < p.c; j++) {
             e += exp(f32(x[row + j * p.s1]) - m);
         }
-        let shift = m + log(e);
+        // (x - max) - log(sum), in that order: a row of huge equal values gives -log(C), not
+        // the 0 that x - (max + log(sum)) rounds to.
+        let lse = log(e);
         let yrow = p.y_off + i * p.c;
         for (var j = 0u; j < p.c; j++) {
-            y[yrow + j] = {{T}}(f32(x[row + j * p.s1]) - shift);
+            y[yrow + j] = {{T}}((f32(x[row + j * p.s1]) - m) - lse);
         }
         let ti = counted_target(i);
         if ti >= 0 {
-            s -= f32({{T}}(f32(x[row + u32(ti) * p.s1]) - shift));
+            s -= f32({{T}}((f32(x[row + u32(ti) * p.s1]) - m) - lse));
             count += 1.0;
         }
     }
