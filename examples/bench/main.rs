@@ -336,6 +336,9 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     let (x, w) = (r(512)?, r(4096)?);
     let xt = x.t()?;
     let (wt, bias) = (w.t()?, Tensor::randn(&[4096 / s], DType::F32, dev)?);
+    // The MLP's first layer: its 784-wide input and weight.
+    let x1 = Tensor::randn(&[512 / s, 784 / s], DType::F32, dev)?;
+    let w1t = Tensor::randn(&[4096 / s, 784 / s], DType::F32, dev)?.t()?;
     type Case<'a> = (
         &'static str,
         [usize; 3],
@@ -351,6 +354,10 @@ fn matmul_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         ("g @ W", [512, 4096, 4096], Box::new(|| x.matmul(&w))),
         ("g^T @ x", [4096, 4096, 512], Box::new(|| xt.matmul(&x))),
         ("W @ W", [4096, 4096, 4096], Box::new(|| w.matmul(&w))),
+        // The first layer's forward and weight gradient (224 tiles of 128 x 128: 1.7 waves
+        // on the H100's 132 SMs, the last column of tiles 16 wide).
+        ("x1 @ W1^T", [512, 4096, 784], Box::new(|| x1.matmul(&w1t))),
+        ("g^T @ x1", [4096, 784, 512], Box::new(|| xt.matmul(&x1))),
     ];
     for (name, [m, n, k], f) in cases {
         let (t, stamped) = gpu_time(dev, 10, &f)?;
