@@ -64,8 +64,9 @@ fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
 
 // Columns n..n+3 of row m, plus the bias where asked; the epilogue then clamps them at zero in
 // `Vec4Layout::RuntimeRelu` (`ops::linear_relu`; NaN stays NaN, as in `relu`), or keeps them
-// where the mask in the fourth binding is positive in the `*Mask` layouts (ReLU's backward:
-// a NaN product where the mask is not positive becomes 0, as in `relu`'s backward).
+// where the mask in the fourth binding is not <= 0 in the `*Mask` layouts (ReLU's backward,
+// PyTorch's threshold_backward: zero where the saved output is <= 0, even for a NaN product;
+// a NaN output passes the gradient).
 fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
     if n >= p.n {
         return;

@@ -219,13 +219,14 @@ fn short(@builtin(global_invocation_id) g: vec3<u32>) {
         acc += vec4<f32>(f32(bias[p.off_bias + j]));
     }
     // Flag bit 2: ReluBackward0's formula, the product kept where the mask (the ReLU's saved
-    // output, [m, n] contiguous in the fourth binding) is positive.
+    // output, [m, n] contiguous in the fourth binding) is not <= 0 (NaN passes, as in
+    // PyTorch's threshold_backward).
     let masked = (p.flags & 4u) != 0u;
     for (var r = 0u; r < 4u; r++) {
         if r0 + r < p.m {
             var v = {{T}}(acc[r]);
             if masked {
-                v = select({{T}}(0.0), v, bias[p.off_bias + (r0 + r) * p.n + j] > {{T}}(0.0));
+                v = select(v, {{T}}(0.0), bias[p.off_bias + (r0 + r) * p.n + j] <= {{T}}(0.0));
             }
             out[p.off_out + (r0 + r) * p.n + j] = v;
         }

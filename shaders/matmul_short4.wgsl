@@ -11,7 +11,7 @@
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<{{T}}>>;
 // The narrow kernels' fourth binding: here only the mask of flag bit 2 (ReluBackward0's
 // formula: the product kept where the ReLU's saved output, [m, n] contiguous at an offset of
-// whole vec4s, is positive).
+// whole vec4s, is not <= 0).
 @group(0) @binding(3) var<storage, read_write> bias: array<vec4<{{T}}>>;
 
 @compute @workgroup_size(64, 4)
@@ -57,7 +57,7 @@ fn store(at: u32, acc: vec4<f32>) {
     var v = vec4<{{T}}>(acc);
     if (p.flags & 4u) != 0u {
         let mask = bias[p.off_bias / 4u + (at - p.off_out / 4u)];
-        v = select(vec4<{{T}}>(), v, mask > vec4<{{T}}>());
+        v = select(v, vec4<{{T}}>(), mask <= vec4<{{T}}>());
     }
     out[at] = v;
 }

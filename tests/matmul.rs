@@ -588,3 +588,72 @@ fn relu_backward_rides_in_the_products() {
         kiln::ops::force_matmul_tile(None);
     }
 }
+
+/// ReLU's backward as PyTorch's `threshold_backward`: zero where the output is <= 0, the
+/// gradient elsewhere, a NaN output included; in its own kernel and in the products'
+/// epilogues alike (a NaN in one row of `W2` makes a NaN column of the hidden ReLU's output,
+/// whose gradient must still reach `W2`'s row).
+#[test]
+fn relu_backward_passes_the_gradient_at_nan_outputs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let devices = kiln::device::test_devices().unwrap();
+    for dev in &devices {
+        let x = Tensor::from_slice(&[f32::NAN, -1.0, 0.0, 2.0], &[4], dev)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        x.relu().unwrap().sum_all().unwrap().backward().unwrap();
+        let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(g, [1.0, 0.0, 0.0, 1.0], "{dev:?}");
+    }
+    let cpu = Device::cpu().unwrap();
+    let (batch, hidden, classes, j) = (128, 256, 10, 7);
+    cpu.manual_seed(4);
+    let h1 = Tensor::randn(&[batch, hidden], DType::F32, &cpu).unwrap();
+    let mut w2 = Tensor::randn(&[hidden, hidden], DType::F32, &cpu)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    w2[j * hidden + 3] = f32::NAN;
+    let w2 = Tensor::from_slice(&w2, &[hidden, hidden], &cpu).unwrap();
+    let w3 = Tensor::randn(&[classes, hidden], DType::F32, &cpu).unwrap();
+    let step = |d: &Device, epilogues: bool| {
+        kiln::autograd::set_backward_epilogues(epilogues);
+        let on = |t: &Tensor| t.to_device(d).unwrap().requires_grad_(true).unwrap();
+        let (h1, w2, w3) = (on(&h1), on(&w2), on(&w3));
+        let h2 = kiln::ops::linear_relu(&h1, &w2, None).unwrap();
+        let y = kiln::ops::linear(&h2, &w3, None).unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+        kiln::autograd::set_backward_epilogues(true);
+        [&h1, &w2, &w3].map(|t| t.grad().unwrap().to_vec::<f32>().unwrap())
+    };
+    let same = |a: &[f32], b: &[f32]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    };
+    let reference = step(&cpu, true);
+    // W2's row j: the gradient passed at the NaN column, finite and not all zero.
+    let row = &reference[1][j * hidden..(j + 1) * hidden];
+    assert!(row.iter().all(|v| v.is_finite()) && row.iter().any(|v| *v != 0.0));
+    for dev in gpus() {
+        kiln::ops::force_matmul_tile(Some(128));
+        tune::force_variant("matmul", Some("tile128_vec4"));
+        tune::force_variant("matmul narrow", Some("narrow_vec4"));
+        let (fused, plain) = (step(&dev, true), step(&dev, false));
+        for i in 0..3 {
+            assert!(same(&fused[i], &plain[i]), "{dev:?}: gradient {i}");
+        }
+        let got = &fused[1][j * hidden..(j + 1) * hidden];
+        let e = got
+            .iter()
+            .zip(row)
+            .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+            .fold(0.0, f32::max);
+        assert!(e < 1e-4, "{dev:?}: W2's row {j}: error {e}");
+        tune::force_variant("matmul", None);
+        tune::force_variant("matmul narrow", None);
+        kiln::ops::force_matmul_tile(None);
+    }
+}

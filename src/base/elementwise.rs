@@ -211,7 +211,9 @@ impl UnaryOp {
             UnaryOp::Cos => "-y * sin(x)",
             UnaryOp::Tanh => "y * (1.0 - x * x)",
             UnaryOp::Sigmoid => "y * x * (1.0 - x)",
-            UnaryOp::Relu => "select(0.0, y, x > 0.0)",
+            // PyTorch's threshold_backward: zero where the output is <= 0, the gradient
+            // elsewhere (a NaN output passes it).
+            UnaryOp::Relu => "select(y, 0.0, x <= 0.0)",
             UnaryOp::Gelu => {
                 "y * (0.5 * (1.0 + k_erf(x * 0.70710678118654752)) + x * 0.3989422804014327 * exp(-0.5 * x * x))"
             }
@@ -250,10 +252,10 @@ impl UnaryOp {
             UnaryOp::Tanh => y * (1.0 - x * x),
             UnaryOp::Sigmoid => y * x * (1.0 - x),
             UnaryOp::Relu => {
-                if x > 0.0 {
-                    y
-                } else {
+                if x <= 0.0 {
                     0.0
+                } else {
+                    y
                 }
             }
             UnaryOp::Gelu => {

@@ -104,7 +104,7 @@ pub(crate) struct Node {
 // Note [Backward epilogues]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Some backward formulas are one cheap elementwise pass over the gradient they receive:
-// ReLU's keeps it where the saved output is positive. When that gradient comes whole from one
+// ReLU's keeps it where the saved output is not <= 0. When that gradient comes whole from one
 // other node (a Linear's input gradient, `g @ W`), the product's kernel can apply the formula
 // in its epilogue and the pass leaves the step (on the H100's f32 MLP step: two launches of
 // 13 us). The engine arranges it without changing the graph PyTorch would record:
@@ -128,7 +128,8 @@ pub(crate) struct Node {
 /// lives no longer than that closure (dropped when the node has run, unless the graph is
 /// retained), whatever the node offers.
 pub(crate) enum Fusable {
-    /// `ReluBackward0`: the gradient kept where the saved output is positive, else zero.
+    /// `ReluBackward0`: zero where the saved output is <= 0, the gradient elsewhere (PyTorch's
+    /// threshold_backward: a NaN output passes it).
     ReluMask(Weak<Saved>),
     /// `LogSoftmaxBackward0` over the rows of a matrix: the gradient minus exp(output) times
     /// the gradient's row sums.
@@ -138,7 +139,7 @@ pub(crate) enum Fusable {
 /// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
 #[derive(Clone)]
 pub(crate) enum Epilogue {
-    /// Keep the gradient where this tensor (of the gradient's shape and dtype) is positive.
+    /// Zero the gradient where this tensor (of the gradient's shape and dtype) is <= 0.
     ReluMask(Tensor),
     /// log_softmax's backward along dim 1, given its output (a matrix).
     LogSoftmaxRows(Tensor),

@@ -114,7 +114,7 @@ impl BatchNormPass {
                          let scale = stats[p.mean_off + 2u * p.c + c];\n    \
                          let shift = stats[p.mean_off + 3u * p.c + c];",
                         "let xv = x[p.x_off + i];\n        \
-                         let gv = select({{V}}(0.0), g[p.g_off + i], normalised(xv, scale, shift) > {{V}}(0.0));\n        \
+                         let gv = select(g[p.g_off + i], {{V}}(0.0), normalised(xv, scale, shift) <= {{V}}(0.0));\n        \
                          acc += vec2<f32>(total(gv), mul_sum(gv, xv - k));",
                         "",
                     )
@@ -183,7 +183,7 @@ impl BatchNormPass {
                          let s = p.stats_off + c;\n    \
                          let xv = x[p.x_off + i];\n    \
                          let y = normalised(xv, stats[s + 2u * p.c], stats[s + 3u * p.c]);\n    \
-                         let gv = select({{V}}(0.0), g[p.g_off + i], y > {{V}}(0.0));\n    \
+                         let gv = select(g[p.g_off + i], {{V}}(0.0), y <= {{V}}(0.0));\n    \
                          out[i] = gv * co[o] + xv * co[o + p.c] + co[o + 2u * p.c];",
                     ),
                     (false, false) => (

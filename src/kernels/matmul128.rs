@@ -31,7 +31,7 @@ pub enum Vec4Layout {
     /// behind a flag tested at run time cost every f32 product 2-3% on the H100.
     RuntimeRelu,
     /// `Runtime` whose epilogue keeps the outputs where a mask of the output's shape (the
-    /// fourth binding, at `off_bias`) is positive: `ReluBackward0`'s formula applied to the
+    /// fourth binding, at `off_bias`) is not <= 0: `ReluBackward0`'s formula applied to the
     /// input gradient `g @ W` of the Linear after a ReLU (Note [Backward epilogues]). Its own
     /// kernel, as `RuntimeRelu` is.
     RuntimeMask,
@@ -96,7 +96,7 @@ impl Vec4Layout {
                 "let u = bitcast<vec4<u32>>(x);\n    x = select(x, vec4<f32>(), (u > vec4<u32>(0x80000000u)) & (u <= vec4<u32>(0xff800000u)));"
             }
             Vec4Layout::RuntimeMask | Vec4Layout::ColRowMask => {
-                "x = select(vec4<f32>(), x, bias[(p.off_bias + (bt * p.m + m) * p.n + n) / 4u] > vec4<f32>());"
+                "x = select(x, vec4<f32>(), bias[(p.off_bias + (bt * p.m + m) * p.n + n) / 4u] <= vec4<f32>());"
             }
             _ => "",
         };

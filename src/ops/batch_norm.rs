@@ -34,7 +34,7 @@ pub fn batch_norm(
 
 /// `relu(batch_norm(...))` in one node (`NativeBatchNormReluBackward0`): on the fused GPU path
 /// the ReLU costs no pass of its own either way (the forward's elementwise pass clamps; the
-/// backward's two passes mask the gradient where the output was not positive, recomputing the
+/// backward's two passes zero the gradient where the output was <= 0, recomputing the
 /// output from the saved input and statistics, so nothing more is saved). The same values as
 /// the two ops; elsewhere it is the two ops. ResNet's blocks call it through
 /// `Module::forward_relu`.
@@ -259,7 +259,7 @@ fn f32_bits(v: f64) -> u32 {
 }
 
 /// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward).
-/// With `relu` (backward only), g is masked where the forward's output was not positive.
+/// With `relu` (backward only), g is zeroed where the forward's output was <= 0 (a NaN output passes it).
 fn reduce(
     x: &Tensor,
     g: Option<&Tensor>,
@@ -308,7 +308,7 @@ fn reduce(
 
 /// out = x * co[0] + co[1] (forward) or g * co[0] + x * co[1] + co[2] (backward), per channel.
 /// With `relu`: the forward clamps at zero; the backward masks g where the forward's output,
-/// recomputed from `stats` (`Some` exactly then), was not positive.
+/// recomputed from `stats` (`Some` exactly then), was <= 0.
 fn apply(
     x: &Tensor,
     g: Option<&Tensor>,

@@ -81,7 +81,7 @@ pub(super) struct Extras<'a> {
     /// The ReLU of the result (`linear_relu`).
     pub(super) relu: Option<FusedRelu<'a>>,
     /// `ReluBackward0`'s formula (Note [Backward epilogues]): the product kept where this
-    /// tensor of the product's shape is positive, zero elsewhere; `masked` where a kernel did.
+    /// tensor of the product's shape is not <= 0, zero elsewhere; `masked` where a kernel did.
     pub(super) mask: Option<&'a Tensor>,
     pub(super) masked: bool,
 }

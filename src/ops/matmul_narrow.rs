@@ -22,7 +22,7 @@ use crate::{DType, Result};
 /// With `ex.sums` (f32, contiguous, m elements), `cols` also writes the sums of A's rows there
 /// and sets `ex.written` (`matmul_row_sums`: the head's bias gradient from its weight's
 /// gradient's launch). With `ex.mask`, `short` and `short4` keep the product where the mask
-/// is positive and set `ex.masked` (the head's input gradient with the ReLU's backward
+/// is not <= 0 and set `ex.masked` (the head's input gradient with the ReLU's backward
 /// before it: Note [Backward epilogues]).
 pub(super) fn narrow_product(
     a: &Tensor,
