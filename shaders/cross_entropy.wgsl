@@ -53,12 +53,13 @@ fn forward(@builtin(local_invocation_index) t: u32) {
 
 @compute @workgroup_size(256)
 fn backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let e = gid.x + gid.y * nw.x * 256u;
-    if e >= p.n * p.c {
+    let at = element(gid, nw);
+    if at.x >= p.n * p.c {
         return;
     }
-    let i = e / p.c;
-    let j = e - i * p.c;
+    let e = at.x;
+    let i = at.y;
+    let j = at.z;
     let ti = labels[p.t_off + i * p.st];
     var s = 0.0;
     if ti != p.ignore && ti >= 0 && u32(ti) < p.c {

@@ -39,6 +39,14 @@ fn counted_target(i: u32) -> i32 {
     return ti;
 }
 
+// The element of the contiguous [N, C] gradient an invocation of a backward writes: its index
+// (N * C or more past the end), row and class.
+fn element(gid: vec3<u32>, nw: vec3<u32>) -> vec3<u32> {
+    let e = gid.x + gid.y * nw.x * 256u;
+    let i = e / p.c;
+    return vec3<u32>(e, i, e - i * p.c);
+}
+
 // The workgroup's sums and counts added up: the loss (their quotient; 0 / 0 is NaN when every
 // target is ignored) and total_weight (the count).
 fn finish(t: u32, s: f32, count: f32) {

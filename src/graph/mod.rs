@@ -231,11 +231,13 @@ pub fn set_backward_epilogues(on: bool) {
 impl Node {
     /// The epilogue this node can hand to its producer now, if any.
     pub(crate) fn epilogue(&self) -> Option<Epilogue> {
+        // (Most nodes offer nothing: no lock is taken for them.)
+        let fusable = self.fusable.as_ref()?;
         if !backward_epilogues() || lock(&self.retained).is_some() || lock(&self.backward).is_none()
         {
             return None;
         }
-        self.fusable.as_ref()?.epilogue()
+        fusable.epilogue()
     }
 }
 

@@ -110,28 +110,22 @@ fn linear_backward(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<crate::graph::
         // x's gradient with a ReLU's formula applied, where the ReLU before this layer
         // offered it and the product's kernel can (Note [Backward epilogues]).
         let mask = relu_mask(1);
-        if !fuse {
-            let gb = match needs[0] {
-                true => Some(crate::ops::sum_to(g, &bias_shape)?),
-                false => None,
-            };
-            let (rest, _, masked) = product(g, &needs[1..], false, mask.as_ref())?;
-            if masked {
-                crate::graph::accept(1);
-            }
-            let mut grads = vec![gb];
-            grads.extend(rest);
-            return Ok(grads);
-        }
-        let (rest, sums, masked) = product(g, &needs[1..], true, mask.as_ref())?;
+        // Unfused, the bias's gradient comes first, before the products, as it always has.
+        let mut gb = match needs[0] && !fuse {
+            true => Some(crate::ops::sum_to(g, &bias_shape)?),
+            false => None,
+        };
+        let (rest, sums, masked) = product(g, &needs[1..], fuse, mask.as_ref())?;
         if masked {
             crate::graph::accept(1);
         }
-        let gb = match sums {
-            Some(s) => s,
-            None => crate::ops::sum_to(g, &bias_shape)?,
-        };
-        let mut grads = vec![Some(gb)];
+        if fuse {
+            gb = Some(match sums {
+                Some(s) => s,
+                None => crate::ops::sum_to(g, &bias_shape)?,
+            });
+        }
+        let mut grads = vec![gb];
         grads.extend(rest);
         Ok(grads)
     }))

@@ -585,11 +585,10 @@ pub(super) fn matmul_impl(
                     && mask_fits(t, a, m, n)
             });
             // With `relu_out`, `Simt::Vec4` writes the ReLU of the result there instead; with
-            // `mask`, a vec4 kernel applies it.
+            // `mask` (given only with a vec4 choice), the kernel applies it.
             let run = |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>| {
                 let fused = fused_bias.filter(|_| choice.is_vec4());
                 let sums = sums.filter(|_| choice == Simt::Vec4);
-                let mask = mask.filter(|_| choice.is_vec4());
                 // Vec4ColA: A copied column-major first, so that the product runs the kernel
                 // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
                 let col_a = match choice {

@@ -1,0 +1,220 @@
+//! The launch path: each kernel's pipeline and bind-group layout compiled once per device and
+//! cached (`KernelCache`, with the tuner's choices in the same per-device state), the dispatch
+//! grids, and the one function that encodes every dispatch (`launch_groups`). Which kernels
+//! exist and what each binds is `Kernel`'s, in `mod.rs`.
+
+use super::{tune, CoopTile, Kernel, WORKGROUP};
+use crate::device::gpu::GpuDevice;
+use crate::device::serial::GlSerial;
+use crate::device::DeviceBlock;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct Compiled {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// What the launch path keeps per device: compiled pipelines and the tuned kernel choices.
+pub(crate) struct LaunchState {
+    pipelines: Mutex<KernelCache>,
+    pub(super) tuner: Mutex<tune::Tuner>,
+}
+
+/// The device's launch state, in the slot the device keeps for the launch path (made on first
+/// use, when the tuner reads the cache file; nothing else fills that slot).
+pub(super) fn launch_state(g: &GpuDevice) -> &LaunchState {
+    g.launch_state
+        .get_or_init(|| {
+            Box::new(LaunchState {
+                pipelines: Mutex::new(KernelCache::default()),
+                tuner: Mutex::new(tune::Tuner::new(&g.info)),
+            })
+        })
+        .downcast_ref()
+        .expect("the launch-state slot holds the launch state")
+}
+
+/// The device's pipeline cache.
+pub(crate) fn pipelines(g: &GpuDevice) -> &Mutex<KernelCache> {
+    &launch_state(g).pipelines
+}
+
+/// Whether f16 products may run on tensor cores: the device opened cooperative matrices and
+/// the default tile's staging fits the adapter's workgroup memory.
+pub(crate) fn coop_f16(g: &GpuDevice) -> bool {
+    g.coop_f16 && CoopTile::DEFAULT.valid(g.info.limits.max_compute_workgroup_storage_size)
+}
+
+/// Pipelines and layouts of one device, created on first use.
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    compiled: HashMap<Kernel, Arc<Compiled>>,
+}
+
+impl KernelCache {
+    /// The kernel's pipeline, compiled on first use (on GL under the GL lock: the driver
+    /// compiles and links there).
+    pub fn get(&mut self, device: &wgpu::Device, gl: GlSerial, kernel: Kernel) -> Arc<Compiled> {
+        self.compiled
+            .entry(kernel)
+            .or_insert_with(|| {
+                let _gl = gl.guard();
+                Arc::new(compile(device, &kernel))
+            })
+            .clone()
+    }
+}
+
+fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
+    let name = kernel.name();
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..kernel.bindings())
+        .map(|binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                // read_write everywhere: tensors sub-allocated from one segment may meet in one
+                // dispatch, and wgpu refuses read + read_write ranges of one buffer.
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(&name),
+        entries: &entries,
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&name),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: kernel.immediate_size(),
+    });
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(&name),
+        source: wgpu::ShaderSource::Wgsl(kernel.source()),
+    };
+    let module = if kernel.trusted() {
+        // SAFETY: a trusted kernel guards every index itself (tests cover ragged edges); the
+        // driver's robustBufferAccess still bounds storage accesses. Without naga's clamps and
+        // loop-bounding counters the compiler unrolls the inner loops into registers.
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    } else {
+        device.create_shader_module(desc)
+    };
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&name),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(kernel.entry_point()),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    Compiled { pipeline, layout }
+}
+
+/// A dispatch grid for `n` invocations of `WORKGROUP` threads: x up to the per-dimension limit,
+/// the rest in y (the shader folds them back with `num_workgroups`).
+pub(crate) fn grid(n: u64, max_per_dim: u32) -> (u32, u32) {
+    grid_of(n, WORKGROUP, max_per_dim)
+}
+
+/// `grid` for workgroups of `workgroup` invocations.
+pub(crate) fn grid_of(n: u64, workgroup: u32, max_per_dim: u32) -> (u32, u32) {
+    let groups = n.div_ceil(workgroup as u64).max(1);
+    let x = groups.min(max_per_dim as u64);
+    let y = groups.div_ceil(x);
+    (x as u32, y as u32)
+}
+
+/// Launches `threads` invocations of a 1-D kernel (workgroups of `WORKGROUP`).
+pub(crate) fn launch(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    threads: u64,
+) -> Result<()> {
+    launch_wg(kernel, blocks, immediates, threads, WORKGROUP)
+}
+
+/// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
+pub(crate) fn launch_wg(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    threads: u64,
+    workgroup: u32,
+) -> Result<()> {
+    let device = blocks
+        .first()
+        .expect("a kernel binds at least one block")
+        .device();
+    let g = device.gpu().expect("launch is for GPU devices");
+    let max = g.info.limits.max_compute_workgroups_per_dimension;
+    let (x, y) = grid_of(threads, workgroup, max);
+    launch_groups(kernel, blocks, immediates, (x, y, 1))
+}
+
+/// The one launch path: binds each block whole (bind groups cached), sets the immediates and
+/// dispatches `groups` workgroups in the device's open compute pass.
+pub(crate) fn launch_groups(
+    kernel: Kernel,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    groups: (u32, u32, u32),
+) -> Result<()> {
+    let device = blocks
+        .first()
+        .expect("a kernel binds at least one block")
+        .device();
+    let g = device.gpu().expect("launch is for GPU devices");
+    g.check("launch")?;
+    let limits = &g.info.limits;
+    let (x, y, z) = groups;
+    if [x, y, z]
+        .iter()
+        .any(|&g| g > limits.max_compute_workgroups_per_dimension)
+    {
+        return Err(Error::TooLarge {
+            op: "launch",
+            size_bytes: x as u64 * y as u64 * z as u64,
+            limit_bytes: limits.max_compute_workgroups_per_dimension as u64,
+            what: "too many workgroups for one dispatch",
+        });
+    }
+    let mut bindings = blocks
+        .iter()
+        .map(|b| b.binding(limits.max_storage_buffer_binding_size))
+        .collect::<Result<Vec<_>>>()?;
+    if kernel.checks_input() {
+        bindings.push(wgpu::BufferBinding {
+            buffer: &g.assert_flag,
+            offset: 0,
+            size: None,
+        });
+        let mut pending = crate::device::lock(&g.pending_asserts);
+        if !pending.contains(&kernel.op_name()) {
+            pending.push(kernel.op_name());
+        }
+    }
+    let compiled = crate::device::lock(pipelines(g)).get(&g.device, g.gl, kernel);
+    let bind_group =
+        crate::device::lock(&g.bind_groups).get_or_create(&g.device, &compiled.layout, &bindings);
+    let mut timer = g.kernel_timer();
+    let mut stream = crate::device::lock(&g.stream);
+    let pass = stream.pass(&g.device);
+    pass.set_pipeline(&compiled.pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.set_immediates(0, bytemuck::cast_slice(immediates));
+    match timer.as_mut().and_then(|t| t.as_mut()) {
+        Some(t) => t.dispatch(&g.device, pass, kernel.name().into_owned(), |p| {
+            p.dispatch_workgroups(x, y, z)
+        }),
+        None => pass.dispatch_workgroups(x, y, z),
+    }
+    drop(timer);
+    stream.recorded(&g.queue);
+    Ok(())
+}
