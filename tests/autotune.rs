@@ -269,6 +269,25 @@ fn every_transpose_variant_copies_exactly() {
     }
 }
 
+/// A `[batch, m, k]` A (made `[batch, k, m]` and transposed where `ta`) and a 2-D `[k, n]` B
+/// (transposed from `[n, k]` where `tb`), from seeds `seed` and `seed + 1`.
+fn operands(
+    [m, n, k, batch]: [usize; 4],
+    ta: bool,
+    tb: bool,
+    dtype: DType,
+    seed: u64,
+    dev: &Device,
+) -> (Tensor, Tensor) {
+    let a_shape = if ta { [batch, k, m] } else { [batch, m, k] };
+    let b_shape = if tb { [n, k] } else { [k, n] };
+    let a = random(&a_shape, dtype, seed, dev);
+    let b = random(&b_shape, dtype, seed + 1, dev);
+    let a = if ta { a.transpose(1, 2).unwrap() } else { a };
+    let b = if tb { b.t().unwrap() } else { b };
+    (a, b)
+}
+
 #[test]
 fn every_matmul_variant_matches_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -283,16 +302,7 @@ fn every_matmul_variant_matches_the_cpu() {
                 (33, 20, 17, false, false, 3),
             ] {
                 for dtype in dtypes(&dev) {
-                    let a_shape = if ta { [batch, k, m] } else { [batch, m, k] };
-                    let b_shape = if tb { [n, k] } else { [k, n] };
-                    let mut a = random(&a_shape, dtype, 1, &dev);
-                    let mut b = random(&b_shape, dtype, 2, &dev);
-                    if ta {
-                        a = a.transpose(1, 2).unwrap();
-                    }
-                    if tb {
-                        b = b.t().unwrap();
-                    }
+                    let (a, b) = operands([m, n, k, batch], ta, tb, dtype, 1, &dev);
                     let (ac, bc) = (a.to_device(&cpu).unwrap(), b.to_device(&cpu).unwrap());
                     let tol = if dtype == DType::F16 { 1e-2 } else { 1e-5 };
                     let what = format!(
@@ -308,6 +318,67 @@ fn every_matmul_variant_matches_the_cpu() {
             }
         }
     }
+}
+
+/// The product over 64-bit words (`reg4x8_wide`, adapters with 64-bit integers), forced, against
+/// the CPU in all four operand layouts (A's words along k or m, B's along k or n), f32 (two
+/// elements a word) and f16 (four), ragged against its 32x64 tile, a batch with a broadcast B,
+/// a product smaller than one word row; and the profiler's trace naming the kernel that ran.
+#[test]
+fn the_word_matmul_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let mut checked = 0;
+    for dev in gpus() {
+        let info = dev.adapter_info().unwrap();
+        // (Offered on CPU adapters only; the H100 ran this test with it offered everywhere.)
+        let cpu_adapter = info.device_type == wgpu::DeviceType::Cpu;
+        if !info.features.shader_int64 || info.backend == wgpu::Backend::Gl || !cpu_adapter {
+            continue;
+        }
+        for (m, n, k, batch) in [
+            (36, 44, 20, 1),
+            (64, 128, 64, 1),
+            (4, 8, 4, 1),
+            (36, 44, 12, 3),
+        ] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                for dtype in dtypes(&dev) {
+                    let (a, b) = operands([m, n, k, batch], ta, tb, dtype, 3, &dev);
+                    let (ac, bc) = (a.to_device(&cpu).unwrap(), b.to_device(&cpu).unwrap());
+                    let tol = if dtype == DType::F16 { 1e-2 } else { 1e-5 };
+                    let what = format!(
+                        "{m}x{n}x{k} a^T {ta} b^T {tb} batch {batch} {dtype} on {}",
+                        dev.name()
+                    );
+                    let options = kiln::profiler::ProfileOptions {
+                        devices: vec![dev.clone()],
+                        profile_memory: false,
+                    };
+                    let (got, prof) = kiln::profiler::profile(&options, || {
+                        let got = forced("matmul", "reg4x8_wide", || a.matmul(&b));
+                        dev.synchronize()?;
+                        got
+                    })
+                    .unwrap();
+                    let want = ac.matmul(&bc).unwrap();
+                    assert_close(&got, &want, tol, &what);
+                    // Words along k for a row-major A and a column-major B.
+                    let kernel = format!(
+                        "matmul_reg4x8_wide_{dtype}_{}_{}",
+                        if ta { "am" } else { "ak" },
+                        if tb { "bk" } else { "bn" }
+                    );
+                    if info.features.timestamp_query {
+                        let trace = prof.chrome_trace_json();
+                        assert!(trace.contains(&kernel), "{what}: {kernel} did not run");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    // lavapipe, CI's adapter, has 64-bit integers.
+    assert!(checked > 0, "no adapter ran the word product");
 }
 
 /// The child of `a_second_process_starts_tuned`: a sum big enough to be tuned on the first

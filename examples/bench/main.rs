@@ -836,9 +836,15 @@ fn main() -> kiln::Result<()> {
         "adapter", "suite", "case", "value"
     );
     for r in &rows {
+        // Figures under 0.1 (a software adapter's TFLOP/s) keep three significant digits.
+        let value = if r.value.abs() < 0.1 && r.value != 0.0 {
+            format!("{:>10.5}", r.value)
+        } else {
+            format!("{:>10.3}", r.value)
+        };
         println!(
-            "{:<50} {:<8} {:<36} {:>10.3} {}",
-            r.adapter, r.suite, r.case, r.value, r.unit
+            "{:<50} {:<8} {:<36} {value} {}",
+            r.adapter, r.suite, r.case, r.unit
         );
     }
     if let Some(path) = text("json") {

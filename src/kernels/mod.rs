@@ -10,6 +10,7 @@ mod fill;
 mod launch;
 mod matmul128;
 mod matmul_coop;
+mod matmul_wide;
 mod optim;
 mod predicate;
 mod reduce;
@@ -25,6 +26,7 @@ use launch::launch_state;
 pub(crate) use launch::{coop_f16, grid, launch, launch_groups, launch_wg, pipelines};
 pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
+pub use matmul_wide::MatmulWide;
 pub use optim::{sgd_multi_immediates, sgd_multi_slots, OptimKernel, SGD_MULTI};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
@@ -58,6 +60,9 @@ pub enum Kernel {
     /// `shaders/matmul_reg.wgsl` for one float dtype: `Matmul`'s contract without workgroup
     /// memory (4x4 outputs per invocation), for CPU adapters.
     MatmulReg(DType),
+    /// `reg4x4`'s contract (4x8 outputs an invocation) with the operands loaded as 64-bit
+    /// words, for CPU adapters with 64-bit integers (`matmul_wide.rs`).
+    MatmulWide(MatmulWide),
     /// `shaders/matmul128.wgsl`: the same contract with 128x128 tiles, for large products; with
     /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
     Matmul128(DType, bool),
@@ -171,6 +176,7 @@ impl Kernel {
             .chain(SoftmaxKernel::all().into_iter().map(Kernel::Softmax))
             .chain([DType::F32, DType::F16].map(Kernel::Matmul))
             .chain([DType::F32, DType::F16].map(Kernel::MatmulReg))
+            .chain(MatmulWide::all().into_iter().map(Kernel::MatmulWide))
             .chain(
                 [DType::F32, DType::F16]
                     .into_iter()
@@ -338,6 +344,9 @@ impl Kernel {
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
+            Kernel::MatmulWide(w) => {
+                Cow::Owned(w.source(include_str!("../../shaders/matmul_params.wgsl")))
+            }
             Kernel::Matmul(d) | Kernel::MatmulReg(d) => {
                 let body = match self {
                     Kernel::Matmul(_) => include_str!("../../shaders/matmul.wgsl"),
@@ -403,6 +412,7 @@ impl Kernel {
             Kernel::Softmax(k) => Cow::Owned(k.name()),
             Kernel::Matmul(d) => Cow::Owned(format!("matmul_{d}")),
             Kernel::MatmulReg(d) => Cow::Owned(format!("matmul_reg4x4_{d}")),
+            Kernel::MatmulWide(w) => Cow::Owned(w.name()),
             Kernel::MatmulNarrow(d, kind) => {
                 Cow::Owned(format!("matmul_narrow_{}_{d}", kind.entry_point()))
             }
@@ -465,6 +475,7 @@ impl Kernel {
             Kernel::TransposePairs | Kernel::TransposeWords => 2,
             Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
+            Kernel::MatmulWide(_) => 3,
             Kernel::Matmul128Vec4(..) => 4,
             Kernel::MatmulNarrow(..) => 4,
             Kernel::Predicate(k) => k.bindings(),
@@ -520,6 +531,7 @@ impl Kernel {
             self,
             Kernel::Matmul(_)
                 | Kernel::MatmulReg(_)
+                | Kernel::MatmulWide(_)
                 | Kernel::Matmul128(..)
                 | Kernel::Matmul128Vec4(..)
                 | Kernel::ConvGemm(_)
@@ -537,7 +549,7 @@ impl Kernel {
             Kernel::Transpose(_) | Kernel::TransposePairs | Kernel::TransposeWords => 32,
             Kernel::TransposeTwo(_) => 64,
             Kernel::Softmax(_) => 96,
-            Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
+            Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::MatmulWide(_) => 48,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => 64,
             Kernel::MatmulNarrow(..) => 64,
             Kernel::Predicate(_) => 112,

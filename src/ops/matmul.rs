@@ -622,6 +622,8 @@ pub(super) fn matmul_impl(
                     Simt::Vec4 if relu_out.is_some() => {
                         (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
                     }
+                    // (A tile of 32 rows by 64 columns: the groups' x below is halved.)
+                    Simt::Wide(w) => (32, Kernel::MatmulWide(w)),
                     Simt::Vec4 | Simt::Vec4ColA => {
                         let layout = Vec4Layout::of(sak, sbn);
                         let layout = if mask.is_some() {
@@ -640,9 +642,13 @@ pub(super) fn matmul_impl(
                     .into_iter()
                     .map(|v| u32_of(OP, v))
                     .collect::<Result<Vec<u32>>>()?;
+                let tile_n = match choice {
+                    Simt::Wide(_) => crate::kernels::MatmulWide::TILE_N,
+                    _ => tile,
+                };
                 let groups = (
                     // (The row sums' column of workgroups after the product's.)
-                    (n.div_ceil(tile) + sums.is_some() as usize) as u32,
+                    (n.div_ceil(tile_n) + sums.is_some() as usize) as u32,
                     m.div_ceil(tile) as u32,
                     u32_of(OP, flat.batch)?,
                 );
@@ -671,6 +677,21 @@ pub(super) fn matmul_impl(
             }
             if forced_tile() == 0 {
                 candidates.push((Simt::Reg, Simt::Reg.name()));
+                // Operands read as 64-bit words: a CPU adapter's candidate (with 64-bit
+                // integers). On the H100 it won none of the 20 keys the ops and train suites
+                // tune, so GPUs are not made to time it.
+                let int64 = info.is_some_and(|i| {
+                    i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
+                });
+                let wide = crate::kernels::MatmulWide::fits(
+                    a.dtype(),
+                    [m, n, k],
+                    (fa.layout().offset, flat.sab, sam, sak),
+                    (fb.layout().offset, flat.sbb, sbk, sbn),
+                );
+                if let Some(w) = wide.filter(|_| int64 && !gl) {
+                    candidates.push((Simt::Wide(w), "reg4x8_wide"));
+                }
             }
             let key = || {
                 // Row-major where the last dim has unit stride.
@@ -737,6 +758,8 @@ enum Simt {
     Tile128,
     Tile64,
     Reg,
+    /// `Reg` over 64-bit words, 4x8 outputs an invocation (`kernels::MatmulWide`).
+    Wide(crate::kernels::MatmulWide),
 }
 
 impl Simt {
@@ -751,6 +774,7 @@ impl Simt {
             Simt::Tile128 => "tile128",
             Simt::Tile64 => "tile64",
             Simt::Reg => "reg4x4",
+            Simt::Wide(_) => "reg4x8_wide",
         }
     }
 }

@@ -1,0 +1,236 @@
+//! The product without workgroup memory that loads its operands as 64-bit words
+//! (`reg4x8_wide`): a CPU adapter's candidate beside `shaders/matmul_reg.wgsl`.
+//!
+//! Mesa 22.3's llvmpipe loads a storage buffer one component at a time, each behind an
+//! exec-mask branch and a bounds branch (BENCHMARKS, issue 22), whatever the component's width:
+//! a `u64` word carries two f32 or four f16 elements for the price of one. `reg4x4` loads eight
+//! scalars per k step for 16 multiply-adds; this kernel computes 4x8 outputs per invocation and
+//! loads twelve words per two k steps in f32 (64 multiply-adds), or per four in f16 (128).
+//!
+//! Each operand is read in words along its unit-stride dim, compiled in: along k (a row-major A,
+//! a column-major B), whose word holds `E` consecutive k values of one row (or column), or along
+//! m (n), whose word holds `E` neighbouring rows (columns) at one k. Every offset and stride
+//! that a word address multiplies must be a multiple of `E`, and K too ([`MatmulWide::fits`]).
+//! The WGSL is generated straight-line (no loop over a row's values), so that llvmpipe keeps
+//! every value in a register instead of indexing a local array. Built trusted: every load is
+//! clamped into its operand (the extra rows and columns are computed and never stored), and
+//! stores are guarded.
+
+use crate::base::DType;
+
+/// Rows (m) and columns (n) one invocation computes; the workgroup is 8x8 invocations.
+const ROWS: usize = 4;
+const COLS: usize = 8;
+/// The workgroup's rows.
+const TILE_M: usize = ROWS * 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulWide {
+    /// f32 or f16 operands and output (f32 accumulation).
+    pub dtype: DType,
+    /// A's words run along k (row-major A, `sak == 1`), else along m (`sam == 1`).
+    pub a_k: bool,
+    /// B's words run along k (column-major B, `sbk == 1`), else along n (`sbn == 1`).
+    pub b_k: bool,
+}
+
+impl MatmulWide {
+    /// The workgroup's columns (its rows: 32).
+    pub const TILE_N: usize = COLS * 8;
+
+    pub fn all() -> Vec<MatmulWide> {
+        let mut v = Vec::new();
+        for dtype in [DType::F32, DType::F16] {
+            for a_k in [false, true] {
+                for b_k in [false, true] {
+                    v.push(MatmulWide { dtype, a_k, b_k });
+                }
+            }
+        }
+        v
+    }
+
+    /// Elements per 64-bit word.
+    fn e(&self) -> usize {
+        8 / self.dtype.size_bytes()
+    }
+
+    pub fn name(&self) -> String {
+        let a = if self.a_k { "ak" } else { "am" };
+        let b = if self.b_k { "bk" } else { "bn" };
+        format!("matmul_reg4x8_wide_{}_{a}_{b}", self.dtype)
+    }
+
+    /// The variant for a product of `[m, n, k]` with A's strides `(sab, sam, sak)` and offset
+    /// `off_a` and B's `(sbb, sbk, sbn)` and `off_b` (elements), where its words fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fits(
+        dtype: DType,
+        [m, n, k]: [usize; 3],
+        (off_a, sab, sam, sak): (usize, usize, usize, usize),
+        (off_b, sbb, sbk, sbn): (usize, usize, usize, usize),
+    ) -> Option<MatmulWide> {
+        if !matches!(dtype, DType::F32 | DType::F16) {
+            return None;
+        }
+        let e = 8 / dtype.size_bytes();
+        let whole = |v: &[usize]| v.iter().all(|x| x.is_multiple_of(e));
+        if !whole(&[k, off_a, sab, off_b, sbb]) {
+            return None;
+        }
+        let a_k = if sak == 1 && whole(&[sam]) {
+            true
+        } else if sam == 1 && whole(&[sak, m]) {
+            false
+        } else {
+            return None;
+        };
+        let b_k = if sbn == 1 && whole(&[sbk, n]) {
+            false
+        } else if sbk == 1 && whole(&[sbn]) {
+            true
+        } else {
+            return None;
+        };
+        Some(MatmulWide { dtype, a_k, b_k })
+    }
+
+    /// The WGSL, with `params` (`shaders/matmul_params.wgsl`) for the immediates.
+    pub fn source(&self, params: &str) -> String {
+        let e = self.e();
+        let t = self.dtype.name();
+        let enables = if self.dtype == DType::F16 {
+            "enable f16;"
+        } else {
+            ""
+        };
+        let params = params
+            .replace("{{ENABLES}}", enables)
+            .replace("a: array<{{T}}>", "a: array<u64>")
+            .replace("b: array<{{T}}>", "b: array<u64>")
+            .replace("{{T}}", t);
+        // A word's elements as f32, lowest address first.
+        let (w, unpack) = if self.dtype == DType::F16 {
+            (
+                "vec4<f32>",
+                "vec4<f32>(unpack2x16float(u32(x & 0xfffffffflu)), \
+                 unpack2x16float(u32(x >> 32u)))",
+            )
+        } else {
+            (
+                "vec2<f32>",
+                "vec2<f32>(bitcast<f32>(u32(x & 0xfffffffflu)), bitcast<f32>(u32(x >> 32u)))",
+            )
+        };
+        let mut s = format!(
+            "{params}\nfn unpack(x: u64) -> {w} {{\n    return {unpack};\n}}\n\n\
+             fn store_row(bt: u32, m: u32, n: u32, v: vec4<f32>) {{\n    \
+             if m >= p.m {{\n        return;\n    }}\n    \
+             let base = (bt * p.m + m) * p.n;\n    \
+             for (var j = 0u; j < 4u; j++) {{\n        \
+             if n + j < p.n {{\n            out[base + n + j] = {t}(v[j]);\n        }}\n    }}\n}}\n\n\
+             @compute @workgroup_size(8, 8)\n\
+             fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {{\n    \
+             let bt = wg.z;\n    \
+             let m = wg.y * {TILE_M}u + l.y * {ROWS}u;\n    \
+             let n = wg.x * {tile_n}u + l.x * {COLS}u;\n    \
+             let a_base = p.off_a + bt * p.sab;\n    \
+             let b_base = p.off_b + bt * p.sbb;\n",
+            tile_n = Self::TILE_N
+        );
+        // Word addresses (in elements) of each row or column, clamped into range.
+        if self.a_k {
+            for i in 0..ROWS {
+                s += &format!("    let ar{i} = a_base + min(m + {i}u, p.m - 1u) * p.sam;\n");
+            }
+        } else {
+            for g in 0..ROWS / e.min(ROWS) {
+                s += &format!(
+                    "    let ar{g} = a_base + min(m + {}u, p.m - {e}u);\n",
+                    g * e
+                );
+            }
+        }
+        if self.b_k {
+            for j in 0..COLS {
+                s += &format!("    let bc{j} = b_base + min(n + {j}u, p.n - 1u) * p.sbn;\n");
+            }
+        } else {
+            for g in 0..COLS / e {
+                s += &format!(
+                    "    let bc{g} = b_base + min(n + {}u, p.n - {e}u);\n",
+                    g * e
+                );
+            }
+        }
+        for i in 0..ROWS {
+            s += &format!("    var acc{i}0 = vec4<f32>();\n    var acc{i}1 = vec4<f32>();\n");
+        }
+        s += &format!("    for (var k = 0u; k < p.k; k += {e}u) {{\n");
+        // a{i}_{kk}: A's row m + i at k + kk, as an expression.
+        let mut a_val = vec![vec![String::new(); e]; ROWS];
+        if self.a_k {
+            for (i, row) in a_val.iter_mut().enumerate() {
+                s += &format!("        let wa{i} = unpack(a[(ar{i} + k) / {e}u]);\n");
+                for (kk, v) in row.iter_mut().enumerate() {
+                    *v = format!("wa{i}[{kk}]");
+                }
+            }
+        } else {
+            // With four f16 to a word, one word holds all four rows (the tile's rows are
+            // whole words: m is a multiple of 4 and M of `e`).
+            for kk in 0..e {
+                for g in 0..ROWS.div_ceil(e) {
+                    s += &format!(
+                        "        let wa{kk}_{g} = unpack(a[(ar{g} + (k + {kk}u) * p.sak) / {e}u]);\n"
+                    );
+                    for (x, row) in a_val[g * e..(g + 1) * e].iter_mut().enumerate() {
+                        row[kk] = format!("wa{kk}_{g}[{x}]");
+                    }
+                }
+            }
+        }
+        // b{kk}: B's row k + kk over the eight columns, as two vec4 expressions.
+        let mut b_val = vec![vec![String::new(); COLS]; e];
+        if self.b_k {
+            for j in 0..COLS {
+                s += &format!("        let wb{j} = unpack(b[(bc{j} + k) / {e}u]);\n");
+                for (kk, row) in b_val.iter_mut().enumerate() {
+                    row[j] = format!("wb{j}[{kk}]");
+                }
+            }
+        } else {
+            for (kk, row) in b_val.iter_mut().enumerate() {
+                for g in 0..COLS / e {
+                    s += &format!(
+                        "        let wb{kk}_{g} = unpack(b[(bc{g} + (k + {kk}u) * p.sbk) / {e}u]);\n"
+                    );
+                    for x in 0..e {
+                        row[g * e + x] = format!("wb{kk}_{g}[{x}]");
+                    }
+                }
+            }
+        }
+        for (kk, row) in b_val.iter().enumerate() {
+            s += &format!(
+                "        let b{kk}0 = vec4<f32>({}, {}, {}, {});\n        \
+                 let b{kk}1 = vec4<f32>({}, {}, {}, {});\n",
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
+            );
+            for (i, a_row) in a_val.iter().enumerate() {
+                s += &format!(
+                    "        acc{i}0 += {a} * b{kk}0;\n        acc{i}1 += {a} * b{kk}1;\n",
+                    a = a_row[kk]
+                );
+            }
+        }
+        s += "    }\n";
+        for i in 0..ROWS {
+            s += &format!(
+                "    store_row(bt, m + {i}u, n, acc{i}0);\n    store_row(bt, m + {i}u, n + 4u, acc{i}1);\n"
+            );
+        }
+        s += "}\n";
+        s
+    }
+}
