@@ -320,10 +320,11 @@ fn every_matmul_variant_matches_the_cpu() {
     }
 }
 
-/// The product over 64-bit words (`reg4x8_wide`, adapters with 64-bit integers), forced, against
-/// the CPU in all four operand layouts (A's words along k or m, B's along k or n), f32 (two
-/// elements a word) and f16 (four), ragged against its 32x64 tile, a batch with a broadcast B,
-/// a product smaller than one word row; and the profiler's trace naming the kernel that ran.
+/// The products over 64-bit words (`reg4x8_wide`, `reg16x8_wide`: CPU adapters with 64-bit
+/// integers), each forced, against the CPU in all four operand layouts (A's words along k or m,
+/// B's along k or n), f32 (two elements a word) and f16 (four), ragged against their 32x64 and
+/// 128x64 tiles, a batch with a broadcast B, a product smaller than one word row; and the
+/// profiler's trace naming the kernel that ran.
 #[test]
 fn the_word_matmul_matches_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -341,13 +342,17 @@ fn the_word_matmul_matches_the_cpu() {
             (4, 8, 4, 1),
             (36, 44, 12, 3),
         ] {
-            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let layouts = [(false, false), (true, false), (false, true), (true, true)];
+            for ((ta, tb), variant) in layouts
+                .into_iter()
+                .flat_map(|l| ["reg4x8_wide", "reg16x8_wide"].map(|v| (l, v)))
+            {
                 for dtype in dtypes(&dev) {
                     let (a, b) = operands([m, n, k, batch], ta, tb, dtype, 3, &dev);
                     let (ac, bc) = (a.to_device(&cpu).unwrap(), b.to_device(&cpu).unwrap());
                     let tol = if dtype == DType::F16 { 1e-2 } else { 1e-5 };
                     let what = format!(
-                        "{m}x{n}x{k} a^T {ta} b^T {tb} batch {batch} {dtype} on {}",
+                        "{m}x{n}x{k} a^T {ta} b^T {tb} batch {batch} {dtype} {variant} on {}",
                         dev.name()
                     );
                     let options = kiln::profiler::ProfileOptions {
@@ -355,7 +360,7 @@ fn the_word_matmul_matches_the_cpu() {
                         profile_memory: false,
                     };
                     let (got, prof) = kiln::profiler::profile(&options, || {
-                        let got = forced("matmul", "reg4x8_wide", || a.matmul(&b));
+                        let got = forced("matmul", variant, || a.matmul(&b));
                         dev.synchronize()?;
                         got
                     })
@@ -364,7 +369,7 @@ fn the_word_matmul_matches_the_cpu() {
                     assert_close(&got, &want, tol, &what);
                     // Words along k for a row-major A and a column-major B.
                     let kernel = format!(
-                        "matmul_reg4x8_wide_{dtype}_{}_{}",
+                        "matmul_{variant}_{dtype}_{}_{}",
                         if ta { "am" } else { "ak" },
                         if tb { "bk" } else { "bn" }
                     );

@@ -5,7 +5,8 @@
 //! exec-mask branch and a bounds branch (BENCHMARKS, issue 22), whatever the component's width:
 //! a `u64` word carries two f32 or four f16 elements for the price of one. `reg4x4` loads eight
 //! scalars per k step for 16 multiply-adds; this kernel computes 4x8 outputs per invocation and
-//! loads twelve words per two k steps in f32 (64 multiply-adds), or per four in f16 (128).
+//! loads twelve words per two k steps in f32 (64 multiply-adds), or per four in f16 (128); a
+//! 16-row form (`reg16x8_wide`) is a second candidate.
 //!
 //! Each operand is read in words along its unit-stride dim, compiled in: along k (a row-major A,
 //! a column-major B), whose word holds `E` consecutive k values of one row (or column), or along
@@ -18,11 +19,8 @@
 
 use crate::base::DType;
 
-/// Rows (m) and columns (n) one invocation computes; the workgroup is 8x8 invocations.
-const ROWS: usize = 4;
+/// Columns (n) one invocation computes; the workgroup is 8x8 invocations.
 const COLS: usize = 8;
-/// The workgroup's rows.
-const TILE_M: usize = ROWS * 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulWide {
@@ -32,22 +30,49 @@ pub struct MatmulWide {
     pub a_k: bool,
     /// B's words run along k (column-major B, `sbk == 1`), else along n (`sbn == 1`).
     pub b_k: bool,
+    /// Rows one invocation computes: 4 (`reg4x8_wide`) or 16 (`reg16x8_wide`, a quarter of the
+    /// loads per multiply-add of the 4-row kernel's A and half of B's, for more live values;
+    /// on lavapipe 256^3 f32 runs 9.6 ms against 16.2, but the MLP's batch-64 products lose).
+    pub rows: usize,
 }
 
 impl MatmulWide {
     /// The workgroup's columns (its rows: 32).
     pub const TILE_N: usize = COLS * 8;
 
+    /// The invocation's row counts, each a tuner candidate.
+    pub const ROWS: [usize; 2] = [4, 16];
+
     pub fn all() -> Vec<MatmulWide> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {
             for a_k in [false, true] {
                 for b_k in [false, true] {
-                    v.push(MatmulWide { dtype, a_k, b_k });
+                    for rows in Self::ROWS {
+                        v.push(MatmulWide {
+                            dtype,
+                            a_k,
+                            b_k,
+                            rows,
+                        });
+                    }
                 }
             }
         }
         v
+    }
+
+    /// The workgroup's rows.
+    pub fn tile_m(&self) -> usize {
+        self.rows * 8
+    }
+
+    /// The tuner's name for the candidate.
+    pub fn candidate(&self) -> &'static str {
+        match self.rows {
+            4 => "reg4x8_wide",
+            _ => "reg16x8_wide",
+        }
     }
 
     /// Elements per 64-bit word.
@@ -58,11 +83,12 @@ impl MatmulWide {
     pub fn name(&self) -> String {
         let a = if self.a_k { "ak" } else { "am" };
         let b = if self.b_k { "bk" } else { "bn" };
-        format!("matmul_reg4x8_wide_{}_{a}_{b}", self.dtype)
+        format!("matmul_reg{}x8_wide_{}_{a}_{b}", self.rows, self.dtype)
     }
 
     /// The variant for a product of `[m, n, k]` with A's strides `(sab, sam, sak)` and offset
-    /// `off_a` and B's `(sbb, sbk, sbn)` and `off_b` (elements), where its words fit.
+    /// `off_a` and B's `(sbb, sbk, sbn)` and `off_b` (elements), where its words fit (4 rows an
+    /// invocation; [`MatmulWide::rows`] may be changed).
     #[allow(clippy::too_many_arguments)]
     pub fn fits(
         dtype: DType,
@@ -92,12 +118,18 @@ impl MatmulWide {
         } else {
             return None;
         };
-        Some(MatmulWide { dtype, a_k, b_k })
+        Some(MatmulWide {
+            dtype,
+            a_k,
+            b_k,
+            rows: 4,
+        })
     }
 
     /// The WGSL, with `params` (`shaders/matmul_params.wgsl`) for the immediates.
     pub fn source(&self, params: &str) -> String {
         let e = self.e();
+        let rows = self.rows;
         let t = self.dtype.name();
         let enables = if self.dtype == DType::F16 {
             "enable f16;"
@@ -132,19 +164,20 @@ impl MatmulWide {
              @compute @workgroup_size(8, 8)\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {{\n    \
              let bt = wg.z;\n    \
-             let m = wg.y * {TILE_M}u + l.y * {ROWS}u;\n    \
+             let m = wg.y * {tile_m}u + l.y * {rows}u;\n    \
              let n = wg.x * {tile_n}u + l.x * {COLS}u;\n    \
              let a_base = p.off_a + bt * p.sab;\n    \
              let b_base = p.off_b + bt * p.sbb;\n",
-            tile_n = Self::TILE_N
+            tile_n = Self::TILE_N,
+            tile_m = self.tile_m()
         );
         // Word addresses (in elements) of each row or column, clamped into range.
         if self.a_k {
-            for i in 0..ROWS {
+            for i in 0..rows {
                 s += &format!("    let ar{i} = a_base + min(m + {i}u, p.m - 1u) * p.sam;\n");
             }
         } else {
-            for g in 0..ROWS / e.min(ROWS) {
+            for g in 0..rows / e.min(rows) {
                 s += &format!(
                     "    let ar{g} = a_base + min(m + {}u, p.m - {e}u);\n",
                     g * e
@@ -163,12 +196,12 @@ impl MatmulWide {
                 );
             }
         }
-        for i in 0..ROWS {
+        for i in 0..rows {
             s += &format!("    var acc{i}0 = vec4<f32>();\n    var acc{i}1 = vec4<f32>();\n");
         }
         s += &format!("    for (var k = 0u; k < p.k; k += {e}u) {{\n");
         // a{i}_{kk}: A's row m + i at k + kk, as an expression.
-        let mut a_val = vec![vec![String::new(); e]; ROWS];
+        let mut a_val = vec![vec![String::new(); e]; rows];
         if self.a_k {
             for (i, row) in a_val.iter_mut().enumerate() {
                 s += &format!("        let wa{i} = unpack(a[(ar{i} + k) / {e}u]);\n");
@@ -180,7 +213,7 @@ impl MatmulWide {
             // With four f16 to a word, one word holds all four rows (the tile's rows are
             // whole words: m is a multiple of 4 and M of `e`).
             for kk in 0..e {
-                for g in 0..ROWS.div_ceil(e) {
+                for g in 0..rows.div_ceil(e) {
                     s += &format!(
                         "        let wa{kk}_{g} = unpack(a[(ar{g} + (k + {kk}u) * p.sak) / {e}u]);\n"
                     );
@@ -225,7 +258,7 @@ impl MatmulWide {
             }
         }
         s += "    }\n";
-        for i in 0..ROWS {
+        for i in 0..rows {
             s += &format!(
                 "    store_row(bt, m + {i}u, n, acc{i}0);\n    store_row(bt, m + {i}u, n + 4u, acc{i}1);\n"
             );

@@ -622,8 +622,8 @@ pub(super) fn matmul_impl(
                     Simt::Vec4 if relu_out.is_some() => {
                         (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
                     }
-                    // (A tile of 32 rows by 64 columns: the groups' x below is halved.)
-                    Simt::Wide(w) => (32, Kernel::MatmulWide(w)),
+                    // (A tile of 32 or 128 rows by 64 columns: the groups' x below.)
+                    Simt::Wide(w) => (w.tile_m(), Kernel::MatmulWide(w)),
                     Simt::Vec4 | Simt::Vec4ColA => {
                         let layout = Vec4Layout::of(sak, sbn);
                         let layout = if mask.is_some() {
@@ -690,7 +690,10 @@ pub(super) fn matmul_impl(
                     (fb.layout().offset, flat.sbb, sbk, sbn),
                 );
                 if let Some(w) = wide.filter(|_| int64 && !gl) {
-                    candidates.push((Simt::Wide(w), "reg4x8_wide"));
+                    for rows in crate::kernels::MatmulWide::ROWS {
+                        let w = crate::kernels::MatmulWide { rows, ..w };
+                        candidates.push((Simt::Wide(w), w.candidate()));
+                    }
                 }
             }
             let key = || {
@@ -774,7 +777,7 @@ impl Simt {
             Simt::Tile128 => "tile128",
             Simt::Tile64 => "tile64",
             Simt::Reg => "reg4x4",
-            Simt::Wide(_) => "reg4x8_wide",
+            Simt::Wide(w) => w.candidate(),
         }
     }
 }
