@@ -35,16 +35,8 @@ fn load_b(base: u32, n0: u32, k0: u32, e: u32) -> f32 {
     return 0.0;
 }
 
-// Columns n..n+3 of row m.
+// Columns n..n+3 of row m (`matmul_store_row.wgsl`, put after this file by `Kernel::source`).
 fn store4(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m {
-        return;
-    }
-    let base = (bt * p.m + m) * p.n;
-    for (var j = 0u; j < 4u; j++) {
-        if n + j < p.n {
-            out[base + n + j] = {{T}}(v[j]);
-        }
-    }
+    store_row(bt, m, n, v);
 }
 

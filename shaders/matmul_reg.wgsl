@@ -4,18 +4,7 @@
 // from the operands, so there is no staging and no barrier. What a CPU running the shader
 // (lavapipe, llvmpipe) wants; built trusted: loads clamp their row and column into range (the
 // extra rows and columns are computed and never stored), stores are guarded.
-fn store_row(bt: u32, m: u32, n: u32, v: vec4<f32>) {
-    if m >= p.m {
-        return;
-    }
-    let base = (bt * p.m + m) * p.n;
-    for (var j = 0u; j < 4u; j++) {
-        if n + j < p.n {
-            out[base + n + j] = {{T}}(v[j]);
-        }
-    }
-}
-
+// (`store_row`: `matmul_store_row.wgsl`, put before this file by `Kernel::source`.)
 @compute @workgroup_size(8, 8)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
     let bt = wg.z;

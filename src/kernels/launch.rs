@@ -139,6 +139,17 @@ pub(crate) fn launch(
     launch_wg(kernel, blocks, immediates, threads, WORKGROUP)
 }
 
+/// The GPU a launch runs on: its first block's (kiln's ops launch only on GPU devices, with
+/// at least one block).
+fn gpu_of<'a>(blocks: &[&'a DeviceBlock]) -> &'a crate::device::gpu::GpuDevice {
+    blocks
+        .first()
+        .expect("a kernel binds at least one block")
+        .device()
+        .gpu()
+        .expect("launch is for GPU devices")
+}
+
 /// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
 pub(crate) fn launch_wg(
     kernel: Kernel,
@@ -147,12 +158,10 @@ pub(crate) fn launch_wg(
     threads: u64,
     workgroup: u32,
 ) -> Result<()> {
-    let device = blocks
-        .first()
-        .expect("a kernel binds at least one block")
-        .device();
-    let g = device.gpu().expect("launch is for GPU devices");
-    let max = g.info.limits.max_compute_workgroups_per_dimension;
+    let max = gpu_of(blocks)
+        .info
+        .limits
+        .max_compute_workgroups_per_dimension;
     let (x, y) = grid_of(threads, workgroup, max);
     launch_groups(kernel, blocks, immediates, (x, y, 1))
 }
@@ -165,11 +174,7 @@ pub(crate) fn launch_groups(
     immediates: &[u32],
     groups: (u32, u32, u32),
 ) -> Result<()> {
-    let device = blocks
-        .first()
-        .expect("a kernel binds at least one block")
-        .device();
-    let g = device.gpu().expect("launch is for GPU devices");
+    let g = gpu_of(blocks);
     g.check("launch")?;
     let limits = &g.info.limits;
     let (x, y, z) = groups;

@@ -22,6 +22,11 @@ use crate::base::DType;
 /// Columns (n) one invocation computes; the workgroup is 8x8 invocations.
 const COLS: usize = 8;
 
+/// Elements per 64-bit word.
+fn per_word(dtype: DType) -> usize {
+    8 / dtype.size_bytes()
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulWide {
     /// f32 or f16 operands and output (f32 accumulation).
@@ -37,7 +42,7 @@ pub struct MatmulWide {
 }
 
 impl MatmulWide {
-    /// The workgroup's columns (its rows: 32).
+    /// The workgroup's columns (its rows: [`MatmulWide::tile_m`]).
     pub const TILE_N: usize = COLS * 8;
 
     /// The invocation's row counts, each a tuner candidate.
@@ -75,60 +80,60 @@ impl MatmulWide {
         }
     }
 
-    /// Elements per 64-bit word.
-    fn e(&self) -> usize {
-        8 / self.dtype.size_bytes()
-    }
-
     pub fn name(&self) -> String {
         let a = if self.a_k { "ak" } else { "am" };
         let b = if self.b_k { "bk" } else { "bn" };
         format!("matmul_reg{}x8_wide_{}_{a}_{b}", self.rows, self.dtype)
     }
 
-    /// The variant for a product of `[m, n, k]` with A's strides `(sab, sam, sak)` and offset
-    /// `off_a` and B's `(sbb, sbk, sbn)` and `off_b` (elements), where its words fit (4 rows an
-    /// invocation; [`MatmulWide::rows`] may be changed).
-    #[allow(clippy::too_many_arguments)]
-    pub fn fits(
+    /// The word products (both row counts) for a product of `[m, n, k]` with A's offset and
+    /// strides `(off_a, sab, sam, sak)` and B's `(off_b, sbb, sbk, sbn)` (elements): none where
+    /// the words do not fit.
+    pub fn fitting(
         dtype: DType,
         [m, n, k]: [usize; 3],
         (off_a, sab, sam, sak): (usize, usize, usize, usize),
         (off_b, sbb, sbk, sbn): (usize, usize, usize, usize),
-    ) -> Option<MatmulWide> {
+    ) -> Vec<MatmulWide> {
         if !matches!(dtype, DType::F32 | DType::F16) {
-            return None;
+            return Vec::new();
         }
-        let e = 8 / dtype.size_bytes();
+        let e = per_word(dtype);
         let whole = |v: &[usize]| v.iter().all(|x| x.is_multiple_of(e));
         if !whole(&[k, off_a, sab, off_b, sbb]) {
-            return None;
+            return Vec::new();
         }
         let a_k = if sak == 1 && whole(&[sam]) {
-            true
+            Some(true)
         } else if sam == 1 && whole(&[sak, m]) {
-            false
+            Some(false)
         } else {
-            return None;
+            None
         };
         let b_k = if sbn == 1 && whole(&[sbk, n]) {
-            false
+            Some(false)
         } else if sbk == 1 && whole(&[sbn]) {
-            true
+            Some(true)
         } else {
-            return None;
+            None
         };
-        Some(MatmulWide {
-            dtype,
-            a_k,
-            b_k,
-            rows: 4,
-        })
+        let (Some(a_k), Some(b_k)) = (a_k, b_k) else {
+            return Vec::new();
+        };
+        Self::ROWS
+            .map(|rows| MatmulWide {
+                dtype,
+                a_k,
+                b_k,
+                rows,
+            })
+            .to_vec()
     }
 
-    /// The WGSL, with `params` (`shaders/matmul_params.wgsl`) for the immediates.
-    pub fn source(&self, params: &str) -> String {
-        let e = self.e();
+    /// The WGSL, after `prelude`: `shaders/matmul_params.wgsl` (the immediates and bindings) and
+    /// `shaders/matmul_store_row.wgsl`.
+    pub fn source(&self, prelude: &str) -> String {
+        let e = per_word(self.dtype);
         let rows = self.rows;
         let t = self.dtype.name();
         let enables = if self.dtype == DType::F16 {
@@ -136,7 +141,7 @@ impl MatmulWide {
         } else {
             ""
         };
-        let params = params
+        let prelude = prelude
             .replace("{{ENABLES}}", enables)
             .replace("a: array<{{T}}>", "a: array<u64>")
             .replace("b: array<{{T}}>", "b: array<u64>")
@@ -155,12 +160,7 @@ impl MatmulWide {
             )
         };
         let mut s = format!(
-            "{params}\nfn unpack(x: u64) -> {w} {{\n    return {unpack};\n}}\n\n\
-             fn store_row(bt: u32, m: u32, n: u32, v: vec4<f32>) {{\n    \
-             if m >= p.m {{\n        return;\n    }}\n    \
-             let base = (bt * p.m + m) * p.n;\n    \
-             for (var j = 0u; j < 4u; j++) {{\n        \
-             if n + j < p.n {{\n            out[base + n + j] = {t}(v[j]);\n        }}\n    }}\n}}\n\n\
+            "{prelude}\nfn unpack(x: u64) -> {w} {{\n    return {unpack};\n}}\n\n\
              @compute @workgroup_size(8, 8)\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {{\n    \
              let bt = wg.z;\n    \
@@ -177,7 +177,7 @@ impl MatmulWide {
                 s += &format!("    let ar{i} = a_base + min(m + {i}u, p.m - 1u) * p.sam;\n");
             }
         } else {
-            for g in 0..rows / e.min(rows) {
+            for g in 0..rows / e {
                 s += &format!(
                     "    let ar{g} = a_base + min(m + {}u, p.m - {e}u);\n",
                     g * e
@@ -210,10 +210,10 @@ impl MatmulWide {
                 }
             }
         } else {
-            // With four f16 to a word, one word holds all four rows (the tile's rows are
-            // whole words: m is a multiple of 4 and M of `e`).
+            // A word holds `e` neighbouring rows (the invocation's rows are whole words: m is
+            // a multiple of 4 and M of `e`).
             for kk in 0..e {
-                for g in 0..rows.div_ceil(e) {
+                for g in 0..rows / e {
                     s += &format!(
                         "        let wa{kk}_{g} = unpack(a[(ar{g} + (k + {kk}u) * p.sak) / {e}u]);\n"
                     );

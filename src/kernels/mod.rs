@@ -60,8 +60,8 @@ pub enum Kernel {
     /// `shaders/matmul_reg.wgsl` for one float dtype: `Matmul`'s contract without workgroup
     /// memory (4x4 outputs per invocation), for CPU adapters.
     MatmulReg(DType),
-    /// `reg4x4`'s contract (4x8 outputs an invocation) with the operands loaded as 64-bit
-    /// words, for CPU adapters with 64-bit integers (`matmul_wide.rs`).
+    /// `reg4x4`'s contract (4x8 or 16x8 outputs an invocation) with the operands loaded as
+    /// 64-bit words, for CPU adapters with 64-bit integers (`matmul_wide.rs`).
     MatmulWide(MatmulWide),
     /// `shaders/matmul128.wgsl`: the same contract with 128x128 tiles, for large products; with
     /// padded shared rows (33 KiB) or swizzled ones (32 KiB, `false`).
@@ -344,19 +344,26 @@ impl Kernel {
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
             Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
-            Kernel::MatmulWide(w) => {
-                Cow::Owned(w.source(include_str!("../../shaders/matmul_params.wgsl")))
-            }
+            Kernel::MatmulWide(w) => Cow::Owned(w.source(concat!(
+                include_str!("../../shaders/matmul_params.wgsl"),
+                include_str!("../../shaders/matmul_store_row.wgsl")
+            ))),
             Kernel::Matmul(d) | Kernel::MatmulReg(d) => {
                 let body = match self {
                     Kernel::Matmul(_) => include_str!("../../shaders/matmul.wgsl"),
-                    _ => include_str!("../../shaders/matmul_reg.wgsl"),
+                    _ => concat!(
+                        include_str!("../../shaders/matmul_store_row.wgsl"),
+                        include_str!("../../shaders/matmul_reg.wgsl")
+                    ),
                 };
                 let params = include_str!("../../shaders/matmul_params.wgsl");
                 per_dtype(&format!("{params}{body}"), *d)
             }
             Kernel::Matmul128(d, padded) => Cow::Owned(matmul128::tiled_128(
-                include_str!("../../shaders/matmul128_io.wgsl"),
+                concat!(
+                    include_str!("../../shaders/matmul128_io.wgsl"),
+                    include_str!("../../shaders/matmul_store_row.wgsl")
+                ),
                 include_str!("../../shaders/matmul128_params.wgsl"),
                 *d,
                 *padded,

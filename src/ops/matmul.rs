@@ -680,20 +680,17 @@ pub(super) fn matmul_impl(
                 // Operands read as 64-bit words: a CPU adapter's candidate (with 64-bit
                 // integers). On the H100 it won none of the 20 keys the ops and train suites
                 // tune, so GPUs are not made to time it.
-                let int64 = info.is_some_and(|i| {
+                let words = info.is_some_and(|i| {
                     i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
                 });
-                let wide = crate::kernels::MatmulWide::fits(
-                    a.dtype(),
-                    [m, n, k],
-                    (fa.layout().offset, flat.sab, sam, sak),
-                    (fb.layout().offset, flat.sbb, sbk, sbn),
-                );
-                if let Some(w) = wide.filter(|_| int64 && !gl) {
-                    for rows in crate::kernels::MatmulWide::ROWS {
-                        let w = crate::kernels::MatmulWide { rows, ..w };
-                        candidates.push((Simt::Wide(w), w.candidate()));
-                    }
+                if words && !gl {
+                    let wide = crate::kernels::MatmulWide::fitting(
+                        a.dtype(),
+                        [m, n, k],
+                        (fa.layout().offset, flat.sab, sam, sak),
+                        (fb.layout().offset, flat.sbb, sbk, sbn),
+                    );
+                    candidates.extend(wide.into_iter().map(|w| (Simt::Wide(w), w.candidate())));
                 }
             }
             let key = || {
@@ -761,7 +758,7 @@ enum Simt {
     Tile128,
     Tile64,
     Reg,
-    /// `Reg` over 64-bit words, 4x8 outputs an invocation (`kernels::MatmulWide`).
+    /// `Reg` over 64-bit words, 4x8 or 16x8 outputs an invocation (`kernels::MatmulWide`).
     Wide(crate::kernels::MatmulWide),
 }
 
