@@ -617,11 +617,21 @@ fn nll_loss_rejects_a_target_out_of_range() {
 }
 
 /// SGD steps parameters six (five on GL) to a launch (`optim_sgd_multi`, as PyTorch's foreach
-/// SGD steps a list), counts that are not a multiple of 4 included: every configuration
-/// matches the CPU device's tensor-op formulas, with one parameter's momentum buffer created a
-/// step later than the others' (its first step shares a launch with the others' later steps).
+/// SGD steps a list; forced on the CPU adapters, which launch one each), counts that are not a
+/// multiple of 4 included: every configuration matches the CPU device's tensor-op formulas,
+/// with one parameter's momentum buffer created a step later than the others' (its first step
+/// shares a launch with the others' later steps). Then the same with one launch per
+/// parameter, each the widest kernel its count allows (64-bit words, vec4s, elements).
 #[test]
 fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
+    for launch in ["multi", "per_parameter"] {
+        kiln::kernels::tune::force_variant("sgd", Some(launch));
+        sgd_steps_like_the_cpu_reference(launch);
+    }
+    kiln::kernels::tune::force_variant("sgd", None);
+}
+
+fn sgd_steps_like_the_cpu_reference(launch: &str) {
     let cpu = Device::cpu().unwrap();
     // Eight parameters: a launch of six (one of them ten elements, a partial last vec4), then
     // one of two (six elements); on GL five, then three.
@@ -699,7 +709,8 @@ fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
                 }
             }
         }
-        // The parameters went to the multi-parameter kernel.
+        // The parameters went to the multi-parameter kernel, or each to its own (64-bit words
+        // for f32 on a CPU adapter with 64-bit integers).
         if dev.adapter_info().unwrap().features.timestamp_query {
             let p: Vec<Tensor> = init
                 .iter()
@@ -719,8 +730,101 @@ fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
             })
             .unwrap();
             let trace = prof.chrome_trace_json();
-            assert!(trace.contains("optim_sgd_multi"), "{dev:?}: {trace}");
-            assert!(!trace.contains("optim_sgd_f32"), "{dev:?}: {trace}");
+            let info = dev.adapter_info().unwrap();
+            let words = info.features.shader_int64 && info.device_type == wgpu::DeviceType::Cpu;
+            let multi = launch == "multi";
+            assert_eq!(trace.contains("optim_sgd_multi"), multi, "{dev:?}: {trace}");
+            assert_eq!(trace.contains("optim_sgd_f32"), !multi, "{dev:?}: {trace}");
+            assert_eq!(
+                trace.contains("optim_sgd_f32_words"),
+                !multi && words,
+                "{dev:?}: {trace}"
+            );
+        }
+    }
+}
+
+/// Adam and AdamW over parameters whose counts take each kernel width: 64 and 8 elements
+/// (64-bit words on a CPU adapter with 64-bit integers, vec4s elsewhere), 12 (vec4s), 6
+/// (elements), one of them a view at an offset of 8; three steps against the CPU device.
+#[test]
+fn adam_steps_every_kernel_width_like_the_cpu_reference() {
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(4);
+    let shapes: [&[usize]; 4] = [&[8, 8], &[12], &[6], &[8]];
+    let init: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
+        .collect();
+    let grads: Vec<Vec<Tensor>> = (0..3)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
+                .collect()
+        })
+        .collect();
+    let run = |dev: &Device, decoupled: bool| {
+        let mut params: Vec<Tensor> = init
+            .iter()
+            .map(|t| t.to_device(dev).unwrap().requires_grad_(true).unwrap())
+            .collect();
+        // The last parameter: elements 8..16 of a larger tensor.
+        let base = Tensor::zeros(&[24], DType::F32, dev).unwrap();
+        let view = base.narrow(0, 8, 8).unwrap();
+        view.copy_(&params[3].detach()).unwrap();
+        params[3] = view.requires_grad_(true).unwrap();
+        let mut opt = match decoupled {
+            true => Adam::adamw(params.clone(), 0.05).unwrap(),
+            false => Adam::new(params.clone(), 0.05).unwrap(),
+        }
+        .weight_decay(0.1)
+        .unwrap();
+        for gs in &grads {
+            for (p, g) in params.iter().zip(gs) {
+                p.set_grad(Some(g.to_device(dev).unwrap())).unwrap();
+            }
+            opt.step().unwrap();
+        }
+        let mut out: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+        out.extend(
+            opt.state_tensors()
+                .iter()
+                .filter(|(_, t)| t.numel() > 1)
+                .map(|(_, t)| t.to_vec::<f32>().unwrap()),
+        );
+        out.push(base.to_vec::<f32>().unwrap());
+        out
+    };
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        for decoupled in [false, true] {
+            let (g, c) = (run(&dev, decoupled), run(&cpu, decoupled));
+            assert_eq!(g.len(), c.len(), "{dev:?}");
+            for (i, (g, c)) in g.iter().zip(&c).enumerate() {
+                for (a, b) in g.iter().zip(c) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{dev:?} AdamW {decoupled} tensor {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        let info = dev.adapter_info().unwrap();
+        if info.features.timestamp_query {
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let (_, prof) = kiln::profiler::profile(&options, || {
+                run(&dev, false);
+                Ok(())
+            })
+            .unwrap();
+            let trace = prof.chrome_trace_json();
+            let words = info.features.shader_int64 && info.device_type == wgpu::DeviceType::Cpu;
+            assert_eq!(trace.contains("optim_adam_f32_words"), words, "{dev:?}");
+            assert!(trace.contains("optim_adam_f32_vec4"), "{dev:?}");
+            assert!(trace.contains("optim_adam_f32\""), "{dev:?}: {trace}");
         }
     }
 }
@@ -730,6 +834,8 @@ fn sgd_steps_many_parameters_per_launch_like_the_cpu_reference() {
 /// they were.
 #[test]
 fn sgd_partial_vec4_leaves_a_views_neighbours_alone() {
+    // The CPU adapters launch one parameter at a time unless told.
+    kiln::kernels::tune::force_variant("sgd", Some("multi"));
     for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
         let base: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
         let base_t = Tensor::from_vec(base.clone(), &[16], &dev).unwrap();

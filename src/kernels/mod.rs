@@ -210,7 +210,9 @@ impl Kernel {
             .chain(
                 OptimKernel::ALL
                     .into_iter()
-                    .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d))),
+                    .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d)))
+                    .filter(|&k| k != Kernel::Optim(OptimKernel::SgdWords, DType::F16))
+                    .filter(|&k| k != Kernel::Optim(OptimKernel::AdamWords, DType::F16)),
             )
             .chain(
                 SGD_MULTI
@@ -282,7 +284,7 @@ impl Kernel {
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
-            Kernel::Optim(k, d) => float_io(include_str!("../../shaders/optim.wgsl"), *d, k.vec4()),
+            Kernel::Optim(k, d) => Cow::Owned(k.source(*d)),
             Kernel::SgdMulti(d, n) => Cow::Owned(float_io(&optim::sgd_multi_source(*n), *d, true).into_owned()),
             Kernel::AmpUnscale(vec4) => {
                 let u = if *vec4 { "vec4<u32>" } else { "u32" };
@@ -447,7 +449,11 @@ impl Kernel {
             Kernel::Optim(k, d) => Cow::Owned(format!(
                 "optim_{}_{d}{}",
                 k.entry_point(),
-                if k.vec4() { "_vec4" } else { "" }
+                match k.width() {
+                    8 => "_words",
+                    4 => "_vec4",
+                    _ => "",
+                }
             )),
             Kernel::SgdMulti(d, n) => Cow::Owned(format!("optim_sgd_multi{n}_{d}_vec4")),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),

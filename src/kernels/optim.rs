@@ -12,25 +12,60 @@ pub enum OptimKernel {
     /// by 4), which is what reaches HBM bandwidth.
     Sgd4,
     Adam4,
+    /// f32 updates eight elements per invocation as four 64-bit words
+    /// (`shaders/optim_words.wgsl`: counts and offsets divisible by 8, adapters with 64-bit
+    /// integers), a CPU adapter's kernels.
+    SgdWords,
+    AdamWords,
 }
 
 impl OptimKernel {
-    pub const ALL: [OptimKernel; 4] = [
+    pub const ALL: [OptimKernel; 6] = [
         OptimKernel::Sgd,
         OptimKernel::Adam,
         OptimKernel::Sgd4,
         OptimKernel::Adam4,
+        OptimKernel::SgdWords,
+        OptimKernel::AdamWords,
     ];
 
     pub(crate) fn entry_point(self) -> &'static str {
         match self {
-            OptimKernel::Sgd | OptimKernel::Sgd4 => "sgd",
-            OptimKernel::Adam | OptimKernel::Adam4 => "adam",
+            OptimKernel::Sgd | OptimKernel::Sgd4 | OptimKernel::SgdWords => "sgd",
+            OptimKernel::Adam | OptimKernel::Adam4 | OptimKernel::AdamWords => "adam",
         }
     }
 
-    pub(crate) fn vec4(self) -> bool {
-        matches!(self, OptimKernel::Sgd4 | OptimKernel::Adam4)
+    /// Elements per invocation.
+    pub(crate) fn width(self) -> usize {
+        match self {
+            OptimKernel::Sgd | OptimKernel::Adam => 1,
+            OptimKernel::Sgd4 | OptimKernel::Adam4 => 4,
+            OptimKernel::SgdWords | OptimKernel::AdamWords => 8,
+        }
+    }
+
+    /// The variant `width` elements wide of the same update.
+    pub(crate) fn widened(self, width: usize) -> OptimKernel {
+        let sgd = self.entry_point() == "sgd";
+        match (width, sgd) {
+            (8, true) => OptimKernel::SgdWords,
+            (8, false) => OptimKernel::AdamWords,
+            (4, true) => OptimKernel::Sgd4,
+            (4, false) => OptimKernel::Adam4,
+            (_, true) => OptimKernel::Sgd,
+            (_, false) => OptimKernel::Adam,
+        }
+    }
+
+    /// Its WGSL for dtype `d` (f32 only for the word kernels).
+    pub(crate) fn source(self, d: crate::base::DType) -> String {
+        let math = include_str!("../../shaders/optim_math.wgsl");
+        let body = match self.width() {
+            8 => include_str!("../../shaders/optim_words.wgsl"),
+            _ => include_str!("../../shaders/optim.wgsl"),
+        };
+        super::float_io(&format!("{math}\n{body}"), d, self.width() > 1).into_owned()
     }
 }
 

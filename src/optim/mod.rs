@@ -234,18 +234,24 @@ fn fused(
     flags: u32,
     floats: [f32; 7],
 ) -> Result<()> {
-    // Four elements per invocation where every count and offset allows vec4 loads.
+    // The widest kernel every count and offset allows: eight f32 a invocation as 64-bit words
+    // on a CPU adapter (`words_fit`), else four (vec4 loads), else one.
     let all = [Some(p), Some(g), m, v];
-    let vec4 = p.numel().is_multiple_of(4)
-        && all
-            .iter()
-            .flatten()
-            .all(|t| t.layout().offset.is_multiple_of(4));
-    let (kind, w) = match (kind, vec4) {
-        (OptimKernel::Sgd, true) => (OptimKernel::Sgd4, 4),
-        (OptimKernel::Adam, true) => (OptimKernel::Adam4, 4),
-        (k, _) => (k, 1),
+    let fits = |w: usize| {
+        p.numel().is_multiple_of(w)
+            && all
+                .iter()
+                .flatten()
+                .all(|t| t.layout().offset.is_multiple_of(w))
     };
+    let w = if words_fit(p) && fits(8) {
+        8
+    } else if fits(4) {
+        4
+    } else {
+        1
+    };
+    let kind = kind.widened(w);
     let off = |t: Option<&Tensor>| t.map_or(0, |t| (t.layout().offset / w) as u32);
     let mut imm = vec![
         (p.numel() / w) as u32,
@@ -268,6 +274,30 @@ fn fused(
     )?;
     p.bump_version();
     Ok(())
+}
+
+/// Whether `p` lives on a CPU adapter (lavapipe, GL's llvmpipe). There each parameter gets
+/// its own launch: llvmpipe runs every case of the multi-parameter kernel's switch under a
+/// mask, so six slots cost six passes' loads (the lavapipe MLP's SGD step: 3.9 ms in one
+/// launch, 2.0 in four). It is a rule, not a measurement: the update is in place, and timing
+/// candidates would need scratch copies of the parameters, which would show in the memory
+/// statistics of the first step.
+fn on_cpu_adapter(p: &Tensor) -> bool {
+    p.device()
+        .adapter_info()
+        .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu)
+}
+
+/// Whether the optimizers' 64-bit word kernels (`OptimKernel::SgdWords`) serve `p`: f32 on a
+/// CPU adapter with 64-bit integers, where a storage access costs the same whatever its width
+/// (the products' `reg4x8_wide` for the same reason; the lavapipe MLP's SGD step 2.0 -> 1.3
+/// ms). GPUs keep the vec4 kernels, which reach their memory bandwidth.
+fn words_fit(p: &Tensor) -> bool {
+    p.dtype() == DType::F32
+        && on_cpu_adapter(p)
+        && p.device()
+            .adapter_info()
+            .is_some_and(|i| i.features.shader_int64)
 }
 
 fn check_params(op: &'static str, params: &[Tensor]) -> Result<()> {

@@ -1,5 +1,6 @@
 //! `torch.optim.SGD`: momentum, dampening, nesterov, weight decay; on a GPU the parameters
-//! that allow it five to a launch (`shaders/optim_multi.wgsl`), the others one to a launch.
+//! that allow it up to six to a launch (`shaders/optim_multi.wgsl`), the others one to a
+//! launch; on a CPU adapter every parameter one to a launch (`on_cpu_adapter`).
 
 use super::*;
 use crate::kernels::{sgd_multi_immediates, sgd_multi_slots};
@@ -195,6 +196,18 @@ impl Sgd {
     }
 }
 
+/// How SGD launches the parameters of `p`'s device: up to six to a launch, as PyTorch's
+/// foreach step (`multi`, the default), or one to a launch (`per_parameter`, the default on a
+/// CPU adapter: `on_cpu_adapter`). `force_variant("sgd", ..)` picks either (the tests run the
+/// multi-parameter kernel on lavapipe so).
+fn batched(p: &Tensor) -> bool {
+    let mut candidates = [(true, "multi"), (false, "per_parameter")];
+    if on_cpu_adapter(p) {
+        candidates.reverse();
+    }
+    crate::kernels::tune::remembered(p.device(), "sgd", || "launch".into(), &candidates)
+}
+
 /// One parameter's SGD update: the detached parameter, its gradient, its momentum buffer.
 struct SgdWork {
     p: Tensor,
@@ -240,7 +253,7 @@ impl Optimizer for Sgd {
                 let Some(w) = self.prepare(i)? else {
                     continue;
                 };
-                let Some(n) = multi_eligible(&w) else {
+                let Some(n) = multi_eligible(&w).filter(|_| batched(&w.p)) else {
                     self.step_one(w)?;
                     continue;
                 };
