@@ -19,8 +19,15 @@
 
 use crate::base::DType;
 
-/// Columns (n) one invocation computes; the workgroup is 8x8 invocations.
+/// Columns (n) one invocation computes; the workgroup is 8 invocations across n by `WG_ROWS`.
 const COLS: usize = 8;
+
+/// The workgroup's invocations along m: one. llvmpipe runs a workgroup on one thread, eight
+/// invocations to a SIMD vector: a workgroup of eight is a whole vector, and more workgroups
+/// share the threads better. With 8x8 invocations the 16-row form's workgroup covered 128
+/// rows, half of it idle on the MLP's batch of 64 (lavapipe's layer-1 forward, 64x128x784:
+/// 5.0 ms on the 4-row form with 8x8, 3.1 ms on the 16-row form with 8x1).
+const WG_ROWS: usize = 1;
 
 /// Elements per 64-bit word.
 fn per_word(dtype: DType) -> usize {
@@ -37,7 +44,8 @@ pub struct MatmulWide {
     pub b_k: bool,
     /// Rows one invocation computes: 4 (`reg4x8_wide`) or 16 (`reg16x8_wide`, a quarter of the
     /// loads per multiply-add of the 4-row kernel's A and half of B's, for more live values;
-    /// on lavapipe 256^3 f32 runs 9.6 ms against 16.2, but the MLP's batch-64 products lose).
+    /// on lavapipe 256^3 f32 runs 9.6 ms against 16.2, and the MLP's batch-64 products win too
+    /// since the workgroup is one row of invocations: `WG_ROWS`).
     pub rows: usize,
 }
 
@@ -69,7 +77,7 @@ impl MatmulWide {
 
     /// The workgroup's rows.
     pub fn tile_m(&self) -> usize {
-        self.rows * 8
+        self.rows * WG_ROWS
     }
 
     /// The tuner's name for the candidate.
@@ -161,7 +169,7 @@ impl MatmulWide {
         };
         let mut s = format!(
             "{prelude}\nfn unpack(x: u64) -> {w} {{\n    return {unpack};\n}}\n\n\
-             @compute @workgroup_size(8, 8)\n\
+             @compute @workgroup_size(8, {WG_ROWS})\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {{\n    \
              let bt = wg.z;\n    \
              let m = wg.y * {tile_m}u + l.y * {rows}u;\n    \

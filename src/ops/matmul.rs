@@ -622,7 +622,7 @@ pub(super) fn matmul_impl(
                     Simt::Vec4 if relu_out.is_some() => {
                         (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
                     }
-                    // (A tile of 32 or 128 rows by 64 columns: the groups' x below.)
+                    // (A tile of 4 or 16 rows by 64 columns: the groups' x below.)
                     Simt::Wide(w) => (w.tile_m(), Kernel::MatmulWide(w)),
                     Simt::Vec4 | Simt::Vec4ColA => {
                         let layout = Vec4Layout::of(sak, sbn);
