@@ -676,10 +676,12 @@ pub(super) fn matmul_impl(
                 candidates.push((Simt::Vec4ColA, Simt::Vec4ColA.name()));
             }
             if forced_tile() == 0 {
-                candidates.push((Simt::Reg, Simt::Reg.name()));
                 // Operands read as 64-bit words: a CPU adapter's candidate (with 64-bit
                 // integers). On the H100 it won none of the 20 keys the ops and train suites
-                // tune, so GPUs are not made to time it.
+                // tune, so GPUs are not made to time it. Timed right after the default, the
+                // 16-row form first: on lavapipe they win every product key but the smallest,
+                // and their compilation (0.7 s for the 16-row form, in its first run there)
+                // must still find the budget for a second run.
                 let words = info.is_some_and(|i| {
                     i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
                 });
@@ -690,8 +692,13 @@ pub(super) fn matmul_impl(
                         (fa.layout().offset, flat.sab, sam, sak),
                         (fb.layout().offset, flat.sbb, sbk, sbn),
                     );
-                    candidates.extend(wide.into_iter().map(|w| (Simt::Wide(w), w.candidate())));
+                    candidates.extend(
+                        wide.into_iter()
+                            .rev()
+                            .map(|w| (Simt::Wide(w), w.candidate())),
+                    );
                 }
+                candidates.push((Simt::Reg, Simt::Reg.name()));
             }
             let key = || {
                 // Row-major where the last dim has unit stride.
