@@ -272,6 +272,22 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     key: impl FnOnce() -> String,
     work: u64,
     candidates: &[(V, &'static str)],
+    run: impl FnMut(V) -> Result<()>,
+) -> Result<V> {
+    pick_prepared(device, family, key, work, candidates, |_| Ok(()), run)
+}
+
+/// `pick`, where `prepare` launches a candidate on a sliver of the op (one workgroup) before it
+/// is timed, so that its compilation is not: Mesa's llvmpipe compiles a shader at its first
+/// dispatch, inside the GPU's time (0.65-0.86 s for lavapipe's 16-row word product, which
+/// then runs in 3 ms).
+pub(crate) fn pick_prepared<V: Copy + PartialEq>(
+    device: &Device,
+    family: &'static str,
+    key: impl FnOnce() -> String,
+    work: u64,
+    candidates: &[(V, &'static str)],
+    mut prepare: impl FnMut(V) -> Result<()>,
     mut run: impl FnMut(V) -> Result<()>,
 ) -> Result<V> {
     let default = candidates[0].0;
@@ -303,8 +319,9 @@ pub(crate) fn pick<V: Copy + PartialEq>(
             break;
         }
         // A candidate that cannot run here (too large to bind, say) is passed over.
+        let prepared = prepare(v).and_then(|()| device.synchronize());
         let left = BUDGET.saturating_sub(start.elapsed());
-        match time_one(device, left, || run(v)) {
+        match prepared.and_then(|()| time_one(device, left, || run(v))) {
             Ok(secs) => timed.push((name, v, secs)),
             Err(e) => log::debug!("kiln autotune: {id}: {name} failed: {e}"),
         }

@@ -586,86 +586,91 @@ pub(super) fn matmul_impl(
             });
             // With `relu_out`, `Simt::Vec4` writes the ReLU of the result there instead; with
             // `mask` (given only with a vec4 choice), the kernel applies it.
-            let run = |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>| {
-                let fused = fused_bias.filter(|_| choice.is_vec4());
-                let sums = sums.filter(|_| choice == Simt::Vec4);
-                // Vec4ColA: A copied column-major first, so that the product runs the kernel
-                // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
-                let col_a = match choice {
-                    Simt::Vec4ColA => Some(crate::no_grad(|| fa.t()?.contiguous())?),
-                    _ => None,
-                };
-                let (a_op, a_off, sam, sak) = match &col_a {
-                    Some(t) => (t, t.layout().offset, 1, m),
-                    None => (fa, fa.layout().offset, sam, sak),
-                };
-                let mut imm = vec![
-                    m,
-                    n,
-                    k,
-                    flat.batch,
-                    a_off,
-                    flat.sab,
-                    sam,
-                    sak,
-                    fb.layout().offset,
-                    flat.sbb,
-                    sbk,
-                    sbn,
-                    fused.is_some() as usize | (sums.is_some() as usize) << 1,
-                    fused.or(sums).or(mask).map_or(0, |t| t.layout().offset),
-                ];
-                let (tile, kernel) = match choice {
-                    Simt::Vec4 if sums.is_some() => {
-                        (128, Kernel::Matmul128Vec4(padded, Vec4Layout::ColRowSums))
-                    }
-                    Simt::Vec4 if relu_out.is_some() => {
-                        (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
-                    }
-                    // (A tile of 4 or 16 rows by 64 columns: the groups' x below.)
-                    Simt::Wide(w) => (w.tile_m(), Kernel::MatmulWide(w)),
-                    Simt::Vec4 | Simt::Vec4ColA => {
-                        let layout = Vec4Layout::of(sak, sbn);
-                        let layout = if mask.is_some() {
-                            layout.masked()
-                        } else {
-                            layout
-                        };
-                        (128, Kernel::Matmul128Vec4(padded, layout))
-                    }
-                    Simt::Tile128 => (128, Kernel::Matmul128(a.dtype(), padded)),
-                    Simt::Tile64 => (64, Kernel::Matmul(a.dtype())),
-                    Simt::Reg => (32, Kernel::MatmulReg(a.dtype())),
-                };
-                imm.resize(kernel.immediate_size() as usize / 4, 0);
-                let imm = imm
-                    .into_iter()
-                    .map(|v| u32_of(OP, v))
-                    .collect::<Result<Vec<u32>>>()?;
-                let tile_n = match choice {
-                    Simt::Wide(_) => crate::kernels::MatmulWide::TILE_N,
-                    _ => tile,
-                };
-                let groups = (
-                    // (The row sums' column of workgroups after the product's.)
-                    (n.div_ceil(tile_n) + sums.is_some() as usize) as u32,
-                    m.div_ceil(tile) as u32,
-                    u32_of(OP, flat.batch)?,
-                );
-                let dest = relu_out.unwrap_or(&out);
-                let mut blocks = vec![&a_op.storage.block, &fb.storage.block, &dest.storage.block];
-                if choice.is_vec4() {
-                    // Without a bias, sums or a mask the fourth binding is a dummy (the flags
-                    // are clear).
-                    blocks.push(
-                        fused
-                            .or(sums)
-                            .or(mask)
-                            .map_or(&fa.storage.block, |t| &t.storage.block),
+            // With `sliver`, one workgroup of the grid (the tuner's `prepare`: it compiles the
+            // candidate's pipeline; the op's own launch writes every tile afterwards).
+            let run_on =
+                |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>, sliver: bool| {
+                    let fused = fused_bias.filter(|_| choice.is_vec4());
+                    let sums = sums.filter(|_| choice == Simt::Vec4);
+                    // Vec4ColA: A copied column-major first, so that the product runs the kernel
+                    // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
+                    let col_a = match choice {
+                        Simt::Vec4ColA => Some(crate::no_grad(|| fa.t()?.contiguous())?),
+                        _ => None,
+                    };
+                    let (a_op, a_off, sam, sak) = match &col_a {
+                        Some(t) => (t, t.layout().offset, 1, m),
+                        None => (fa, fa.layout().offset, sam, sak),
+                    };
+                    let mut imm = vec![
+                        m,
+                        n,
+                        k,
+                        flat.batch,
+                        a_off,
+                        flat.sab,
+                        sam,
+                        sak,
+                        fb.layout().offset,
+                        flat.sbb,
+                        sbk,
+                        sbn,
+                        fused.is_some() as usize | (sums.is_some() as usize) << 1,
+                        fused.or(sums).or(mask).map_or(0, |t| t.layout().offset),
+                    ];
+                    let (tile, kernel) = match choice {
+                        Simt::Vec4 if sums.is_some() => {
+                            (128, Kernel::Matmul128Vec4(padded, Vec4Layout::ColRowSums))
+                        }
+                        Simt::Vec4 if relu_out.is_some() => {
+                            (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
+                        }
+                        // (A tile of 4 or 16 rows by 64 columns: the groups' x below.)
+                        Simt::Wide(w) => (w.tile_m(), Kernel::MatmulWide(w)),
+                        Simt::Vec4 | Simt::Vec4ColA => {
+                            let layout = Vec4Layout::of(sak, sbn);
+                            let layout = if mask.is_some() {
+                                layout.masked()
+                            } else {
+                                layout
+                            };
+                            (128, Kernel::Matmul128Vec4(padded, layout))
+                        }
+                        Simt::Tile128 => (128, Kernel::Matmul128(a.dtype(), padded)),
+                        Simt::Tile64 => (64, Kernel::Matmul(a.dtype())),
+                        Simt::Reg => (32, Kernel::MatmulReg(a.dtype())),
+                    };
+                    imm.resize(kernel.immediate_size() as usize / 4, 0);
+                    let imm = imm
+                        .into_iter()
+                        .map(|v| u32_of(OP, v))
+                        .collect::<Result<Vec<u32>>>()?;
+                    let tile_n = match choice {
+                        Simt::Wide(_) => crate::kernels::MatmulWide::TILE_N,
+                        _ => tile,
+                    };
+                    let groups = (
+                        // (The row sums' column of workgroups after the product's.)
+                        (n.div_ceil(tile_n) + sums.is_some() as usize) as u32,
+                        m.div_ceil(tile) as u32,
+                        u32_of(OP, flat.batch)?,
                     );
-                }
-                launch_groups(kernel, &blocks, &imm, groups)
-            };
+                    let groups = if sliver { (1, 1, 1) } else { groups };
+                    let dest = relu_out.unwrap_or(&out);
+                    let mut blocks =
+                        vec![&a_op.storage.block, &fb.storage.block, &dest.storage.block];
+                    if choice.is_vec4() {
+                        // Without a bias, sums or a mask the fourth binding is a dummy (the flags
+                        // are clear).
+                        blocks.push(
+                            fused
+                                .or(sums)
+                                .or(mask)
+                                .map_or(&fa.storage.block, |t| &t.storage.block),
+                        );
+                    }
+                    launch_groups(kernel, &blocks, &imm, groups)
+                };
             // The tile that fits the size, or the kernel without workgroup memory: measured per
             // adapter (a forced tile is not second-guessed).
             let mut candidates = vec![(default, default.name())];
@@ -715,9 +720,18 @@ pub(super) fn matmul_impl(
                 )
             };
             let work = (m * n * k * flat.batch) as u64;
-            let choice = tune::pick(a.device(), "matmul", key, work, &candidates, |c| {
-                run(c, None, None)
-            })?;
+            let run = |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>| {
+                run_on(choice, relu_out, mask, false)
+            };
+            let choice = tune::pick_prepared(
+                a.device(),
+                "matmul",
+                key,
+                work,
+                &candidates,
+                |c| run_on(c, None, None, true),
+                |c| run(c, None, None),
+            )?;
             // The ReLU rides in the epilogue after the bias: only where the bias did too, on
             // the plain vec4 kernel with the layouts tested at run time.
             let relu = ex.relu.as_mut().filter(|_| {
