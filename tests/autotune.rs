@@ -2,6 +2,7 @@
 //! device; the cache file that lets a second process start tuned; `KILN_AUTOTUNE=off`.
 
 use kiln::kernels::tune;
+use kiln::ops::linear;
 use kiln::{DType, Device, Tensor};
 use std::process::Command;
 
@@ -376,6 +377,25 @@ fn the_word_matmul_matches_the_cpu() {
                     if info.features.timestamp_query {
                         let trace = prof.chrome_trace_json();
                         assert!(trace.contains(&kernel), "{what}: {kernel} did not run");
+                    }
+                    // `linear` with a bias: added in the kernel's epilogue (no add launched).
+                    if b.rank() == 2 {
+                        let bias = random(&[n], dtype, 7, &dev);
+                        let wt = b.t().unwrap();
+                        let (got, prof) = kiln::profiler::profile(&options, || {
+                            let got = forced("matmul", variant, || linear(&a, &wt, Some(&bias)));
+                            dev.synchronize()?;
+                            got
+                        })
+                        .unwrap();
+                        let bc = bias.to_device(&cpu).unwrap();
+                        let want = linear(&ac, &wt.to_device(&cpu).unwrap(), Some(&bc)).unwrap();
+                        assert_close(&got, &want, tol, &format!("{what}, linear"));
+                        if info.features.timestamp_query {
+                            let trace = prof.chrome_trace_json();
+                            assert!(trace.contains(&kernel), "{what}: linear: {kernel}");
+                            assert!(!trace.contains("binary_add"), "{what}: linear added");
+                        }
                     }
                     checked += 1;
                 }

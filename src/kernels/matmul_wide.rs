@@ -15,7 +15,7 @@
 //! The WGSL is generated straight-line (no loop over a row's values), so that llvmpipe keeps
 //! every value in a register instead of indexing a local array. Built trusted: every load is
 //! clamped into its operand (the extra rows and columns are computed and never stored), and
-//! stores are guarded.
+//! stores are guarded. A bias row (`linear`'s) is added in the epilogue where `p.flags` says so.
 
 use crate::base::DType;
 
@@ -149,11 +149,18 @@ impl MatmulWide {
         } else {
             ""
         };
+        // The bias epilogue's immediates and binding after the product's (`p.flags` bit 0:
+        // `out += bias[off_bias + n]`, the row broadcast over every row and batch).
         let prelude = prelude
             .replace("{{ENABLES}}", enables)
             .replace("a: array<{{T}}>", "a: array<u64>")
             .replace("b: array<{{T}}>", "b: array<u64>")
-            .replace("{{T}}", t);
+            .replace(
+                "    sbn: u32,\n}",
+                "    sbn: u32,\n    flags: u32,\n    off_bias: u32,\n}",
+            )
+            .replace("{{T}}", t)
+            + &format!("@group(0) @binding(3) var<storage, read_write> bias: array<{t}>;\n");
         // A word's elements as f32, lowest address first.
         let (w, unpack) = if self.dtype == DType::F16 {
             (
@@ -263,6 +270,17 @@ impl MatmulWide {
                     "        acc{i}0 += {a} * b{kk}0;\n        acc{i}1 += {a} * b{kk}1;\n",
                     a = a_row[kk]
                 );
+            }
+        }
+        s += "    }\n";
+        s += "    if (p.flags & 1u) != 0u {\n";
+        for h in 0..2 {
+            let cols: Vec<String> = (0..4)
+                .map(|j| format!("f32(bias[p.off_bias + min(n + {}u, p.n - 1u)])", 4 * h + j))
+                .collect();
+            s += &format!("        let bias{h} = vec4<f32>({});\n", cols.join(", "));
+            for i in 0..rows {
+                s += &format!("        acc{i}{h} += bias{h};\n");
             }
         }
         s += "    }\n";

@@ -8,8 +8,9 @@ use crate::tensor::Tensor;
 use crate::{DType, Error, Result};
 
 /// `x @ weight^T + bias`, PyTorch's `nn.functional.linear`: one node (`AddmmBackward0`) whose
-/// bias is added in the matmul kernel's epilogue where the product takes the vec4 kernel (one
-/// pass over the output instead of two), else by a broadcast add inside the same node.
+/// bias is added in the matmul kernel's epilogue where the product takes the vec4 kernel or a
+/// word product (one pass over the output instead of two), else by a broadcast add inside the
+/// same node.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let mut inputs = vec![x, weight];
     inputs.extend(bias);

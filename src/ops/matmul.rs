@@ -562,6 +562,9 @@ pub(super) fn matmul_impl(
                     && t.strides() == [1]
                     && t.layout().offset.is_multiple_of(4)
             });
+            // The word products add a bias row of their dtype in their epilogue too.
+            let wide_bias =
+                bias.filter(|t| t.dtype() == a.dtype() && t.shape() == [n] && t.strides() == [1]);
             let default = match (vec4, big) {
                 (true, _) => Simt::Vec4,
                 (false, true) => Simt::Tile128,
@@ -590,7 +593,10 @@ pub(super) fn matmul_impl(
             // candidate's pipeline; the op's own launch writes every tile afterwards).
             let run_on =
                 |choice: Simt, relu_out: Option<&Tensor>, mask: Option<&Tensor>, sliver: bool| {
-                    let fused = fused_bias.filter(|_| choice.is_vec4());
+                    let fused = match choice {
+                        Simt::Wide(_) => wide_bias,
+                        _ => fused_bias.filter(|_| choice.is_vec4()),
+                    };
                     let sums = sums.filter(|_| choice == Simt::Vec4);
                     // Vec4ColA: A copied column-major first, so that the product runs the kernel
                     // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
@@ -659,7 +665,7 @@ pub(super) fn matmul_impl(
                     let dest = relu_out.unwrap_or(&out);
                     let mut blocks =
                         vec![&a_op.storage.block, &fb.storage.block, &dest.storage.block];
-                    if choice.is_vec4() {
+                    if choice.is_vec4() || matches!(choice, Simt::Wide(_)) {
                         // Without a bias, sums or a mask the fourth binding is a dummy (the flags
                         // are clear).
                         blocks.push(
@@ -752,7 +758,11 @@ pub(super) fn matmul_impl(
             }
             ex.written = choice == Simt::Vec4 && sums.is_some();
             ex.masked = mask.is_some();
-            if choice.is_vec4() && fused_bias.is_some() {
+            let fused = match choice {
+                Simt::Wide(_) => wide_bias.is_some(),
+                _ => choice.is_vec4() && fused_bias.is_some(),
+            };
+            if fused {
                 // `linear` checked the bias's device.
                 bias = None;
             }
