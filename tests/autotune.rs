@@ -337,16 +337,24 @@ fn the_word_matmul_matches_the_cpu() {
         if !info.features.shader_int64 || info.backend == wgpu::Backend::Gl || !cpu_adapter {
             continue;
         }
+        // (200x160 A, row-major: three windows of the uniform form, 96 + 96 + 8 rows.)
         for (m, n, k, batch) in [
             (36, 44, 20, 1),
             (64, 128, 64, 1),
             (4, 8, 4, 1),
             (36, 44, 12, 3),
+            (200, 72, 160, 1),
         ] {
             let layouts = [(false, false), (true, false), (false, true), (true, true)];
+            // The uniform form takes one batch, and a column-major A only where one window of
+            // 16 rows spans all of K (not 200x160).
+            let variants = ["reg4x8_wide", "reg16x8_wide", "reg16x8_wide_ubo"];
             for ((ta, tb), variant) in layouts
                 .into_iter()
-                .flat_map(|l| ["reg4x8_wide", "reg16x8_wide"].map(|v| (l, v)))
+                .flat_map(|l| variants.map(|v| (l, v)))
+                .filter(|&((ta, _), v)| {
+                    v != "reg16x8_wide_ubo" || (batch == 1 && !(ta && m == 200))
+                })
             {
                 for dtype in dtypes(&dev) {
                     let (a, b) = operands([m, n, k, batch], ta, tb, dtype, 3, &dev);

@@ -20,6 +20,25 @@ pub(crate) struct Compiled {
 pub(crate) struct LaunchState {
     pipelines: Mutex<KernelCache>,
     pub(super) tuner: Mutex<tune::Tuner>,
+    /// The uniform buffer of `Kernel::uniform_binding` (made on first use).
+    scratch: std::sync::OnceLock<wgpu::Buffer>,
+}
+
+/// Bytes of the uniform scratch buffer: WebGPU's guaranteed uniform binding size.
+pub(crate) const UNIFORM_SCRATCH: u64 = 64 * 1024;
+
+/// The device's uniform scratch buffer: a kernel's uniform binding holds a copy of part of a
+/// tensor, made just before its dispatch (`launch_groups_uniform`). Not a tensor and not the
+/// allocator's: a fixed 64 KiB of the driver's, like the device-assert flag.
+fn uniform_scratch(g: &GpuDevice) -> &wgpu::Buffer {
+    launch_state(g).scratch.get_or_init(|| {
+        g.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln uniform scratch"),
+            size: UNIFORM_SCRATCH,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    })
 }
 
 /// The device's launch state, in the slot the device keeps for the launch path (made on first
@@ -30,6 +49,7 @@ pub(super) fn launch_state(g: &GpuDevice) -> &LaunchState {
             Box::new(LaunchState {
                 pipelines: Mutex::new(KernelCache::default()),
                 tuner: Mutex::new(tune::Tuner::new(&g.info)),
+                scratch: std::sync::OnceLock::new(),
             })
         })
         .downcast_ref()
@@ -75,8 +95,12 @@ fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 // read_write everywhere: tensors sub-allocated from one segment may meet in one
-                // dispatch, and wgpu refuses read + read_write ranges of one buffer.
-                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                // dispatch, and wgpu refuses read + read_write ranges of one buffer. (The
+                // uniform binding is the scratch buffer, which no tensor shares.)
+                ty: match kernel.uniform_binding() == Some(binding) {
+                    true => wgpu::BufferBindingType::Uniform,
+                    false => wgpu::BufferBindingType::Storage { read_only: false },
+                },
                 has_dynamic_offset: false,
                 min_binding_size: None,
             },
@@ -174,6 +198,37 @@ pub(crate) fn launch_groups(
     immediates: &[u32],
     groups: (u32, u32, u32),
 ) -> Result<()> {
+    launch_bound(kernel, None, blocks, immediates, groups)
+}
+
+/// `launch_groups` for a kernel with a uniform binding (`Kernel::uniform_binding`): copies
+/// `bytes` of `src` from byte `offset` into the device's uniform scratch, then dispatches with
+/// the scratch at that binding and `blocks` at the others, in order. The copy and the dispatch
+/// are in stream order, so the next such launch's copy waits for this dispatch (wgpu's barrier
+/// between the uniform read and the copy's write).
+pub(crate) fn launch_groups_uniform(
+    kernel: Kernel,
+    (src, offset, bytes): (&DeviceBlock, u64, u64),
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    groups: (u32, u32, u32),
+) -> Result<()> {
+    launch_bound(
+        kernel,
+        Some((src, offset, bytes)),
+        blocks,
+        immediates,
+        groups,
+    )
+}
+
+fn launch_bound(
+    kernel: Kernel,
+    uniform: Option<(&DeviceBlock, u64, u64)>,
+    blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    groups: (u32, u32, u32),
+) -> Result<()> {
     let g = gpu_of(blocks);
     g.check("launch")?;
     let limits = &g.info.limits;
@@ -193,6 +248,33 @@ pub(crate) fn launch_groups(
         .iter()
         .map(|b| b.binding(limits.max_storage_buffer_binding_size))
         .collect::<Result<Vec<_>>>()?;
+    let mut stream_copy = None;
+    if let (Some(at), Some((src, offset, bytes))) = (kernel.uniform_binding(), uniform) {
+        let source = src.binding(limits.max_storage_buffer_binding_size)?;
+        let fits = bytes <= UNIFORM_SCRATCH
+            && offset + bytes <= src.block_size()
+            && (source.offset + offset).is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
+            && bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        if !fits {
+            return Err(Error::InvalidArgument {
+                op: "launch",
+                msg: format!(
+                    "{}: {bytes} bytes from byte {offset} do not fit the uniform scratch",
+                    kernel.name()
+                ),
+            });
+        }
+        let scratch = uniform_scratch(g);
+        stream_copy = Some((source.buffer, source.offset + offset, bytes));
+        bindings.insert(
+            at as usize,
+            wgpu::BufferBinding {
+                buffer: scratch,
+                offset: 0,
+                size: None,
+            },
+        );
+    }
     if kernel.checks_input() {
         bindings.push(wgpu::BufferBinding {
             buffer: &g.assert_flag,
@@ -209,6 +291,15 @@ pub(crate) fn launch_groups(
         crate::device::lock(&g.bind_groups).get_or_create(&g.device, &compiled.layout, &bindings);
     let mut timer = g.kernel_timer();
     let mut stream = crate::device::lock(&g.stream);
+    if let Some((src, offset, bytes)) = stream_copy {
+        stream.copy_encoder(&g.device).copy_buffer_to_buffer(
+            src,
+            offset,
+            uniform_scratch(g),
+            0,
+            bytes,
+        );
+    }
     let pass = stream.pass(&g.device);
     pass.set_pipeline(&compiled.pipeline);
     pass.set_bind_group(0, &bind_group, &[]);

@@ -47,6 +47,13 @@ pub struct MatmulWide {
     /// on lavapipe 256^3 f32 runs 9.6 ms against 16.2, and the MLP's batch-64 products win too
     /// since the workgroup is one row of invocations: `WG_ROWS`).
     pub rows: usize,
+    /// A read from a uniform buffer (`reg16x8_wide_ubo`): a window of A's rows that the launch
+    /// copies into the device's 64 KiB scratch (`launch::uniform_scratch`) before each
+    /// dispatch. With lanes along n, every lane of a SIMD vector reads the same A address, and
+    /// llvmpipe loads a uniform buffer at a lane-uniform offset once, where it walks a storage
+    /// buffer's load lane by lane behind two branches (Mesa's `emit_load_ubo` and
+    /// `emit_load_mem`). 16-row form only.
+    pub ubo_a: bool,
 }
 
 impl MatmulWide {
@@ -67,8 +74,16 @@ impl MatmulWide {
                             a_k,
                             b_k,
                             rows,
+                            ubo_a: false,
                         });
                     }
+                    v.push(MatmulWide {
+                        dtype,
+                        a_k,
+                        b_k,
+                        rows: 16,
+                        ubo_a: true,
+                    });
                 }
             }
         }
@@ -82,16 +97,27 @@ impl MatmulWide {
 
     /// The tuner's name for the candidate.
     pub fn candidate(&self) -> &'static str {
-        match self.rows {
-            4 => "reg4x8_wide",
-            _ => "reg16x8_wide",
+        match (self.rows, self.ubo_a) {
+            (4, _) => "reg4x8_wide",
+            (_, false) => "reg16x8_wide",
+            (_, true) => "reg16x8_wide_ubo",
         }
     }
 
     pub fn name(&self) -> String {
         let a = if self.a_k { "ak" } else { "am" };
         let b = if self.b_k { "bk" } else { "bn" };
-        format!("matmul_reg{}x8_wide_{}_{a}_{b}", self.rows, self.dtype)
+        let ubo = if self.ubo_a { "_ubo" } else { "" };
+        format!("matmul_reg{}x8_wide{ubo}_{}_{a}_{b}", self.rows, self.dtype)
+    }
+
+    /// The uniform form of `self` (A through the scratch uniform buffer).
+    pub fn with_ubo_a(self) -> MatmulWide {
+        MatmulWide {
+            rows: 16,
+            ubo_a: true,
+            ..self
+        }
     }
 
     /// The word products (both row counts) for a product of `[m, n, k]` with A's offset and
@@ -134,6 +160,7 @@ impl MatmulWide {
                 a_k,
                 b_k,
                 rows,
+                ubo_a: false,
             })
             .to_vec()
     }
@@ -149,18 +176,6 @@ impl MatmulWide {
         } else {
             ""
         };
-        // The bias epilogue's immediates and binding after the product's (`p.flags` bit 0:
-        // `out += bias[off_bias + n]`, the row broadcast over every row and batch).
-        let prelude = prelude
-            .replace("{{ENABLES}}", enables)
-            .replace("a: array<{{T}}>", "a: array<u64>")
-            .replace("b: array<{{T}}>", "b: array<u64>")
-            .replace(
-                "    sbn: u32,\n}",
-                "    sbn: u32,\n    flags: u32,\n    off_bias: u32,\n}",
-            )
-            .replace("{{T}}", t)
-            + &format!("@group(0) @binding(3) var<storage, read_write> bias: array<{t}>;\n");
         // A word's elements as f32, lowest address first.
         let (w, unpack) = if self.dtype == DType::F16 {
             (
@@ -174,27 +189,69 @@ impl MatmulWide {
                 "vec2<f32>(bitcast<f32>(u32(x & 0xfffffffflu)), bitcast<f32>(u32(x >> 32u)))",
             )
         };
+        // The bias epilogue's immediates and binding after the product's (`p.flags` bit 0:
+        // `out += bias[off_bias + n]`, the row broadcast over every row and batch).
+        let prelude = prelude
+            .replace("{{ENABLES}}", enables)
+            .replace("a: array<{{T}}>", "a: array<u64>")
+            .replace("b: array<{{T}}>", "b: array<u64>")
+            .replace(
+                "    sbn: u32,\n}",
+                "    sbn: u32,\n    flags: u32,\n    off_bias: u32,\n    m0: u32,\n    \
+                 a_rows: u32,\n}",
+            )
+            .replace("{{T}}", t)
+            + &format!("@group(0) @binding(3) var<storage, read_write> bias: array<{t}>;\n");
+        // The uniform form: A's window (rows m0..m0 + a_rows of this dispatch, from element 0)
+        // in 4096 vec4<u32>; `ua(x)` is the word at element x of the window, as `unpack` gives
+        // a storage word.
+        let prelude = if self.ubo_a {
+            let word = if self.dtype == DType::F16 {
+                "vec4<f32>(unpack2x16float(v[c]), unpack2x16float(v[c + 1u]))"
+            } else {
+                "vec2<f32>(bitcast<f32>(v[c]), bitcast<f32>(v[c + 1u]))"
+            };
+            let per_vec4 = 16 / self.dtype.size_bytes();
+            let per_u32 = 4 / self.dtype.size_bytes();
+            prelude.replace(
+                "@group(0) @binding(0) var<storage, read_write> a: array<u64>;",
+                &format!(
+                    "@group(0) @binding(0) var<uniform> au: array<vec4<u32>, 4096>;\n\
+                     fn ua(x: u32) -> {w} {{\n    \
+                     let v = au[x / {per_vec4}u];\n    \
+                     let c = (x % {per_vec4}u) / {per_u32}u;\n    \
+                     return {word};\n}}"
+                ),
+            )
+        } else {
+            prelude
+        };
         let mut s = format!(
             "{prelude}\nfn unpack(x: u64) -> {w} {{\n    return {unpack};\n}}\n\n\
              @compute @workgroup_size(8, {WG_ROWS})\n\
              fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {{\n    \
              let bt = wg.z;\n    \
-             let m = wg.y * {tile_m}u + l.y * {rows}u;\n    \
+             let mr = wg.y * {tile_m}u + l.y * {rows}u;\n    \
+             let m = p.m0 + mr;\n    \
              let n = wg.x * {tile_n}u + l.x * {COLS}u;\n    \
-             let a_base = p.off_a + bt * p.sab;\n    \
+             let a_base = {a_base};\n    \
              let b_base = p.off_b + bt * p.sbb;\n",
             tile_n = Self::TILE_N,
-            tile_m = self.tile_m()
+            tile_m = self.tile_m(),
+            // The window starts at element 0 of the uniform buffer (one batch).
+            a_base = if self.ubo_a { "0u" } else { "p.off_a + bt * p.sab" },
         );
+        // A's rows (`mr`) count from the dispatch's first (`p.m0`, 0 but in the uniform form);
+        // `p.a_rows` is the rows it holds (M but in the uniform form).
         // Word addresses (in elements) of each row or column, clamped into range.
         if self.a_k {
             for i in 0..rows {
-                s += &format!("    let ar{i} = a_base + min(m + {i}u, p.m - 1u) * p.sam;\n");
+                s += &format!("    let ar{i} = a_base + min(mr + {i}u, p.a_rows - 1u) * p.sam;\n");
             }
         } else {
             for g in 0..rows / e {
                 s += &format!(
-                    "    let ar{g} = a_base + min(m + {}u, p.m - {e}u);\n",
+                    "    let ar{g} = a_base + min(mr + {}u, p.a_rows - {e}u);\n",
                     g * e
                 );
             }
@@ -215,11 +272,16 @@ impl MatmulWide {
             s += &format!("    var acc{i}0 = vec4<f32>();\n    var acc{i}1 = vec4<f32>();\n");
         }
         s += &format!("    for (var k = 0u; k < p.k; k += {e}u) {{\n");
+        // A's word at element offset `x`, from storage or the uniform window.
+        let load_a = |x: &str| match self.ubo_a {
+            true => format!("ua({x})"),
+            false => format!("unpack(a[({x}) / {e}u])"),
+        };
         // a{i}_{kk}: A's row m + i at k + kk, as an expression.
         let mut a_val = vec![vec![String::new(); e]; rows];
         if self.a_k {
             for (i, row) in a_val.iter_mut().enumerate() {
-                s += &format!("        let wa{i} = unpack(a[(ar{i} + k) / {e}u]);\n");
+                s += &format!("        let wa{i} = {};\n", load_a(&format!("ar{i} + k")));
                 for (kk, v) in row.iter_mut().enumerate() {
                     *v = format!("wa{i}[{kk}]");
                 }
@@ -230,7 +292,8 @@ impl MatmulWide {
             for kk in 0..e {
                 for g in 0..rows / e {
                     s += &format!(
-                        "        let wa{kk}_{g} = unpack(a[(ar{g} + (k + {kk}u) * p.sak) / {e}u]);\n"
+                        "        let wa{kk}_{g} = {};\n",
+                        load_a(&format!("ar{g} + (k + {kk}u) * p.sak"))
                     );
                     for (x, row) in a_val[g * e..(g + 1) * e].iter_mut().enumerate() {
                         row[kk] = format!("wa{kk}_{g}[{x}]");

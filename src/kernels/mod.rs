@@ -23,7 +23,10 @@ pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state;
-pub(crate) use launch::{coop_f16, grid, launch, launch_groups, launch_wg, pipelines};
+pub(crate) use launch::{
+    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines,
+    UNIFORM_SCRATCH,
+};
 pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
 pub use matmul_wide::MatmulWide;
@@ -479,7 +482,16 @@ impl Kernel {
         }
     }
 
-    /// Storage buffers the kernel binds, in binding order.
+    /// The binding the kernel reads as a uniform buffer (the launch binds the device's scratch
+    /// there: `launch_groups_uniform`), if any; the others are storage buffers.
+    pub(crate) fn uniform_binding(&self) -> Option<u32> {
+        match self {
+            Kernel::MatmulWide(w) if w.ubo_a => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Buffers the kernel binds, in binding order.
     fn bindings(&self) -> u32 {
         match self {
             Kernel::Fill => 1,
@@ -563,7 +575,7 @@ impl Kernel {
             Kernel::TransposeTwo(_) => 64,
             Kernel::Softmax(_) => 96,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) => 48,
-            Kernel::MatmulWide(_) => 56,
+            Kernel::MatmulWide(_) => 64,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => 64,
             Kernel::MatmulNarrow(..) => 64,
             Kernel::Predicate(_) => 112,

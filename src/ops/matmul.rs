@@ -3,7 +3,9 @@
 
 use super::matmul_choice::{coop_tile, forced_tile, scalar_forced, split_k, vec4_eligible};
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, Vec4Layout};
+use crate::kernels::{
+    launch_groups, launch_groups_uniform, tune, CoopLayout, CoopTile, Kernel, Vec4Layout,
+};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -675,7 +677,41 @@ pub(super) fn matmul_impl(
                                 .map_or(&fa.storage.block, |t| &t.storage.block),
                         );
                     }
-                    launch_groups(kernel, &blocks, &imm, groups)
+                    match choice {
+                        Simt::Wide(w) if w.ubo_a => {
+                            let plan = UboWindows::new(a.dtype(), [m, k], sam, sak);
+                            let mut imm = imm;
+                            let esz = a.dtype().size_bytes();
+                            for (m0, rows, elems) in plan.windows(m) {
+                                imm[14] = u32_of(OP, m0)?;
+                                imm[15] = u32_of(OP, rows)?;
+                                let start = (a_off + m0 * sam) * esz;
+                                let bytes = (elems * esz).next_multiple_of(4);
+                                let groups = match sliver {
+                                    true => (1, 1, 1),
+                                    false => (groups.0, u32_of(OP, rows.div_ceil(w.tile_m()))?, 1),
+                                };
+                                launch_groups_uniform(
+                                    kernel,
+                                    (&a_op.storage.block, start as u64, bytes as u64),
+                                    &blocks[1..],
+                                    &imm,
+                                    groups,
+                                )?;
+                                if sliver {
+                                    break;
+                                }
+                            }
+                            Ok(())
+                        }
+                        Simt::Wide(_) => {
+                            // One dispatch over every row from A's storage.
+                            let mut imm = imm;
+                            imm[15] = u32_of(OP, m)?;
+                            launch_groups(kernel, &blocks, &imm, groups)
+                        }
+                        _ => launch_groups(kernel, &blocks, &imm, groups),
+                    }
                 };
             // The tile that fits the size, or the kernel without workgroup memory: measured per
             // adapter (a forced tile is not second-guessed).
@@ -703,6 +739,14 @@ pub(super) fn matmul_impl(
                         (fa.layout().offset, flat.sab, sam, sak),
                         (fb.layout().offset, flat.sbb, sbk, sbn),
                     );
+                    // A through the uniform scratch, where one 16-row window fits it (a
+                    // single batch: the window is one matrix's rows).
+                    let ubo = wide.first().map(|w| w.with_ubo_a()).filter(|_| {
+                        flat.batch == 1
+                            && UboWindows::new(a.dtype(), [m, k], sam, sak).rows >= 16
+                            && (fa.layout().offset * a.dtype().size_bytes()).is_multiple_of(4)
+                    });
+                    candidates.extend(ubo.map(|w| (Simt::Wide(w), w.candidate())));
                     candidates.extend(
                         wide.into_iter()
                             .rev()
@@ -777,6 +821,52 @@ pub(super) fn matmul_impl(
         shape.push(n as isize);
     }
     add_bias(out.reshape(&shape)?, bias)
+}
+
+/// How the uniform form of the word product (`MatmulWide::ubo_a`) splits A into windows that
+/// each fit the 64 KiB uniform scratch: `rows` rows a dispatch (a multiple of the 16-row tile,
+/// 0 where not even 16 fit), for A of `[m, k]` with strides `sam`, `sak` (one of them 1).
+struct UboWindows {
+    rows: usize,
+    k: usize,
+    sam: usize,
+    sak: usize,
+}
+
+impl UboWindows {
+    fn new(dtype: DType, [m, k]: [usize; 2], sam: usize, sak: usize) -> UboWindows {
+        let mut w = UboWindows {
+            rows: 0,
+            k,
+            sam,
+            sak,
+        };
+        let fits = |w: &UboWindows, rows| {
+            w.elems(rows) * dtype.size_bytes() <= crate::kernels::UNIFORM_SCRATCH as usize
+        };
+        let mut rows = 16;
+        while rows < m.next_multiple_of(16) && fits(&w, rows + 16) {
+            rows += 16;
+        }
+        w.rows = if fits(&w, 16) { rows } else { 0 };
+        w
+    }
+
+    /// Elements a window of `rows` rows spans, from its first row's first element.
+    fn elems(&self, rows: usize) -> usize {
+        match self.sak == 1 {
+            true => (rows - 1) * self.sam + self.k,
+            false => (self.k - 1) * self.sak + (rows - 1) * self.sam + 1,
+        }
+    }
+
+    /// (first row, rows, elements) of each window over `m` rows.
+    fn windows(&self, m: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..m).step_by(self.rows.max(1)).map(move |m0| {
+            let rows = self.rows.min(m - m0);
+            (m0, rows, self.elems(rows))
+        })
+    }
 }
 
 /// The SIMT products: the vec4 128-tile kernel, the scalar 128- and 64-tile kernels, and the
