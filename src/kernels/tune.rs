@@ -308,18 +308,24 @@ pub(crate) fn pick_prepared<V: Copy + PartialEq>(
     let start = Instant::now();
     device.synchronize()?;
     let mut timed = Vec::new();
+    // The longest preparation so far: what the next candidate's compilation may cost.
+    let mut prepare_max = Duration::ZERO;
     for &(v, name) in candidates {
         // Another candidate is tried only while it should fit in the budget (judged by the
-        // fastest so far): a product that takes a second a run is not timed twice.
+        // fastest run so far, and the longest preparation): a product that takes a second a
+        // run is not timed twice.
         let fastest = timed
             .iter()
             .map(|t: &(&str, V, f64)| t.2)
             .fold(f64::INFINITY, f64::min);
-        if !timed.is_empty() && start.elapsed().as_secs_f64() + fastest > BUDGET.as_secs_f64() {
+        let projected = start.elapsed() + prepare_max;
+        if !timed.is_empty() && projected.as_secs_f64() + fastest > BUDGET.as_secs_f64() {
             break;
         }
         // A candidate that cannot run here (too large to bind, say) is passed over.
+        let t = Instant::now();
         let prepared = prepare(v).and_then(|()| device.synchronize());
+        prepare_max = prepare_max.max(t.elapsed());
         let left = BUDGET.saturating_sub(start.elapsed());
         match prepared.and_then(|()| time_one(device, left, || run(v))) {
             Ok(secs) => timed.push((name, v, secs)),

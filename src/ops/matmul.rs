@@ -723,17 +723,20 @@ pub(super) fn matmul_impl(
                 candidates.push((Simt::Vec4ColA, Simt::Vec4ColA.name()));
             }
             if forced_tile() == 0 {
-                // Operands read as 64-bit words: a CPU adapter's candidate (with 64-bit
-                // integers). On the H100 it won none of the 20 keys the ops and train suites
-                // tune, so GPUs are not made to time it. Timed right after the default, the
-                // 16-row form first: on lavapipe they win every product key but the smallest,
-                // and their compilation (0.7 s for the 16-row form, in its first run there)
-                // must still find the budget for a second run.
+                // Operands read as 64-bit words: a CPU adapter's candidates (with 64-bit
+                // integers). On the H100 they won none of the 20 keys the ops and train suites
+                // tune, so GPUs are not made to time them. On lavapipe they win every product
+                // key but the smallest, so there the 16-row form is the default (first: what
+                // runs untuned and what another candidate must beat by `tune::MARGIN`), then
+                // the uniform form, the 4-row form, reg4x4, and the workgroup-memory tiles
+                // last (100-400 ms a run there, and a compilation each, which the key's budget
+                // then rarely affords).
                 let words = info.is_some_and(|i| {
                     i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
                 });
+                let mut wide = Vec::new();
                 if words && !gl {
-                    let wide = crate::kernels::MatmulWide::fitting(
+                    let fitting = crate::kernels::MatmulWide::fitting(
                         a.dtype(),
                         [m, n, k],
                         (fa.layout().offset, flat.sab, sam, sak),
@@ -741,19 +744,25 @@ pub(super) fn matmul_impl(
                     );
                     // A through the uniform scratch, where one 16-row window fits it (a
                     // single batch: the window is one matrix's rows).
-                    let ubo = wide.first().map(|w| w.with_ubo_a()).filter(|_| {
+                    let ubo = fitting.first().map(|w| w.with_ubo_a()).filter(|_| {
                         flat.batch == 1
                             && UboWindows::new(a.dtype(), [m, k], sam, sak).rows >= 16
                             && (fa.layout().offset * a.dtype().size_bytes()).is_multiple_of(4)
                     });
-                    candidates.extend(ubo.map(|w| (Simt::Wide(w), w.candidate())));
-                    candidates.extend(
-                        wide.into_iter()
-                            .rev()
-                            .map(|w| (Simt::Wide(w), w.candidate())),
-                    );
+                    let mut forms = fitting.into_iter().rev();
+                    wide.extend(forms.next());
+                    wide.extend(ubo);
+                    wide.extend(forms);
                 }
+                let tiles = std::mem::take(&mut candidates);
+                if wide.is_empty() {
+                    candidates.extend(tiles.iter().copied());
+                }
+                candidates.extend(wide.iter().map(|&w| (Simt::Wide(w), w.candidate())));
                 candidates.push((Simt::Reg, Simt::Reg.name()));
+                if !wide.is_empty() {
+                    candidates.extend(tiles);
+                }
             }
             let key = || {
                 // Row-major where the last dim has unit stride.
