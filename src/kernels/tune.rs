@@ -257,6 +257,27 @@ fn tuner(g: &crate::device::gpu::GpuDevice) -> &Mutex<Tuner> {
     &super::launch_state(g).tuner
 }
 
+/// Whether `device` is a CPU adapter (lavapipe, GL's llvmpipe). There a workgroup runs on one
+/// thread, eight invocations to a SIMD vector, and a barrier switches between all of its
+/// vectors: ops default to their barrier-free kernels on such adapters.
+pub(crate) fn on_cpu_adapter(device: &Device) -> bool {
+    device
+        .adapter_info()
+        .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu)
+}
+
+/// Whether `device` is GL's llvmpipe, where a kernel with barriers in a loop ran thousands of
+/// times slower than its barrier-free peer (2026-11-26, the dev box: the tiled 2048^2
+/// transpose 8.0 s a run, the tree softmax of 1024^2 6.4 s, against 17 ms and 11 ms for their
+/// peers on lavapipe): one run to time it would take the key's budget many times over, so such
+/// kernels are not candidates there.
+pub(crate) fn on_gl_cpu_adapter(device: &Device) -> bool {
+    on_cpu_adapter(device)
+        && device
+            .adapter_info()
+            .is_some_and(|i| i.backend == wgpu::Backend::Gl)
+}
+
 /// The power-of-two class of `n` (`2^k` for `2^k <= n < 2^(k+1)`), for keys.
 pub(crate) fn class(n: usize) -> String {
     format!("2^{}", usize::BITS - 1 - n.max(1).leading_zeros())

@@ -31,7 +31,7 @@ fn strategies(device: &crate::Device, wide: bool) -> Vec<(ReduceStrategy, &'stat
         .filter(|&s| s != ReduceStrategy::SerialWide || wide)
         .map(|s| (s, s.name()))
         .collect();
-    if info.is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu) {
+    if tune::on_cpu_adapter(device) {
         if let Some(at) = all.iter().position(|&(s, _)| s == ReduceStrategy::Serial) {
             let serial = all.remove(at);
             all.insert(0, serial);

@@ -283,9 +283,7 @@ fn fused(
 /// candidates would need scratch copies of the parameters, which would show in the memory
 /// statistics of the first step.
 fn on_cpu_adapter(p: &Tensor) -> bool {
-    p.device()
-        .adapter_info()
-        .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu)
+    crate::kernels::tune::on_cpu_adapter(p.device())
 }
 
 /// Whether the optimizers' 64-bit word kernels (`OptimKernel::SgdWords`) serve `p`: f32 on a
