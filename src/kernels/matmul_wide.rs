@@ -52,7 +52,7 @@ pub struct MatmulWide {
     /// dispatch. With lanes along n, every lane of a SIMD vector reads the same A address, and
     /// llvmpipe loads a uniform buffer at a lane-uniform offset once, where it walks a storage
     /// buffer's load lane by lane behind two branches (Mesa's `emit_load_ubo` and
-    /// `emit_load_mem`). 16-row form only.
+    /// `emit_load_mem`). On the dtype's larger row count only (`rows_for`).
     pub ubo_a: bool,
 }
 
@@ -63,12 +63,22 @@ impl MatmulWide {
     /// The invocation's row counts, each a tuner candidate.
     pub const ROWS: [usize; 2] = [4, 16];
 
+    /// The row counts offered for `dtype`: 4 and 16 in f32; 4 and 8 in f16, whose word holds
+    /// four k values, so that a 16-row loop body is twice f32's, and llvmpipe took about 2 s
+    /// to compile it (the tuning budget of a key).
+    pub fn rows_for(dtype: DType) -> [usize; 2] {
+        match dtype {
+            DType::F16 => [4, 8],
+            _ => Self::ROWS,
+        }
+    }
+
     pub fn all() -> Vec<MatmulWide> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {
             for a_k in [false, true] {
                 for b_k in [false, true] {
-                    for rows in Self::ROWS {
+                    for rows in Self::rows_for(dtype) {
                         v.push(MatmulWide {
                             dtype,
                             a_k,
@@ -81,7 +91,7 @@ impl MatmulWide {
                         dtype,
                         a_k,
                         b_k,
-                        rows: 16,
+                        rows: Self::rows_for(dtype)[1],
                         ubo_a: true,
                     });
                 }
@@ -99,6 +109,8 @@ impl MatmulWide {
     pub fn candidate(&self) -> &'static str {
         match (self.rows, self.ubo_a) {
             (4, _) => "reg4x8_wide",
+            (8, false) => "reg8x8_wide",
+            (8, true) => "reg8x8_wide_ubo",
             (_, false) => "reg16x8_wide",
             (_, true) => "reg16x8_wide_ubo",
         }
@@ -111,10 +123,11 @@ impl MatmulWide {
         format!("matmul_reg{}x8_wide{ubo}_{}_{a}_{b}", self.rows, self.dtype)
     }
 
-    /// The uniform form of `self` (A through the scratch uniform buffer).
+    /// The uniform form of `self` (A through the scratch uniform buffer), on the dtype's
+    /// larger row count.
     pub fn with_ubo_a(self) -> MatmulWide {
         MatmulWide {
-            rows: 16,
+            rows: Self::rows_for(self.dtype)[1],
             ubo_a: true,
             ..self
         }
@@ -154,7 +167,7 @@ impl MatmulWide {
         let (Some(a_k), Some(b_k)) = (a_k, b_k) else {
             return Vec::new();
         };
-        Self::ROWS
+        Self::rows_for(dtype)
             .map(|rows| MatmulWide {
                 dtype,
                 a_k,

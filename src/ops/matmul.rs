@@ -679,7 +679,7 @@ pub(super) fn matmul_impl(
                     }
                     match choice {
                         Simt::Wide(w) if w.ubo_a => {
-                            let plan = UboWindows::new(a.dtype(), [m, k], sam, sak);
+                            let plan = UboWindows::new(a.dtype(), [m, k], sam, sak, w.tile_m());
                             let mut imm = imm;
                             let esz = a.dtype().size_bytes();
                             for (m0, rows, elems) in plan.windows(m) {
@@ -742,11 +742,11 @@ pub(super) fn matmul_impl(
                         (fa.layout().offset, flat.sab, sam, sak),
                         (fb.layout().offset, flat.sbb, sbk, sbn),
                     );
-                    // A through the uniform scratch, where one 16-row window fits it (a
+                    // A through the uniform scratch, where one tile's window fits it (a
                     // single batch: the window is one matrix's rows).
-                    let ubo = fitting.first().map(|w| w.with_ubo_a()).filter(|_| {
+                    let ubo = fitting.first().map(|w| w.with_ubo_a()).filter(|w| {
                         flat.batch == 1
-                            && UboWindows::new(a.dtype(), [m, k], sam, sak).rows >= 16
+                            && UboWindows::new(a.dtype(), [m, k], sam, sak, w.tile_m()).rows > 0
                             && (fa.layout().offset * a.dtype().size_bytes()).is_multiple_of(4)
                     });
                     let mut forms = fitting.into_iter().rev();
@@ -833,8 +833,8 @@ pub(super) fn matmul_impl(
 }
 
 /// How the uniform form of the word product (`MatmulWide::ubo_a`) splits A into windows that
-/// each fit the 64 KiB uniform scratch: `rows` rows a dispatch (a multiple of the 16-row tile,
-/// 0 where not even 16 fit), for A of `[m, k]` with strides `sam`, `sak` (one of them 1).
+/// each fit the 64 KiB uniform scratch: `rows` rows a dispatch (a multiple of the `tile` rows,
+/// 0 where not even one tile fits), for A of `[m, k]` with strides `sam`, `sak` (one of them 1).
 struct UboWindows {
     rows: usize,
     k: usize,
@@ -843,7 +843,7 @@ struct UboWindows {
 }
 
 impl UboWindows {
-    fn new(dtype: DType, [m, k]: [usize; 2], sam: usize, sak: usize) -> UboWindows {
+    fn new(dtype: DType, [m, k]: [usize; 2], sam: usize, sak: usize, tile: usize) -> UboWindows {
         let mut w = UboWindows {
             rows: 0,
             k,
@@ -853,11 +853,11 @@ impl UboWindows {
         let fits = |w: &UboWindows, rows| {
             w.elems(rows) * dtype.size_bytes() <= crate::kernels::UNIFORM_SCRATCH as usize
         };
-        let mut rows = 16;
-        while rows < m.next_multiple_of(16) && fits(&w, rows + 16) {
-            rows += 16;
+        let mut rows = tile;
+        while rows < m.next_multiple_of(tile) && fits(&w, rows + tile) {
+            rows += tile;
         }
-        w.rows = if fits(&w, 16) { rows } else { 0 };
+        w.rows = if fits(&w, tile) { rows } else { 0 };
         w
     }
 
