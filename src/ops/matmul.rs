@@ -726,10 +726,12 @@ pub(super) fn matmul_impl(
                 // Operands read as 64-bit words: a CPU adapter's candidates (with 64-bit
                 // integers). On the H100 they won none of the 20 keys the ops and train suites
                 // tune, so GPUs are not made to time them. On lavapipe they win every product
-                // key but the smallest, so there the 16-row form is the default (first: what
-                // runs untuned and what another candidate must beat by `tune::MARGIN`), then
-                // the uniform form, the 4-row form, reg4x4, and the workgroup-memory tiles
-                // last (100-400 ms a run there, and a compilation each, which the key's budget
+                // key but the smallest, so there the uniform form is the default where it fits
+                // (first: what runs untuned and what another candidate must beat by
+                // `tune::MARGIN`; timed second, behind the 16-row storage form, it lost the
+                // MLP's layer-1 forward in three tunings of three, 4.5-4.7 ms against 3.9,
+                // though forced it runs the `train` example as fast as when it wins), then the
+                // 16-row and 4-row forms, reg4x4, and the workgroup-memory tiles last (100-400 ms a run there, and a compilation each, which the key's budget
                 // then rarely affords).
                 let words = info.is_some_and(|i| {
                     i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
@@ -749,10 +751,8 @@ pub(super) fn matmul_impl(
                             && UboWindows::new(a.dtype(), [m, k], sam, sak, w.tile_m()).rows > 0
                             && (fa.layout().offset * a.dtype().size_bytes()).is_multiple_of(4)
                     });
-                    let mut forms = fitting.into_iter().rev();
-                    wide.extend(forms.next());
                     wide.extend(ubo);
-                    wide.extend(forms);
+                    wide.extend(fitting.into_iter().rev());
                 }
                 let tiles = std::mem::take(&mut candidates);
                 if wide.is_empty() {
