@@ -12,6 +12,14 @@ fn devices() -> Vec<Device> {
     kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter")
 }
 
+/// A normal f32 tensor of each shape, drawn in order from `dev`'s generator.
+fn randn_each(shapes: &[&[usize]], dev: &Device) -> Vec<Tensor> {
+    shapes
+        .iter()
+        .map(|s| Tensor::randn(s, DType::F32, dev).unwrap())
+        .collect()
+}
+
 fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
 }
@@ -646,18 +654,8 @@ fn sgd_steps_like_the_cpu_reference(launch: &str) {
         &[6],
     ];
     cpu.manual_seed(3);
-    let init: Vec<Tensor> = shapes
-        .iter()
-        .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
-        .collect();
-    let grads: Vec<Vec<Tensor>> = (0..3)
-        .map(|_| {
-            shapes
-                .iter()
-                .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
-                .collect()
-        })
-        .collect();
+    let init = randn_each(&shapes, &cpu);
+    let grads: Vec<Vec<Tensor>> = (0..3).map(|_| randn_each(&shapes, &cpu)).collect();
     // (momentum, dampening, weight decay, nesterov)
     let configs = [
         (0.9, 0.1, 0.01, false),
@@ -752,18 +750,8 @@ fn adam_steps_every_kernel_width_like_the_cpu_reference() {
     let cpu = Device::cpu().unwrap();
     cpu.manual_seed(4);
     let shapes: [&[usize]; 4] = [&[8, 8], &[12], &[6], &[8]];
-    let init: Vec<Tensor> = shapes
-        .iter()
-        .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
-        .collect();
-    let grads: Vec<Vec<Tensor>> = (0..3)
-        .map(|_| {
-            shapes
-                .iter()
-                .map(|s| Tensor::randn(s, DType::F32, &cpu).unwrap())
-                .collect()
-        })
-        .collect();
+    let init = randn_each(&shapes, &cpu);
+    let grads: Vec<Vec<Tensor>> = (0..3).map(|_| randn_each(&shapes, &cpu)).collect();
     let run = |dev: &Device, decoupled: bool| {
         let mut params: Vec<Tensor> = init
             .iter()

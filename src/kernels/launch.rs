@@ -265,7 +265,7 @@ fn launch_bound(
             });
         }
         let scratch = uniform_scratch(g);
-        stream_copy = Some((source.buffer, source.offset + offset, bytes));
+        stream_copy = Some((source.buffer, source.offset + offset, scratch, bytes));
         bindings.insert(
             at as usize,
             wgpu::BufferBinding {
@@ -291,14 +291,10 @@ fn launch_bound(
         crate::device::lock(&g.bind_groups).get_or_create(&g.device, &compiled.layout, &bindings);
     let mut timer = g.kernel_timer();
     let mut stream = crate::device::lock(&g.stream);
-    if let Some((src, offset, bytes)) = stream_copy {
-        stream.copy_encoder(&g.device).copy_buffer_to_buffer(
-            src,
-            offset,
-            uniform_scratch(g),
-            0,
-            bytes,
-        );
+    if let Some((src, offset, scratch, bytes)) = stream_copy {
+        stream
+            .copy_encoder(&g.device)
+            .copy_buffer_to_buffer(src, offset, scratch, 0, bytes);
     }
     let pass = stream.pass(&g.device);
     pass.set_pipeline(&compiled.pipeline);

@@ -369,3 +369,56 @@ impl MatmulWide {
         s
     }
 }
+
+/// How the uniform form of the word product (`MatmulWide::ubo_a`) splits A into windows that
+/// each fit the 64 KiB uniform scratch: `rows` rows a dispatch (a multiple of the `tile` rows,
+/// 0 where not even one tile fits), for A of `[m, k]` with strides `sam`, `sak` (one of them 1).
+pub struct UboWindows {
+    /// Rows a dispatch (0: not even one tile fits).
+    pub rows: usize,
+    k: usize,
+    sam: usize,
+    sak: usize,
+}
+
+impl UboWindows {
+    pub fn new(
+        dtype: DType,
+        [m, k]: [usize; 2],
+        sam: usize,
+        sak: usize,
+        tile: usize,
+    ) -> UboWindows {
+        let mut w = UboWindows {
+            rows: 0,
+            k,
+            sam,
+            sak,
+        };
+        let fits = |w: &UboWindows, rows| {
+            w.elems(rows) * dtype.size_bytes() <= super::UNIFORM_SCRATCH as usize
+        };
+        let mut rows = tile;
+        while rows < m.next_multiple_of(tile) && fits(&w, rows + tile) {
+            rows += tile;
+        }
+        w.rows = if fits(&w, tile) { rows } else { 0 };
+        w
+    }
+
+    /// Elements a window of `rows` rows spans, from its first row's first element.
+    fn elems(&self, rows: usize) -> usize {
+        match self.sak == 1 {
+            true => (rows - 1) * self.sam + self.k,
+            false => (self.k - 1) * self.sak + (rows - 1) * self.sam + 1,
+        }
+    }
+
+    /// (first row, rows, elements) of each window over `m` rows.
+    pub fn windows(&self, m: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..m).step_by(self.rows.max(1)).map(move |m0| {
+            let rows = self.rows.min(m - m0);
+            (m0, rows, self.elems(rows))
+        })
+    }
+}

@@ -29,7 +29,7 @@ pub(crate) use launch::{
 };
 pub use matmul128::Vec4Layout;
 pub use matmul_coop::{CoopLayout, CoopTile};
-pub use matmul_wide::MatmulWide;
+pub use matmul_wide::{MatmulWide, UboWindows};
 pub use optim::{sgd_multi_immediates, sgd_multi_slots, OptimKernel, SGD_MULTI};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
@@ -214,8 +214,8 @@ impl Kernel {
                 OptimKernel::ALL
                     .into_iter()
                     .flat_map(|k| [DType::F32, DType::F16].map(|d| Kernel::Optim(k, d)))
-                    .filter(|&k| k != Kernel::Optim(OptimKernel::SgdWords, DType::F16))
-                    .filter(|&k| k != Kernel::Optim(OptimKernel::AdamWords, DType::F16)),
+                    // (The word kernels are f32 only.)
+                    .filter(|k| !matches!(k, Kernel::Optim(o, DType::F16) if o.width() == 8)),
             )
             .chain(
                 SGD_MULTI

@@ -4,7 +4,8 @@
 use super::matmul_choice::{coop_tile, forced_tile, scalar_forced, split_k, vec4_eligible};
 use super::{isize_shape, same_device, u32_of};
 use crate::kernels::{
-    launch_groups, launch_groups_uniform, tune, CoopLayout, CoopTile, Kernel, Vec4Layout,
+    launch_groups, launch_groups_uniform, tune, CoopLayout, CoopTile, Kernel, UboWindows,
+    Vec4Layout,
 };
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
@@ -731,11 +732,11 @@ pub(super) fn matmul_impl(
                 // `tune::MARGIN`; timed second, behind the 16-row storage form, it lost the
                 // MLP's layer-1 forward in three tunings of three, 4.5-4.7 ms against 3.9,
                 // though forced it runs the `train` example as fast as when it wins), then the
-                // 16-row and 4-row forms, reg4x4, and the workgroup-memory tiles last (100-400 ms a run there, and a compilation each, which the key's budget
-                // then rarely affords).
-                let words = info.is_some_and(|i| {
-                    i.features.shader_int64 && i.device_type == wgpu::DeviceType::Cpu
-                });
+                // 16-row and 4-row forms, reg4x4, and the workgroup-memory tiles last (100-400
+                // ms a run there, and a compilation each, which the key's budget then rarely
+                // affords).
+                let words = tune::on_cpu_adapter(a.device())
+                    && info.is_some_and(|i| i.features.shader_int64);
                 let mut wide = Vec::new();
                 if words && !gl {
                     let fitting = crate::kernels::MatmulWide::fitting(
@@ -754,14 +755,12 @@ pub(super) fn matmul_impl(
                     wide.extend(ubo);
                     wide.extend(fitting.into_iter().rev());
                 }
-                let tiles = std::mem::take(&mut candidates);
-                if wide.is_empty() {
-                    candidates.extend(tiles.iter().copied());
-                }
+                let tiles = candidates.len();
                 candidates.extend(wide.iter().map(|&w| (Simt::Wide(w), w.candidate())));
                 candidates.push((Simt::Reg, Simt::Reg.name()));
                 if !wide.is_empty() {
-                    candidates.extend(tiles);
+                    // The tiles after the others.
+                    candidates.rotate_left(tiles);
                 }
             }
             let key = || {
@@ -830,52 +829,6 @@ pub(super) fn matmul_impl(
         shape.push(n as isize);
     }
     add_bias(out.reshape(&shape)?, bias)
-}
-
-/// How the uniform form of the word product (`MatmulWide::ubo_a`) splits A into windows that
-/// each fit the 64 KiB uniform scratch: `rows` rows a dispatch (a multiple of the `tile` rows,
-/// 0 where not even one tile fits), for A of `[m, k]` with strides `sam`, `sak` (one of them 1).
-struct UboWindows {
-    rows: usize,
-    k: usize,
-    sam: usize,
-    sak: usize,
-}
-
-impl UboWindows {
-    fn new(dtype: DType, [m, k]: [usize; 2], sam: usize, sak: usize, tile: usize) -> UboWindows {
-        let mut w = UboWindows {
-            rows: 0,
-            k,
-            sam,
-            sak,
-        };
-        let fits = |w: &UboWindows, rows| {
-            w.elems(rows) * dtype.size_bytes() <= crate::kernels::UNIFORM_SCRATCH as usize
-        };
-        let mut rows = tile;
-        while rows < m.next_multiple_of(tile) && fits(&w, rows + tile) {
-            rows += tile;
-        }
-        w.rows = if fits(&w, tile) { rows } else { 0 };
-        w
-    }
-
-    /// Elements a window of `rows` rows spans, from its first row's first element.
-    fn elems(&self, rows: usize) -> usize {
-        match self.sak == 1 {
-            true => (rows - 1) * self.sam + self.k,
-            false => (self.k - 1) * self.sak + (rows - 1) * self.sam + 1,
-        }
-    }
-
-    /// (first row, rows, elements) of each window over `m` rows.
-    fn windows(&self, m: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..m).step_by(self.rows.max(1)).map(move |m0| {
-            let rows = self.rows.min(m - m0);
-            (m0, rows, self.elems(rows))
-        })
-    }
 }
 
 /// The SIMT products: the vec4 128-tile kernel, the scalar 128- and 64-tile kernels, and the

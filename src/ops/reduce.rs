@@ -32,10 +32,8 @@ fn strategies(device: &crate::Device, wide: bool) -> Vec<(ReduceStrategy, &'stat
         .map(|s| (s, s.name()))
         .collect();
     if tune::on_cpu_adapter(device) {
-        if let Some(at) = all.iter().position(|&(s, _)| s == ReduceStrategy::Serial) {
-            let serial = all.remove(at);
-            all.insert(0, serial);
-        }
+        // (A stable sort: the others keep their order.)
+        all.sort_by_key(|&(s, _)| s != ReduceStrategy::Serial);
     }
     all
 }

@@ -249,11 +249,22 @@ impl Optimizer for Sgd {
         no_grad(|| {
             let mut batch: Vec<SgdWork> = Vec::new();
             let mut slots = 0;
+            // `batched` for the last parameter's device (asked once per device, not per
+            // parameter).
+            let mut launch: Option<(crate::Device, bool)> = None;
             for i in 0..self.params.len() {
                 let Some(w) = self.prepare(i)? else {
                     continue;
                 };
-                let Some(n) = multi_eligible(&w).filter(|_| batched(&w.p)) else {
+                let together = match &launch {
+                    Some((d, b)) if d == w.p.device() => *b,
+                    _ => {
+                        let b = batched(&w.p);
+                        launch = Some((w.p.device().clone(), b));
+                        b
+                    }
+                };
+                let Some(n) = multi_eligible(&w).filter(|_| together) else {
                     self.step_one(w)?;
                     continue;
                 };
