@@ -19,12 +19,14 @@
 //! - A choice read from the cache file is measured again when today's kiln offers a candidate
 //!   that its measurement did not have (`TuneRecord::offered`).
 //! - Tuning one key stays within [`BUDGET`] where it can: a candidate is not tried when the
-//!   fastest run so far would take the tuning past it (the default always runs first).
+//!   fastest run so far would take it past it (the default always runs first). A key tuned
+//!   inside another's measurement shares the outer key's deadline, less [`NESTED_RESERVE`]
+//!   for the outer key's own runs, so that one op's first use stays within the budget.
 
 use crate::device::Device;
 use crate::Result;
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -91,6 +93,13 @@ pub fn set_autotune(mode: Autotune) {
 
 thread_local! {
     static FORCED: RefCell<BTreeMap<String, String>> = const { RefCell::new(BTreeMap::new()) };
+    /// The deadline of the outermost tuning in progress on this thread. A key tuned inside
+    /// another's measurement (a narrow product's `tiled` candidate is the general product,
+    /// with its own key; in f16 that is an f32 narrow product, with its own) shares the outer
+    /// key's budget: on lavapipe the f16 head product 512x4096x10 took 4.2 s to tune, three
+    /// nested keys of up to 2 s each, where one op's first use should cost at most BUDGET.
+    /// Each key in progress sets it to its own deadline for the keys inside it.
+    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// Runs `family`'s ops on this thread with the variant named `variant` wherever it is a
@@ -295,7 +304,15 @@ pub(crate) fn pick<V: Copy + PartialEq>(
     candidates: &[(V, &'static str)],
     run: impl FnMut(V) -> Result<()>,
 ) -> Result<V> {
-    pick_prepared(device, family, key, work, candidates, |_| Ok(()), run)
+    choose(
+        device,
+        family,
+        key,
+        work,
+        candidates,
+        None::<fn(V) -> Result<()>>,
+        run,
+    )
 }
 
 /// `pick`, where `prepare` launches a candidate on a sliver of the op (one workgroup) before it
@@ -308,7 +325,20 @@ pub(crate) fn pick_prepared<V: Copy + PartialEq>(
     key: impl FnOnce() -> String,
     work: u64,
     candidates: &[(V, &'static str)],
-    mut prepare: impl FnMut(V) -> Result<()>,
+    prepare: impl FnMut(V) -> Result<()>,
+    run: impl FnMut(V) -> Result<()>,
+) -> Result<V> {
+    choose(device, family, key, work, candidates, Some(prepare), run)
+}
+
+/// `pick` and `pick_prepared`: `prepare` is `None` where the first run compiles the candidate.
+fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
+    device: &Device,
+    family: &'static str,
+    key: impl FnOnce() -> String,
+    work: u64,
+    candidates: &[(V, &'static str)],
+    mut prepare: Option<P>,
     mut run: impl FnMut(V) -> Result<()>,
 ) -> Result<V> {
     let default = candidates[0].0;
@@ -326,8 +356,20 @@ pub(crate) fn pick_prepared<V: Copy + PartialEq>(
     if let Some(v) = winner(g, &id, candidates) {
         return Ok(v);
     }
-    let start = Instant::now();
+    // The work queued before the op (on llvmpipe with its kernels' compilation, at their first
+    // dispatch) is not the tuning's: the clock starts once it is done.
     device.synchronize()?;
+    let start = Instant::now();
+    let outer = DEADLINE.get();
+    let deadline = outer.map_or(start + BUDGET, |d| {
+        (start + BUDGET).min(d.checked_sub(NESTED_RESERVE).unwrap_or(start))
+    });
+    if deadline.saturating_duration_since(start) < NESTED_MIN {
+        // Nested, with the outer key's budget spent: the default runs untuned, and the key is
+        // left for a use of its own.
+        return Ok(default);
+    }
+    let _scope = Deadline::enter(deadline);
     let mut timed = Vec::new();
     // The longest preparation so far: what the next candidate's compilation may cost.
     let mut prepare_max = Duration::ZERO;
@@ -335,20 +377,24 @@ pub(crate) fn pick_prepared<V: Copy + PartialEq>(
         // Another candidate is tried only while it should fit in the budget (judged by the
         // fastest run so far, and the longest preparation): a product that takes a second a
         // run is not timed twice.
-        let fastest = timed
-            .iter()
-            .map(|t: &(&str, V, f64)| t.2)
-            .fold(f64::INFINITY, f64::min);
-        let projected = start.elapsed() + prepare_max;
-        if !timed.is_empty() && projected.as_secs_f64() + fastest > BUDGET.as_secs_f64() {
-            break;
+        if let Some(fastest) = timed.iter().map(|t: &(&str, V, f64)| t.2).reduce(f64::min) {
+            if !next_fits(Instant::now(), prepare_max, fastest, deadline) {
+                break;
+            }
         }
         // A candidate that cannot run here (too large to bind, say) is passed over.
         let t = Instant::now();
-        let prepared = prepare(v).and_then(|()| device.synchronize());
+        let prepared = match prepare.as_mut() {
+            Some(p) => p(v).and_then(|()| device.synchronize()),
+            None => Ok(()),
+        };
         prepare_max = prepare_max.max(t.elapsed());
-        let left = BUDGET.saturating_sub(start.elapsed());
-        match prepared.and_then(|()| time_one(device, left, || run(v))) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let best = Best {
+            secs: timed.iter().map(|t| t.2).reduce(f64::min),
+            compiled: prepare.is_some(),
+        };
+        match prepared.and_then(|()| time_one(device, left, best, || run(v))) {
             Ok(secs) => timed.push((name, v, secs)),
             Err(e) => log::debug!("kiln autotune: {id}: {name} failed: {e}"),
         }
@@ -379,6 +425,36 @@ pub(crate) fn pick_prepared<V: Copy + PartialEq>(
     };
     persist(&adapter, &id, &record);
     Ok(v)
+}
+
+/// Time a nested key needs left of the outer key's budget to be tuned at all.
+const NESTED_MIN: Duration = Duration::from_millis(200);
+
+/// What a nested key leaves of the outer key's budget for the outer key's own runs (and those
+/// of the ops between: an f16 head product's casts). On lavapipe the f16 head's first use,
+/// three keys deep, ran 0.43 s past its innermost key's end.
+pub const NESTED_RESERVE: Duration = Duration::from_millis(300);
+
+/// Whether another candidate fits: its compilation (the longest preparation so far) and a run
+/// (the fastest so far) from `now`, before the key's deadline.
+fn next_fits(now: Instant, prepare_max: Duration, fastest: f64, deadline: Instant) -> bool {
+    now + prepare_max + Duration::from_secs_f64(fastest.clamp(0.0, 1e6)) <= deadline
+}
+
+/// This thread's tuning deadline for the keys tuned inside one, while it is tuned; the outer
+/// key's again afterwards (after an error too).
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn enter(deadline: Instant) -> Self {
+        Deadline(DEADLINE.replace(Some(deadline)))
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        DEADLINE.set(self.0);
+    }
 }
 
 /// `pick` without measuring: the winner remembered for `key` (on this adapter, or forced), else
@@ -447,8 +523,13 @@ fn sample_reps(per_run: f64) -> u32 {
 
 /// Seconds per run of `run` on `device` ([`timed_runs`]). `left`: what remains of the key's
 /// budget.
-fn time_one(device: &Device, left: Duration, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
-    timed_runs(left, |reps| {
+fn time_one(
+    device: &Device,
+    left: Duration,
+    best: Best,
+    mut run: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    timed_runs(left, best, |reps| {
         let t = match reps {
             // The warm-up's first launch compiles the candidate's pipeline while it is recorded
             // (up to half a second for a 128-tile product on NVIDIA's driver), before anything
@@ -472,12 +553,35 @@ fn time_one(device: &Device, left: Duration, mut run: impl FnMut() -> Result<()>
     })
 }
 
+/// The fastest candidate timed so far for a key, and whether the next one was compiled before
+/// its warm-up (`pick_prepared`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Best {
+    secs: Option<f64>,
+    compiled: bool,
+}
+
+impl Best {
+    /// Whether a run of `d` loses to the fastest by more than noise: the candidate is not timed
+    /// further.
+    fn beaten(&self, d: Duration) -> bool {
+        self.secs.is_some_and(|f| d.as_secs_f64() > LOSER * f)
+    }
+}
+
+/// A warm-up this many times slower than the fastest candidate so far ends the candidate's
+/// timing: its samples could not make it win. On lavapipe the split-K head product's losers
+/// (102, 123 and 399 ms against 52) took 0.6 s of its 1.9 s of tuning with a second run each.
+const LOSER: f64 = 2.0;
+
 /// Seconds per run, from `measure`: `measure(None)` times a warm-up run from its submission,
 /// `measure(Some(reps))` the recording and running of `reps` runs. One warm-up (which compiles
-/// the pipeline), then the best of three samples, each repeating the run to fill [`SAMPLE`]
-/// (one sample of one run where a run alone takes longer).
+/// the pipeline unless `best.compiled`), then the best of three samples, each repeating the
+/// run to fill [`SAMPLE`] (one sample of one run where a run alone takes longer). A warm-up
+/// `best` beats (a second one, where the first compiled) is the candidate's time.
 fn timed_runs(
     left: Duration,
+    best: Best,
     mut measure: impl FnMut(Option<u32>) -> Result<Duration>,
 ) -> Result<f64> {
     let mut warm = measure(None)?;
@@ -485,11 +589,14 @@ fn timed_runs(
     // warm-up's GPU time holds the compilation (0.65-0.76 s for lavapipe's 16-row word product,
     // which then runs in 3 ms, so that a 10 ms kernel won the MLP's first layer). Where the
     // budget allows, a slow warm-up is run again, and the second is the warm-up.
-    if warm >= SLOW && warm * 2 <= left {
+    let suspect = warm >= SLOW || (best.beaten(warm) && !best.compiled);
+    if suspect && warm * 2 <= left {
         warm = warm.min(measure(None)?);
     }
-    if warm >= SLOW {
-        // Compilation is a small part of so long a run: the warm-up is the measurement.
+    if warm >= SLOW || best.beaten(warm) || (best.compiled && warm >= SAMPLE) {
+        // Compilation is a small part of so long a run, the candidate has lost, or it was
+        // compiled before (its warm-up a clean run, one sample long): the warm-up is the
+        // measurement.
         return Ok(warm.as_secs_f64());
     }
     let once = measure(Some(1))?.max(Duration::from_micros(1));
@@ -525,7 +632,7 @@ mod tests {
         let timed = |left: Duration| {
             let mut runs = 0;
             // 300 ms for the first run, 2 ms a run after it.
-            let secs = timed_runs(left, |reps| {
+            let secs = timed_runs(left, Best::default(), |reps| {
                 let n = reps.unwrap_or(1);
                 let ms = if runs == 0 { 298 + 2 * n } else { 2 * n };
                 runs += n;
@@ -540,6 +647,82 @@ mod tests {
         let (secs, runs) = timed(Duration::from_millis(500));
         assert_eq!(secs, 0.3);
         assert_eq!(runs, 1);
+    }
+
+    /// A key in progress gives the keys inside it its deadline, and the outer key's comes back
+    /// when it ends.
+    #[test]
+    fn a_nested_key_sees_its_outer_keys_deadline_until_it_ends() {
+        let t0 = Instant::now();
+        assert_eq!(DEADLINE.get(), None);
+        {
+            let _outer = Deadline::enter(t0 + BUDGET);
+            assert_eq!(DEADLINE.get(), Some(t0 + BUDGET));
+            {
+                let _inner = Deadline::enter(t0 + BUDGET - NESTED_RESERVE);
+                assert_eq!(DEADLINE.get(), Some(t0 + BUDGET - NESTED_RESERVE));
+            }
+            assert_eq!(DEADLINE.get(), Some(t0 + BUDGET));
+        }
+        assert_eq!(DEADLINE.get(), None);
+    }
+
+    /// Another candidate is tried while its compilation and a run fit before the deadline.
+    #[test]
+    fn another_candidate_fits_before_the_deadline() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let prep = Duration::from_millis(700);
+        assert!(next_fits(t0, prep, 0.2, at(2000)));
+        assert!(!next_fits(at(1200), prep, 0.2, at(2000)));
+        assert!(!next_fits(t0, prep, 0.2, at(500)));
+        assert!(next_fits(t0, Duration::ZERO, 0.2, at(500)));
+    }
+
+    /// A candidate whose warm-up is more than LOSER times the fastest so far is not sampled;
+    /// where its warm-up also compiled it, the warm-up is run once more first, and a candidate
+    /// fast after its compilation is sampled as usual.
+    #[test]
+    fn a_beaten_warm_up_ends_the_candidates_timing() {
+        let left = Duration::from_secs(2);
+        let count = |best: Best, first_ms: u64, ms: u64| {
+            let mut runs = 0;
+            let secs = timed_runs(left, best, |reps| {
+                let n = reps.unwrap_or(1);
+                let t = if runs == 0 {
+                    first_ms + ms * (n as u64 - 1)
+                } else {
+                    ms * n as u64
+                };
+                runs += n;
+                Ok(Duration::from_millis(t))
+            })
+            .unwrap();
+            (secs, runs)
+        };
+        // Compiled before, a warm-up as long as a sample is a sample.
+        let alone = Best {
+            secs: None,
+            compiled: true,
+        };
+        assert_eq!(count(alone, 10, 10), (0.010, 1));
+        let compiled = Best {
+            secs: Some(0.004),
+            compiled: true,
+        };
+        assert_eq!(count(compiled, 10, 10), (0.010, 1));
+        // Within LOSER: sampled.
+        let (secs, runs) = count(compiled, 6, 6);
+        assert_eq!(secs, 0.006);
+        assert!(runs > 2, "{runs} runs");
+        let first = Best {
+            secs: Some(0.004),
+            compiled: false,
+        };
+        assert_eq!(count(first, 10, 10), (0.010, 2));
+        let (secs, runs) = count(first, 200, 3);
+        assert_eq!(secs, 0.003);
+        assert!(runs > 3, "{runs} runs");
     }
 
     #[test]
