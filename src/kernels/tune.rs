@@ -5,8 +5,9 @@
 //! the first being the fixed default. The first time the op meets a size class on a device,
 //! [`pick`] runs every candidate on the op's own operands, times each between two
 //! synchronisations, and keeps the fastest: in memory for the device, and in a JSON file in
-//! the user's cache directory (`autotune.json`, one entry per adapter, driver and kiln
-//! version), so that the next process starts tuned. The op then launches the winner as usual:
+//! the user's cache directory (`autotune.json`, one entry per adapter, driver, kiln version
+//! and kernels' fingerprint, a hash of kiln's sources from `build.rs`), so that the next
+//! process starts tuned. The op then launches the winner as usual:
 //! its result never comes from a timing run.
 //!
 //! - Small problems are never tuned: below [`MIN_WORK`] launch costs dominate and the default
@@ -172,12 +173,13 @@ pub(crate) struct Tuner {
 impl Tuner {
     pub(crate) fn new(info: &crate::device::AdapterInfo) -> Self {
         let adapter = format!(
-            "{} | {:?} | {} | {} | kiln {}",
+            "{} | {:?} | {} | {} | kiln {} | kernels {}",
             info.name,
             info.backend,
             info.driver,
             info.driver_info,
-            env!("CARGO_PKG_VERSION")
+            env!("CARGO_PKG_VERSION"),
+            env!("KILN_KERNEL_HASH")
         );
         let mut records = read_cache()
             .and_then(|mut c| c.adapters.remove(&adapter))
@@ -224,6 +226,7 @@ fn persist(adapter: &str, id: &str, record: &TuneRecord) {
     let Some(path) = cache_path() else { return };
     let mut file = read_cache().unwrap_or_default();
     file.format = FORMAT.into();
+    file.adapters.retain(|other, _| !superseded(other, adapter));
     file.adapters
         .entry(adapter.to_string())
         .or_default()
@@ -240,6 +243,17 @@ fn persist(adapter: &str, id: &str, record: &TuneRecord) {
     };
     if let Err(e) = write() {
         log::warn!("kiln: could not write the autotune cache: {e}");
+    }
+}
+
+/// Whether the cache file's `other` entry is an earlier build of `adapter`'s: the same
+/// adapter, driver and kiln version, other kernels (a development build's; its choices would
+/// never be read again).
+fn superseded(other: &str, adapter: &str) -> bool {
+    const KERNELS: &str = " | kernels ";
+    match (other.rsplit_once(KERNELS), adapter.rsplit_once(KERNELS)) {
+        (Some((o, oh)), Some((a, ah))) => o == a && oh != ah,
+        _ => false,
     }
 }
 
@@ -647,6 +661,26 @@ mod tests {
         let (secs, runs) = timed(Duration::from_millis(500));
         assert_eq!(secs, 0.3);
         assert_eq!(runs, 1);
+    }
+
+    /// Choices are keyed by the kernels' fingerprint too; an earlier build of the same version
+    /// on the same adapter and driver gives way in the file, other versions and adapters stay.
+    #[test]
+    fn a_build_with_other_kernels_supersedes_its_entry_only() {
+        let key = |gpu: &str, v: &str, k: &str| {
+            format!("{gpu} | Vulkan | d | 1.0 | kiln {v} | kernels {k}")
+        };
+        let now = key("llvmpipe", "0.1.0", "aaaa");
+        assert_eq!(env!("KILN_KERNEL_HASH").len(), 16);
+        assert!(superseded(&key("llvmpipe", "0.1.0", "bbbb"), &now));
+        assert!(!superseded(&now, &now));
+        assert!(!superseded(&key("llvmpipe", "0.2.0", "bbbb"), &now));
+        assert!(!superseded(&key("H100", "0.1.0", "bbbb"), &now));
+        // Entries written before the fingerprint stay (nothing reads them; they are few).
+        assert!(!superseded(
+            "llvmpipe | Vulkan | d | 1.0 | kiln 0.1.0",
+            &now
+        ));
     }
 
     /// A key in progress gives the keys inside it its deadline, and the outer key's comes back
