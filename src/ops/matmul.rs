@@ -3,10 +3,7 @@
 
 use super::matmul_choice::{coop_tile, forced_tile, scalar_forced, split_k, vec4_eligible};
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{
-    launch_groups, launch_groups_uniform, tune, CoopLayout, CoopTile, Kernel, UboWindows,
-    Vec4Layout,
-};
+use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, UboWindows, Vec4Layout};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -679,38 +676,16 @@ pub(super) fn matmul_impl(
                         );
                     }
                     match choice {
-                        Simt::Wide(w) if w.ubo_a => {
-                            let plan = UboWindows::new(a.dtype(), [m, k], sam, sak, w.tile_m());
-                            let mut imm = imm;
-                            let esz = a.dtype().size_bytes();
-                            for (m0, rows, elems) in plan.windows(m) {
-                                imm[14] = u32_of(OP, m0)?;
-                                imm[15] = u32_of(OP, rows)?;
-                                let start = (a_off + m0 * sam) * esz;
-                                let bytes = (elems * esz).next_multiple_of(4);
-                                let groups = match sliver {
-                                    true => (1, 1, 1),
-                                    false => (groups.0, u32_of(OP, rows.div_ceil(w.tile_m()))?, 1),
-                                };
-                                launch_groups_uniform(
-                                    kernel,
-                                    (&a_op.storage.block, start as u64, bytes as u64),
-                                    &blocks[1..],
-                                    &imm,
-                                    groups,
-                                )?;
-                                if sliver {
-                                    break;
-                                }
-                            }
-                            Ok(())
-                        }
-                        Simt::Wide(_) => {
-                            // One dispatch over every row from A's storage.
-                            let mut imm = imm;
-                            imm[15] = u32_of(OP, m)?;
-                            launch_groups(kernel, &blocks, &imm, groups)
-                        }
+                        Simt::Wide(w) => super::matmul_words::launch(
+                            w,
+                            kernel,
+                            (a_op, a_off, sam, sak),
+                            [m, k],
+                            &blocks,
+                            imm,
+                            groups,
+                            sliver,
+                        ),
                         _ => launch_groups(kernel, &blocks, &imm, groups),
                     }
                 };

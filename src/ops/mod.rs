@@ -15,6 +15,7 @@ pub(crate) mod loss;
 mod matmul;
 mod matmul_choice;
 mod matmul_narrow;
+mod matmul_words;
 mod predicate;
 mod random;
 mod reduce;
