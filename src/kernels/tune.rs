@@ -391,10 +391,9 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
         // Another candidate is tried only while it should fit in the budget (judged by the
         // fastest run so far, and the longest preparation): a product that takes a second a
         // run is not timed twice.
-        if let Some(fastest) = timed.iter().map(|t: &(&str, V, f64)| t.2).reduce(f64::min) {
-            if !next_fits(Instant::now(), prepare_max, fastest, deadline) {
-                break;
-            }
+        let fastest = timed.iter().map(|t: &(&str, V, f64)| t.2).reduce(f64::min);
+        if fastest.is_some_and(|f| !next_fits(Instant::now(), prepare_max, f, deadline)) {
+            break;
         }
         // A candidate that cannot run here (too large to bind, say) is passed over.
         let t = Instant::now();
@@ -405,7 +404,7 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
         prepare_max = prepare_max.max(t.elapsed());
         let left = deadline.saturating_duration_since(Instant::now());
         let best = Best {
-            secs: timed.iter().map(|t| t.2).reduce(f64::min),
+            secs: fastest,
             compiled: prepare.is_some(),
         };
         match prepared.and_then(|()| time_one(device, left, best, || run(v))) {
@@ -734,25 +733,16 @@ mod tests {
             .unwrap();
             (secs, runs)
         };
+        let best = |secs, compiled| Best { secs, compiled };
         // Compiled before, a warm-up as long as a sample is a sample.
-        let alone = Best {
-            secs: None,
-            compiled: true,
-        };
-        assert_eq!(count(alone, 10, 10), (0.010, 1));
-        let compiled = Best {
-            secs: Some(0.004),
-            compiled: true,
-        };
+        assert_eq!(count(best(None, true), 10, 10), (0.010, 1));
+        let compiled = best(Some(0.004), true);
         assert_eq!(count(compiled, 10, 10), (0.010, 1));
         // Within LOSER: sampled.
         let (secs, runs) = count(compiled, 6, 6);
         assert_eq!(secs, 0.006);
         assert!(runs > 2, "{runs} runs");
-        let first = Best {
-            secs: Some(0.004),
-            compiled: false,
-        };
+        let first = best(Some(0.004), false);
         assert_eq!(count(first, 10, 10), (0.010, 2));
         let (secs, runs) = count(first, 200, 3);
         assert_eq!(secs, 0.003);

@@ -677,9 +677,8 @@ pub(super) fn matmul_impl(
                     }
                     match choice {
                         Simt::Wide(w) => super::matmul_words::launch(
-                            w,
-                            kernel,
-                            (a_op, a_off, sam, sak),
+                            (w, kernel),
+                            (a_off, sam, sak),
                             [m, k],
                             &blocks,
                             imm,

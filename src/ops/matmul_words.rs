@@ -4,22 +4,19 @@
 use super::u32_of;
 use crate::device::DeviceBlock;
 use crate::kernels::{launch_groups, launch_groups_uniform, Kernel, MatmulWide, UboWindows};
-use crate::tensor::Tensor;
 use crate::Result;
 
 const OP: &str = "matmul";
 
 /// Launches word product `w` (its `kernel`) over `groups`, `blocks` being A's, B's, the
-/// output's and the epilogue's. With `w.ubo_a`, A (`a`: the tensor, its offset and strides)
+/// output's and the epilogue's. With `w.ubo_a`, A (`a`: its offset and strides, in elements)
 /// is copied window by window into the device's uniform scratch before each dispatch
 /// (`UboWindows`; each window's first row and row count in immediates 14 and 15); otherwise
 /// one dispatch reads every row from A's storage. With `sliver`, one workgroup of the first
 /// window: the tuner's preparation, which compiles the kernel.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn launch(
-    w: MatmulWide,
-    kernel: Kernel,
-    (a, a_off, sam, sak): (&Tensor, usize, usize, usize),
+    (w, kernel): (MatmulWide, Kernel),
+    (a_off, sam, sak): (usize, usize, usize),
     [m, k]: [usize; 2],
     blocks: &[&DeviceBlock],
     mut imm: Vec<u32>,
@@ -30,8 +27,8 @@ pub(super) fn launch(
         imm[15] = u32_of(OP, m)?;
         return launch_groups(kernel, blocks, &imm, groups);
     }
-    let plan = UboWindows::new(a.dtype(), [m, k], sam, sak, w.tile_m());
-    let esz = a.dtype().size_bytes();
+    let plan = UboWindows::new(w.dtype, [m, k], sam, sak, w.tile_m());
+    let esz = w.dtype.size_bytes();
     for (m0, rows, elems) in plan.windows(m) {
         imm[14] = u32_of(OP, m0)?;
         imm[15] = u32_of(OP, rows)?;
@@ -43,7 +40,7 @@ pub(super) fn launch(
         };
         launch_groups_uniform(
             kernel,
-            (&a.storage.block, start as u64, bytes as u64),
+            (blocks[0], start as u64, bytes as u64),
             &blocks[1..],
             &imm,
             groups,
