@@ -10,22 +10,37 @@
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> bias: array<vec4<f32>>;
 
+// Which row of k (0..15) and which vector of it (0..31) vector v of an operand read along m or
+// n (A column-major, B row-major) holds. `{{LINES8}}` (the kernels that test the layout at
+// run time, `Vec4Layout::io`): eight rows of four vectors, 64 bytes each, a subgroup;
+// otherwise one row of 32, 512 contiguous bytes a subgroup.
+fn rowmap(v: u32) -> vec2<u32> {
+    if {{LINES8}} {
+        let w = v / 32u;
+        let l = v % 32u;
+        return vec2<u32>(8u * (w % 2u) + l / 4u, 4u * (w / 2u) + l % 4u);
+    }
+    return vec2<u32>(v / 32u, v % 32u);
+}
+
 // Vector v (0..511) of the 128x16 slice of a at (m0, k0), in elements divided by 4.
 fn load_a4(base: u32, m0: u32, k0: u32, v: u32) -> vec4<f32> {
     if {{A_ROWS}} {
         return a[(base + (m0 + v / 4u) * p.sam + k0) / 4u + v % 4u];
     }
-    return a[(base + (k0 + v / 32u) * p.sak + m0) / 4u + v % 32u];
+    let q = rowmap(v);
+    return a[(base + (k0 + q.x) * p.sak + m0) / 4u + q.y];
 }
 
 // N need only be a multiple of 4: B's vectors and the stores past it are skipped (the MLP's
 // `g^T @ x` with N = 784 runs here whole).
 fn load_b4(base: u32, n0: u32, k0: u32, v: u32) -> vec4<f32> {
     if {{B_ROWS}} {
-        if n0 + 4u * (v % 32u) >= p.n {
+        let q = rowmap(v);
+        if n0 + 4u * q.y >= p.n {
             return vec4<f32>();
         }
-        return b[(base + (k0 + v / 32u) * p.sbk + n0) / 4u + v % 32u];
+        return b[(base + (k0 + q.x) * p.sbk + n0) / 4u + q.y];
     }
     if n0 + v / 4u >= p.n {
         return vec4<f32>();
@@ -46,13 +61,15 @@ fn store_a4(buf: u32, v: u32, x: vec4<f32>) {
             tile_a[tile_at(buf, k + j, m)][m % 4u] = x[j];
         }
     } else {
-        tile_a[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
+        let q = rowmap(v);
+        tile_a[tile_at(buf, q.x, 4u * q.y)] = x;
     }
 }
 
 fn store_b4(buf: u32, v: u32, x: vec4<f32>) {
     if {{B_ROWS}} {
-        tile_b[tile_at(buf, v / 32u, 4u * (v % 32u))] = x;
+        let q = rowmap(v);
+        tile_b[tile_at(buf, q.x, 4u * q.y)] = x;
     } else {
         let n = v / 4u;
         let k = 4u * (v % 4u);

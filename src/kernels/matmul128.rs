@@ -81,12 +81,14 @@ impl Vec4Layout {
 
     /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
     pub(crate) fn io(self) -> String {
-        let (a_rows, b_rows) = match self {
+        // The runtime layouts load an operand read along m or n as eight 64-byte rows a
+        // subgroup (`rowmap`), the compiled-in one as one 512-byte row. See `LINES8_RUNTIME`.
+        let (a_rows, b_rows, lines8) = match self {
             Vec4Layout::Runtime | Vec4Layout::RuntimeRelu | Vec4Layout::RuntimeMask => {
-                ("p.sak == 1u", "p.sbn == 1u")
+                ("p.sak == 1u", "p.sbn == 1u", LINES8_RUNTIME)
             }
             Vec4Layout::ColRow | Vec4Layout::ColRowSums | Vec4Layout::ColRowMask => {
-                ("false", "true")
+                ("false", "true", false)
             }
         };
         let epilogue = match self {
@@ -104,8 +106,22 @@ impl Vec4Layout {
             .replace("{{A_ROWS}}", a_rows)
             .replace("{{B_ROWS}}", b_rows)
             .replace("{{EPILOGUE}}", epilogue)
+            .replace("{{LINES8}}", if lines8 { "true" } else { "false" })
     }
 }
+
+/// Whether the kernels that test the layouts at run time load an operand read along m or n as
+/// eight 64-byte rows a subgroup (`rowmap` in `shaders/matmul128_vec4.wgsl`) instead of one
+/// 512-byte row. Measured on the H100 (2026-11-27, two alternated runs): the 512-byte rows are
+/// 3.4% faster where they run (`g^T @ x` on the compiled-in `ColRow` kernel 41.97 against
+/// 40.53 TFLOP/s with eight rows), yet the runtime kernel's `x @ W^T`, which never takes those
+/// paths (both its operands are read along k), ran 37.05 -> 38.12 TFLOP/s and `x1 @ W1^T`
+/// 34.5 -> 35.3 with the eight-row index arithmetic in them: NVIDIA's compiler schedules the
+/// whole kernel differently (139 registers against 135). Groups of 1, 2, 4 or 16 rows gave
+/// 36.8-37.5: eight is a schedule found by measurement, not a rule, and a driver update may
+/// move it. Every MLP forward product runs that path; the column-major and row-major paths it
+/// slows run on `ColRow` (the tuner copies A column-major first where that wins).
+const LINES8_RUNTIME: bool = true;
 
 /// Which operand access a generated `main` calls: the plain matmul's (`Scalar`: any strides,
 /// guarded; `Vec4`: whole aligned tiles), or a convolution's implicit GEMM
