@@ -11,9 +11,9 @@
 @group(0) @binding(3) var<storage, read_write> bias: array<vec4<f32>>;
 
 // Which row of k (0..15) and which vector of it (0..31) vector v of an operand read along m or
-// n (A column-major, B row-major) holds. `{{LINES8}}` (the kernels that test the layout at
-// run time, `Vec4Layout::io`): eight rows of four vectors, 64 bytes each, a subgroup;
-// otherwise one row of 32, 512 contiguous bytes a subgroup.
+// n (A column-major, B row-major) holds. In the kernels that test the layout at run time
+// (`LINES8_RUNTIME` in `src/kernels/matmul128.rs`): eight rows of four vectors, 64 bytes each,
+// a subgroup; in the others one row of 32, 512 contiguous bytes a subgroup.
 fn rowmap(v: u32) -> vec2<u32> {
     if {{LINES8}} {
         let w = v / 32u;
