@@ -1,7 +1,8 @@
 //! `linear` and `linear_relu`: PyTorch's `nn.functional.linear` as one `AddmmBackward0` node
 //! over the products of `matmul.rs`, and a Linear with the ReLU that follows it.
 
-use super::matmul::{matmul_forward, matmul_grads, matmul_impl, relu_mask, Extras, FusedRelu};
+use super::matmul::{matmul_forward, matmul_impl, Extras, FusedRelu};
+use super::matmul_grad::{matmul_grads, relu_mask};
 use super::same_device;
 use crate::base::UnaryOp;
 use crate::tensor::Tensor;

@@ -14,6 +14,7 @@ mod linear;
 pub(crate) mod loss;
 mod matmul;
 mod matmul_choice;
+mod matmul_grad;
 mod matmul_narrow;
 mod matmul_words;
 mod predicate;
