@@ -657,3 +657,104 @@ fn relu_backward_passes_the_gradient_at_nan_outputs() {
         kiln::ops::force_matmul_tile(None);
     }
 }
+
+/// The classifier head `x @ W^T + b` and its gradients with the narrow kernels' vec4 variants
+/// (`rows4`: 16-byte loads along K, subgroup sums; `short4` for the input's gradient where K is
+/// 16 or less) and with the plain ones, against the CPU: rows not a multiple of four, 3 to 16
+/// columns, a K that is not a multiple of a workgroup's 1024, f32 and f16. Where the adapter
+/// has subgroups and timestamps, the trace names the kernel that ran.
+#[test]
+fn narrow_head_vec4_variants_match_the_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(12);
+    for dev in gpus() {
+        let info = dev.adapter_info().unwrap();
+        let sub = info.features.subgroups;
+        for variant in ["narrow_vec4", "narrow"] {
+            tune::force_variant("matmul narrow", Some(variant));
+            // (The MLP's own head, 512x10 by K = 4096, only on hardware: on llvmpipe each of
+            // its products takes most of a second.)
+            let software = info.device_type == wgpu::DeviceType::Cpu;
+            for (m, n, k) in [
+                (301, 10, 260),
+                (17, 16, 1024),
+                (64, 3, 4096),
+                (512, 10, 4096),
+            ] {
+                if software && m * k > 1 << 20 {
+                    continue;
+                }
+                for dtype in [DType::F32, DType::F16] {
+                    if dtype == DType::F16 && !info.features.shader_f16 {
+                        continue;
+                    }
+                    let make = |s: &[usize]| {
+                        Tensor::randn(s, DType::F32, &cpu)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap()
+                    };
+                    let (x, w, b, r) = (make(&[m, k]), make(&[n, k]), make(&[n]), make(&[m, n]));
+                    // Forward, and the backward of sum(y * r): dx = r @ W (`short`), dW =
+                    // r^T @ x (`cols`, where the batch m is 256 or more) with db, the sums of
+                    // r's rows.
+                    let step = |d: &Device, dt: DType| {
+                        let on = |t: &Tensor| {
+                            let t = t.to_device(d).unwrap().to_dtype(dt).unwrap();
+                            t.requires_grad_(true).unwrap()
+                        };
+                        let (x, w, b) = (on(&x), on(&w), on(&b));
+                        let r = r.to_device(d).unwrap().to_dtype(dt).unwrap();
+                        let y = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
+                        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+                        [
+                            y.detach(),
+                            x.grad().unwrap(),
+                            w.grad().unwrap(),
+                            b.grad().unwrap(),
+                        ]
+                        .map(|t| t.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap())
+                    };
+                    let trace = info.features.timestamp_query.then(|| {
+                        kernel_trace(&dev, || {
+                            step(&dev, dtype);
+                            Ok(())
+                        })
+                    });
+                    let got = step(&dev, dtype);
+                    let want = step(&cpu, DType::F32);
+                    let what = format!("{dev:?} {variant} {dtype} {m}x{n}x{k}");
+                    // f16: the output's rounding, and the gradients' sums over m rows.
+                    let tol = if dtype == DType::F16 { 2e-3 } else { 1e-4 };
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let e = worst(g, w);
+                        let tol = if i == 0 { tol } else { tol * 4.0 };
+                        assert!(e < tol, "{what}: output {i}: error {e}");
+                    }
+                    // The kernels that ran, where the forced variant is a candidate (a variant
+                    // that is not leaves the choice to the tuner; GL keeps to the tiled path).
+                    if let Some(trace) = trace.filter(|_| info.backend != wgpu::Backend::Gl) {
+                        let rows = match variant {
+                            "narrow_vec4" if sub => Some("matmul_narrow_rows4"),
+                            "narrow" => Some("matmul_narrow_rows_"),
+                            _ => None,
+                        };
+                        if let Some(rows) = rows {
+                            assert!(trace.contains(rows), "{what}: {trace}");
+                        }
+                        let (short, cols) = match variant {
+                            "narrow_vec4" => ("matmul_narrow_short4", None),
+                            _ => ("matmul_narrow_short_", Some("matmul_narrow_cols_")),
+                        };
+                        assert!(trace.contains(short), "{what}: {trace}");
+                        if let Some(cols) = cols.filter(|_| m >= 256) {
+                            assert!(trace.contains(cols), "{what}: {trace}");
+                        }
+                    }
+                }
+            }
+        }
+        tune::force_variant("matmul narrow", None);
+    }
+}

@@ -145,10 +145,20 @@ pub enum Narrow {
     /// `Short` four columns at a time where B is row-major on whole vec4s
     /// (`shaders/matmul_short4.wgsl`).
     Short4,
+    /// `Rows` on 16-byte loads along K, four rows a workgroup, the shares added by subgroup
+    /// operations, where A is row-major and B a row-major W read transposed
+    /// (`shaders/matmul_rows4.wgsl`; adapters with subgroups).
+    Rows4,
 }
 
 impl Narrow {
-    pub const ALL: [Narrow; 4] = [Narrow::Rows, Narrow::Cols, Narrow::Short, Narrow::Short4];
+    pub const ALL: [Narrow; 5] = [
+        Narrow::Rows,
+        Narrow::Cols,
+        Narrow::Short,
+        Narrow::Short4,
+        Narrow::Rows4,
+    ];
 
     pub fn entry_point(self) -> &'static str {
         match self {
@@ -156,6 +166,7 @@ impl Narrow {
             Narrow::Cols => "cols",
             Narrow::Short => "short",
             Narrow::Short4 => "short4",
+            Narrow::Rows4 => "rows4",
         }
     }
 }
@@ -280,6 +291,7 @@ impl Kernel {
             Kernel::MatmulNarrow(d, kind) => {
                 let src = match kind {
                     Narrow::Short4 => include_str!("../../shaders/matmul_short4.wgsl"),
+                    Narrow::Rows4 => include_str!("../../shaders/matmul_rows4.wgsl"),
                     _ => include_str!("../../shaders/matmul_narrow.wgsl"),
                 };
                 let params = include_str!("../../shaders/matmul_narrow_params.wgsl");

@@ -385,6 +385,8 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
     }
     let _scope = Deadline::enter(deadline);
     let mut timed = Vec::new();
+    // The fastest warm-up so far (`Best::warm`).
+    let mut fastest_warm: Option<f64> = None;
     // The longest preparation so far: what the next candidate's compilation may cost.
     let mut prepare_max = Duration::ZERO;
     for &(v, name) in candidates {
@@ -404,11 +406,14 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
         prepare_max = prepare_max.max(t.elapsed());
         let left = deadline.saturating_duration_since(Instant::now());
         let best = Best {
-            secs: fastest,
+            warm: fastest_warm,
             compiled: prepare.is_some(),
         };
         match prepared.and_then(|()| time_one(device, left, best, || run(v))) {
-            Ok(secs) => timed.push((name, v, secs)),
+            Ok(t) => {
+                fastest_warm = Some(fastest_warm.map_or(t.warm, |w| w.min(t.warm)));
+                timed.push((name, v, t.secs));
+            }
             Err(e) => log::debug!("kiln autotune: {id}: {name} failed: {e}"),
         }
     }
@@ -541,7 +546,7 @@ fn time_one(
     left: Duration,
     best: Best,
     mut run: impl FnMut() -> Result<()>,
-) -> Result<f64> {
+) -> Result<Timing> {
     timed_runs(left, best, |reps| {
         let t = match reps {
             // The warm-up's first launch compiles the candidate's pipeline while it is recorded
@@ -566,20 +571,34 @@ fn time_one(
     })
 }
 
-/// The fastest candidate timed so far for a key, and whether the next one was compiled before
-/// its warm-up (`pick_prepared`).
+/// The fastest warm-up of the candidates timed so far for a key, and whether the next one was
+/// compiled before its warm-up (`pick_prepared`).
+///
+/// A warm-up is one run timed from its submission to the host's return from the
+/// synchronisation, so it holds the submission's and the wake-up's latency (50-100 us on the
+/// H100) besides the run. Warm-ups are judged against warm-ups, not against the samples' time
+/// per run: judged against the first candidate's 21 us per run, every other candidate of the
+/// H100's head product (`h @ W^T`, 512x10 by K = 4096) lost on its warm-up alone, 50-100 us
+/// of mostly latency, whatever its kernel's time.
 #[derive(Clone, Copy, Debug, Default)]
 struct Best {
-    secs: Option<f64>,
+    warm: Option<f64>,
     compiled: bool,
 }
 
 impl Best {
-    /// Whether a run of `d` loses to the fastest by more than noise: the candidate is not timed
-    /// further.
+    /// Whether a warm-up of `d` loses to the fastest warm-up by more than noise: the candidate
+    /// is not timed further.
     fn beaten(&self, d: Duration) -> bool {
-        self.secs.is_some_and(|f| d.as_secs_f64() > LOSER * f)
+        self.warm.is_some_and(|f| d.as_secs_f64() > LOSER * f)
     }
+}
+
+/// A candidate's seconds per run, and its warm-up's (`Best::warm`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Timing {
+    secs: f64,
+    warm: f64,
 }
 
 /// A warm-up this many times slower than the fastest candidate so far ends the candidate's
@@ -596,7 +615,7 @@ fn timed_runs(
     left: Duration,
     best: Best,
     mut measure: impl FnMut(Option<u32>) -> Result<Duration>,
-) -> Result<f64> {
+) -> Result<Timing> {
     let mut warm = measure(None)?;
     // Mesa's llvmpipe compiles a shader at its first dispatch, on its own threads: the
     // warm-up's GPU time holds the compilation (0.65-0.76 s for lavapipe's 16-row word product,
@@ -610,13 +629,16 @@ fn timed_runs(
         // Compilation is a small part of so long a run, the candidate has lost, or it was
         // compiled before (its warm-up a clean run, one sample long): the warm-up is the
         // measurement.
-        return Ok(warm.as_secs_f64());
+        let secs = warm.as_secs_f64();
+        return Ok(Timing { secs, warm: secs });
     }
+    let warm = warm.as_secs_f64();
     let once = measure(Some(1))?.max(Duration::from_micros(1));
     if once >= SAMPLE {
         // A slow candidate is timed once: repeats would only spend the budget that the
         // remaining candidates need (GL's tiled transpose: 0.4 s a run on llvmpipe).
-        return Ok(once.as_secs_f64());
+        let secs = once.as_secs_f64();
+        return Ok(Timing { secs, warm });
     }
     // Each sample repeats the run to fill SAMPLE, judged by the previous sample's time per
     // run, so that the host's synchronisation is spread over enough runs. Judged by the
@@ -630,7 +652,7 @@ fn timed_runs(
         per_run = measure(Some(reps))?.as_secs_f64() / reps as f64;
         best = best.min(per_run);
     }
-    Ok(best)
+    Ok(Timing { secs: best, warm })
 }
 
 #[cfg(test)]
@@ -651,7 +673,8 @@ mod tests {
                 runs += n;
                 Ok(Duration::from_millis(ms as u64))
             })
-            .unwrap();
+            .unwrap()
+            .secs;
             (secs, runs)
         };
         let (secs, runs) = timed(Duration::from_secs(2));
@@ -730,10 +753,11 @@ mod tests {
                 runs += n;
                 Ok(Duration::from_millis(t))
             })
-            .unwrap();
+            .unwrap()
+            .secs;
             (secs, runs)
         };
-        let best = |secs, compiled| Best { secs, compiled };
+        let best = |warm, compiled| Best { warm, compiled };
         // Compiled before, a warm-up as long as a sample is a sample.
         assert_eq!(count(best(None, true), 10, 10), (0.010, 1));
         let compiled = best(Some(0.004), true);
@@ -747,6 +771,34 @@ mod tests {
         let (secs, runs) = count(first, 200, 3);
         assert_eq!(secs, 0.003);
         assert!(runs > 3, "{runs} runs");
+    }
+
+    /// A short kernel's warm-up is mostly the submission's and the synchronisation's latency:
+    /// a candidate is beaten by the fastest warm-up so far, not by the fastest time per run
+    /// (the H100's head product: 21 us a run, warm-ups of 50-100 us).
+    #[test]
+    fn a_short_candidate_is_judged_by_warm_ups_against_warm_ups() {
+        let left = Duration::from_secs(2);
+        // 80 us of latency in every measurement, 10 us a run.
+        let run = |reps: Option<u32>| Ok(Duration::from_micros(80 + 10 * reps.unwrap_or(1) as u64));
+        // The first candidate's warm-up took 101 us (21 us a run): this one's 90 us is no loss,
+        // and its samples find its 10 us.
+        let best = |warm| Best {
+            warm: Some(warm),
+            compiled: true,
+        };
+        let t = timed_runs(left, best(101e-6), run).unwrap();
+        assert!(t.secs < 11e-6, "{t:?}");
+        assert_eq!(t.warm, 90e-6);
+        // A warm-up more than LOSER times the fastest warm-up still ends the timing.
+        let t = timed_runs(left, best(40e-6), run).unwrap();
+        assert_eq!(
+            t,
+            Timing {
+                secs: 90e-6,
+                warm: 90e-6
+            }
+        );
     }
 
     #[test]

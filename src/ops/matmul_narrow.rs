@@ -74,6 +74,8 @@ pub(super) fn narrow_product(
         u32_of(OP, super::end(t))?;
     }
     let groups_x = m.min(65535);
+    // `rows4`'s workgroups take four rows each.
+    let groups_x4 = m.div_ceil(4).min(65535);
     let imm = [
         m,
         n,
@@ -100,9 +102,13 @@ pub(super) fn narrow_product(
     let launch = |kind: Narrow, mask: Option<&Tensor>, sliver: bool| -> Result<()> {
         let mut imm = imm.clone();
         imm[10] |= (mask.is_some() as u32) << 2;
+        if kind == Narrow::Rows4 {
+            imm[12] = groups_x4 as u32;
+        }
         let groups = match kind {
             Narrow::Cols => (n.div_ceil(32), 1),
             Narrow::Rows => (groups_x, m.div_ceil(groups_x)),
+            Narrow::Rows4 => (groups_x4, m.div_ceil(4).div_ceil(groups_x4)),
             Narrow::Short => (n.div_ceil(64), m.div_ceil(16)),
             Narrow::Short4 => (n.div_ceil(256), m.div_ceil(16)),
         };
@@ -134,16 +140,41 @@ pub(super) fn narrow_product(
     };
     // A row-major B on whole vec4s (the head's `g @ W`): four columns an invocation, 16-byte
     // loads of B and stores (`short4`), is a candidate too. (It adds no bias: a Linear's
-    // `W^T` is never a row-major B.)
+    // `W^T` is never a row-major B.) On the H100, 512x4096 by K = 10: 9 us against `short`'s 16
+    // (the tuner had judged it by a warm-up full of latency: `tune::Best`).
     let vec4 = kind == Narrow::Short
         && fused.is_none()
         && b.strides()[1] == 1
         && [n, b.layout().offset, b.strides()[0], out.layout().offset]
             .iter()
             .all(|v| v.is_multiple_of(4));
+    // A row-major A by a transposed row-major W on whole vec4s along K (the head's `h @ W^T`),
+    // on an adapter with subgroups: `rows4`. On the H100, 512x10 by K = 4096: `rows` 21 us,
+    // `rows4` 10 us (f16: 19 and 10; one row a workgroup on the same loads, 12 us, was
+    // dropped).
+    let subgroups = a
+        .device()
+        .adapter_info()
+        .is_some_and(|info| info.features.subgroups);
+    let rows4 = kind == Narrow::Rows
+        && subgroups
+        && a.strides()[1] == 1
+        && b.strides()[0] == 1
+        && [
+            k,
+            a.layout().offset,
+            a.strides()[0],
+            b.layout().offset,
+            b.strides()[1],
+        ]
+        .iter()
+        .all(|v| v.is_multiple_of(4));
     let mut candidates = vec![(Some(kind), "narrow")];
     if vec4 {
         candidates.push((Some(Narrow::Short4), "narrow_vec4"));
+    }
+    if rows4 {
+        candidates.push((Some(Narrow::Rows4), "narrow_vec4"));
     }
     candidates.push((None, "tiled"));
     // On a CPU adapter the general product is the default (first: what runs untuned, and the
