@@ -152,12 +152,10 @@ pub(super) fn narrow_product(
     // on an adapter with subgroups: `rows4`. On the H100, 512x10 by K = 4096: `rows` 21 us,
     // `rows4` 10 us (f16: 19 and 10; one row a workgroup on the same loads, 12 us, was
     // dropped).
-    let subgroups = a
-        .device()
-        .adapter_info()
-        .is_some_and(|info| info.features.subgroups);
     let rows4 = kind == Narrow::Rows
-        && subgroups
+        && a.device()
+            .adapter_info()
+            .is_some_and(|info| info.features.subgroups)
         && a.strides()[1] == 1
         && b.strides()[0] == 1
         && [
