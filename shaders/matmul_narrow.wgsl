@@ -115,9 +115,14 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 
 @compute @workgroup_size(256)
 fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    cols_at(wg.x, t);
+}
+
+// Workgroup `wx` of `cols` (its id along x), invocation t.
+fn cols_at(wx: u32, t: u32) {
     let c = t % 32u;
     let lane = t / 32u;
-    let j = wg.x * 32u + c;
+    let j = wx * 32u + c;
     var acc0 = vec4<f32>();
     var acc1 = vec4<f32>();
     var acc2 = vec4<f32>();
@@ -127,7 +132,7 @@ fn cols(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let b_col = p.off_b + min(j, p.n - 1u) * p.sbn;
     // With flag bit 1, workgroup 0 also sums A's rows over K into `bias` (a Linear's bias
     // gradient beside its weight's, `matmul_row_sums`): each invocation its staged k's.
-    let row_sums = wg.x == 0u && (p.flags & 2u) != 0u;
+    let row_sums = wx == 0u && (p.flags & 2u) != 0u;
     var s0 = vec4<f32>();
     var s1 = vec4<f32>();
     var s2 = vec4<f32>();

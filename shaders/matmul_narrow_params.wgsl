@@ -1,4 +1,5 @@
-// The immediates of the narrow product kernels (`matmul_narrow.wgsl`, `matmul_short4.wgsl`).
+// The immediates of the narrow product kernels (`matmul_narrow.wgsl`, `matmul_short4.wgsl`;
+// `matmul_head_grads.wgsl` takes two).
 struct Params {
     m: u32,
     n: u32,
@@ -15,7 +16,9 @@ struct Params {
     off_bias: u32,
     // Workgroups along x (rows: the row is x + y * groups_x).
     groups_x: u32,
-    pad0: u32,
+    // `matmul_head_grads.wgsl`: `cols`'s workgroups, which come first (its own immediates),
+    // and `short4`'s along x (short4's).
+    split: u32,
     pad1: u32,
     pad2: u32,
 }

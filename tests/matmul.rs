@@ -658,6 +658,71 @@ fn relu_backward_passes_the_gradient_at_nan_outputs() {
     }
 }
 
+/// The head tests' cases on an adapter: each shape (m, n, k) in f32 and, where the adapter has
+/// shader-f16, f16; on llvmpipe only those of up to 2^20 elements in x (the MLP's own head,
+/// 512x10 by K = 4096, takes most of a second a product there).
+fn head_cases(
+    info: &kiln::AdapterInfo,
+    shapes: &[(usize, usize, usize)],
+) -> Vec<(usize, usize, usize, DType)> {
+    let software = info.device_type == wgpu::DeviceType::Cpu;
+    let dtypes = match info.features.shader_f16 {
+        true => &[DType::F32, DType::F16][..],
+        false => &[DType::F32][..],
+    };
+    shapes
+        .iter()
+        .filter(|&&(m, _, k)| !software || m * k <= 1 << 20)
+        .flat_map(|&(m, n, k)| dtypes.iter().map(move |&d| (m, n, k, d)))
+        .collect()
+}
+
+/// `head_step` on `dev` in `dtype` (its kernel trace first, where the adapter has timestamps),
+/// and on the CPU in f32: (trace, got, want).
+fn head_runs(
+    inputs: [&Tensor; 4],
+    relu: bool,
+    dev: &Device,
+    dtype: DType,
+) -> (Option<String>, [Tensor; 4], [Tensor; 4]) {
+    let trace = dev
+        .adapter_info()
+        .unwrap()
+        .features
+        .timestamp_query
+        .then(|| {
+            kernel_trace(dev, || {
+                head_step(inputs, relu, dev, dtype);
+                Ok(())
+            })
+        });
+    let got = head_step(inputs, relu, dev, dtype);
+    let want = head_step(inputs, relu, inputs[0].device(), DType::F32);
+    (trace, got, want)
+}
+
+/// A classifier head `y = linear(x, W, b)` (of `relu(x)` with `relu`) on `d` in `dt`, and the
+/// backward of sum(y * r): y and x's, W's and b's gradients, as f32 on the CPU.
+fn head_step([x, w, b, r]: [&Tensor; 4], relu: bool, d: &Device, dt: DType) -> [Tensor; 4] {
+    let cpu = x.device();
+    let on = |t: &Tensor| {
+        let t = t.to_device(d).unwrap().to_dtype(dt).unwrap();
+        t.requires_grad_(true).unwrap()
+    };
+    let (x, w, b) = (on(x), on(w), on(b));
+    let r = r.to_device(d).unwrap().to_dtype(dt).unwrap();
+    let input = if relu { x.relu().unwrap() } else { x.clone() };
+    let y = kiln::ops::linear(&input, &w, Some(&b)).unwrap();
+    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+    [
+        y.detach(),
+        x.grad().unwrap(),
+        w.grad().unwrap(),
+        b.grad().unwrap(),
+    ]
+    .map(|t| t.to_dtype(DType::F32).unwrap().to_device(cpu).unwrap())
+}
+
 /// The classifier head `x @ W^T + b` and its gradients with the narrow kernels' vec4 variants
 /// (`rows4`: 16-byte loads along K, subgroup sums; `short4` for the input's gradient where K is
 /// 16 or less) and with the plain ones, against the CPU: rows not a multiple of four, 3 to 16
@@ -671,90 +736,135 @@ fn narrow_head_vec4_variants_match_the_cpu() {
     for dev in gpus() {
         let info = dev.adapter_info().unwrap();
         let sub = info.features.subgroups;
+        // (The two gradients in one launch: `head_grads_in_one_launch_match_the_cpu`.)
+        tune::force_variant("matmul narrow grads", Some("separate"));
         for variant in ["narrow_vec4", "narrow"] {
             tune::force_variant("matmul narrow", Some(variant));
             // (The MLP's own head, 512x10 by K = 4096, only on hardware: on llvmpipe each of
             // its products takes most of a second.)
-            let software = info.device_type == wgpu::DeviceType::Cpu;
-            for (m, n, k) in [
+            let shapes = [
                 (301, 10, 260),
                 (17, 16, 1024),
                 (64, 3, 4096),
                 (512, 10, 4096),
-            ] {
-                if software && m * k > 1 << 20 {
-                    continue;
+            ];
+            for (m, n, k, dtype) in head_cases(info, &shapes) {
+                let make = |s: &[usize]| {
+                    Tensor::randn(s, DType::F32, &cpu)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                let (x, w, b, r) = (make(&[m, k]), make(&[n, k]), make(&[n]), make(&[m, n]));
+                // Forward, and the backward of sum(y * r): dx = r @ W (`short`), dW =
+                // r^T @ x (`cols`, where the batch m is 256 or more) with db, the sums of
+                // r's rows.
+                let (trace, got, want) = head_runs([&x, &w, &b, &r], false, &dev, dtype);
+                let what = format!("{dev:?} {variant} {dtype} {m}x{n}x{k}");
+                // f16: the output's rounding, and the gradients' sums over m rows.
+                let tol = if dtype == DType::F16 { 2e-3 } else { 1e-4 };
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let e = worst(g, w);
+                    let tol = if i == 0 { tol } else { tol * 4.0 };
+                    assert!(e < tol, "{what}: output {i}: error {e}");
                 }
-                for dtype in [DType::F32, DType::F16] {
-                    if dtype == DType::F16 && !info.features.shader_f16 {
-                        continue;
-                    }
-                    let make = |s: &[usize]| {
-                        Tensor::randn(s, DType::F32, &cpu)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap()
+                // The kernels that ran, where the forced variant is a candidate (a variant
+                // that is not leaves the choice to the tuner; GL keeps to the tiled path).
+                if let Some(trace) = trace.filter(|_| info.backend != wgpu::Backend::Gl) {
+                    let rows = match variant {
+                        "narrow_vec4" if sub => Some("matmul_narrow_rows4"),
+                        "narrow" => Some("matmul_narrow_rows_"),
+                        _ => None,
                     };
-                    let (x, w, b, r) = (make(&[m, k]), make(&[n, k]), make(&[n]), make(&[m, n]));
-                    // Forward, and the backward of sum(y * r): dx = r @ W (`short`), dW =
-                    // r^T @ x (`cols`, where the batch m is 256 or more) with db, the sums of
-                    // r's rows.
-                    let step = |d: &Device, dt: DType| {
-                        let on = |t: &Tensor| {
-                            let t = t.to_device(d).unwrap().to_dtype(dt).unwrap();
-                            t.requires_grad_(true).unwrap()
-                        };
-                        let (x, w, b) = (on(&x), on(&w), on(&b));
-                        let r = r.to_device(d).unwrap().to_dtype(dt).unwrap();
-                        let y = kiln::ops::linear(&x, &w, Some(&b)).unwrap();
-                        y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-                        [
-                            y.detach(),
-                            x.grad().unwrap(),
-                            w.grad().unwrap(),
-                            b.grad().unwrap(),
-                        ]
-                        .map(|t| t.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap())
-                    };
-                    let trace = info.features.timestamp_query.then(|| {
-                        kernel_trace(&dev, || {
-                            step(&dev, dtype);
-                            Ok(())
-                        })
-                    });
-                    let got = step(&dev, dtype);
-                    let want = step(&cpu, DType::F32);
-                    let what = format!("{dev:?} {variant} {dtype} {m}x{n}x{k}");
-                    // f16: the output's rounding, and the gradients' sums over m rows.
-                    let tol = if dtype == DType::F16 { 2e-3 } else { 1e-4 };
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        let e = worst(g, w);
-                        let tol = if i == 0 { tol } else { tol * 4.0 };
-                        assert!(e < tol, "{what}: output {i}: error {e}");
+                    if let Some(rows) = rows {
+                        assert!(trace.contains(rows), "{what}: {trace}");
                     }
-                    // The kernels that ran, where the forced variant is a candidate (a variant
-                    // that is not leaves the choice to the tuner; GL keeps to the tiled path).
-                    if let Some(trace) = trace.filter(|_| info.backend != wgpu::Backend::Gl) {
-                        let rows = match variant {
-                            "narrow_vec4" if sub => Some("matmul_narrow_rows4"),
-                            "narrow" => Some("matmul_narrow_rows_"),
-                            _ => None,
-                        };
-                        if let Some(rows) = rows {
-                            assert!(trace.contains(rows), "{what}: {trace}");
-                        }
-                        let (short, cols) = match variant {
-                            "narrow_vec4" => ("matmul_narrow_short4", None),
-                            _ => ("matmul_narrow_short_", Some("matmul_narrow_cols_")),
-                        };
-                        assert!(trace.contains(short), "{what}: {trace}");
-                        if let Some(cols) = cols.filter(|_| m >= 256) {
-                            assert!(trace.contains(cols), "{what}: {trace}");
-                        }
+                    let (short, cols) = match variant {
+                        "narrow_vec4" => ("matmul_narrow_short4", None),
+                        _ => ("matmul_narrow_short_", Some("matmul_narrow_cols_")),
+                    };
+                    assert!(trace.contains(short), "{what}: {trace}");
+                    if let Some(cols) = cols.filter(|_| m >= 256) {
+                        assert!(trace.contains(cols), "{what}: {trace}");
                     }
                 }
             }
         }
         tune::force_variant("matmul narrow", None);
+        tune::force_variant("matmul narrow grads", None);
     }
+}
+
+/// A classifier head after a ReLU, `linear(relu(x), W, b)`, whose backward runs `short4` (the
+/// input's gradient with the ReLU's mask) and `cols` (the weight's, with the bias's) in one
+/// dispatch (`matmul_narrow_head_grads`) or in two, against the CPU: x's, W's and b's
+/// gradients, f32 and f16, a batch that is no multiple of 4 or 16 and, on hardware, the MLP's
+/// 512x10 by K = 4096. The trace names the kernels that ran where the adapter has timestamps.
+#[test]
+fn head_grads_in_one_launch_match_the_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(13);
+    // `short4` for x's gradient, `cols` for W's (`a|b`: the first that is a candidate).
+    tune::force_variant("matmul narrow", Some("narrow_vec4|narrow"));
+    // (Not on GL: a round took 40 s on its llvmpipe, for the WGSL the Vulkan adapters run.)
+    let gpus = gpus()
+        .into_iter()
+        .filter(|d| d.adapter_info().unwrap().backend != wgpu::Backend::Gl);
+    for dev in gpus {
+        let info = dev.adapter_info().unwrap();
+        for grads in ["grouped", "separate"] {
+            tune::force_variant("matmul narrow grads", Some(grads));
+            for (m, n, k, dtype) in head_cases(info, &[(301, 10, 260), (512, 10, 4096)]) {
+                // Values of the dtype, both sides reading the same ones; x kept 0.01 or
+                // more from zero, where an f16 ReLU on the H100 flushes subnormals to zero
+                // (and so masks what the CPU's f32 keeps).
+                let make = |s: &[usize]| {
+                    let v = Tensor::randn(s, DType::F32, &cpu).unwrap();
+                    let v: Vec<f32> = v.to_vec::<f32>().unwrap();
+                    let v: Vec<f32> = v
+                        .iter()
+                        .map(|x| {
+                            if x.abs() < 0.01 {
+                                0.01f32.copysign(*x)
+                            } else {
+                                *x
+                            }
+                        })
+                        .collect();
+                    Tensor::from_slice(&v, s, &cpu)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                };
+                let (x, w, b, r) = (make(&[m, k]), make(&[n, k]), make(&[n]), make(&[m, n]));
+                let (trace, got, want) = head_runs([&x, &w, &b, &r], true, &dev, dtype);
+                let what = format!("{dev:?} {grads} {dtype} {m}x{n}x{k}");
+                // f16: the inputs' rounding, and the gradients' sums over m rows.
+                let tol = if dtype == DType::F16 { 8e-3 } else { 4e-4 };
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let e = worst(g, w);
+                    assert!(e < tol, "{what}: output {i}: error {e}");
+                }
+                // x's gradient is zero where the ReLU clamped: the mask was applied.
+                let gx = got[1].to_vec::<f32>().unwrap();
+                let xs = x.to_vec::<f32>().unwrap();
+                assert!(
+                    gx.iter().zip(&xs).all(|(g, x)| *x > 0.0 || *g == 0.0),
+                    "{what}"
+                );
+                if let Some(trace) = trace {
+                    let one = trace.contains("matmul_narrow_head_grads");
+                    let two = trace.contains("matmul_narrow_short4")
+                        && trace.contains("matmul_narrow_cols");
+                    let want = (grads == "grouped", grads == "separate");
+                    assert_eq!((one, two), want, "{what}: {trace}");
+                }
+            }
+        }
+        tune::force_variant("matmul narrow grads", None);
+    }
+    tune::force_variant("matmul narrow", None);
 }

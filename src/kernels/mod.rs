@@ -76,6 +76,9 @@ pub enum Kernel {
     /// `shaders/matmul_narrow.wgsl` for one float dtype: a product with 16 or fewer columns
     /// (entry `rows`), rows (`cols`), or a K of 16 or less (`short`).
     MatmulNarrow(DType, Narrow),
+    /// `Narrow::Cols` and `Narrow::Short4` in one dispatch: a classifier head's two
+    /// gradients (`shaders/matmul_head_grads.wgsl`).
+    MatmulHeadGrads(DType),
     /// `shaders/predicate.wgsl`: comparisons, casts, masked select.
     Predicate(PredicateKernel),
     /// `shaders/random.wgsl` for one float dtype: the counter-based generator.
@@ -206,6 +209,7 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|d| Narrow::ALL.map(move |c| Kernel::MatmulNarrow(d, c))),
             )
+            .chain([DType::F32, DType::F16].map(Kernel::MatmulHeadGrads))
             .chain(PredicateKernel::all().into_iter().map(Kernel::Predicate))
             .chain([DType::F32, DType::F16].map(Kernel::Random))
             .chain([DType::F32, DType::F16].map(Kernel::ArgReduce))
@@ -290,12 +294,32 @@ impl Kernel {
             Kernel::Conv2d(d) => per_dtype(include_str!("../../shaders/conv2d.wgsl"), *d),
             Kernel::MatmulNarrow(d, kind) => {
                 let src = match kind {
-                    Narrow::Short4 => include_str!("../../shaders/matmul_short4.wgsl"),
-                    Narrow::Rows4 => include_str!("../../shaders/matmul_rows4.wgsl"),
-                    _ => include_str!("../../shaders/matmul_narrow.wgsl"),
+                    Narrow::Short4 => Cow::Owned(short4_source(1)),
+                    Narrow::Rows4 => Cow::Borrowed(include_str!("../../shaders/matmul_rows4.wgsl")),
+                    _ => Cow::Borrowed(include_str!("../../shaders/matmul_narrow.wgsl")),
                 };
-                let params = include_str!("../../shaders/matmul_narrow_params.wgsl");
-                per_dtype(&src.replace("{{PARAMS}}", params), *d)
+                per_dtype(&src.replace("{{PARAMS}}", NARROW_PARAMS), *d)
+            }
+            Kernel::MatmulHeadGrads(d) => {
+                // The two kernels' sources, each on its own half of the immediates and
+                // without its header, around the entry point that picks one per workgroup.
+                let part = |src: &str, params: &str| {
+                    src.replace("{{ENABLES}}", "")
+                        .replace("{{PARAMS}}", "")
+                        .replace("p.", params)
+                };
+                let params = NARROW_PARAMS.replace(
+                    "var<immediate> p: Params;",
+                    "struct HeadParams {\n    p: Params,\n    q: Params,\n}\n\nvar<immediate> hp: HeadParams;",
+                );
+                let src = include_str!("../../shaders/matmul_head_grads.wgsl")
+                    .replace("{{PARAMS}}", &params)
+                    .replace(
+                        "{{COLS}}",
+                        &part(include_str!("../../shaders/matmul_narrow.wgsl"), "hp.p."),
+                    )
+                    .replace("{{SHORT4}}", &part(&short4_source(4), "hp.q."));
+                per_dtype(&src, *d)
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
@@ -440,6 +464,7 @@ impl Kernel {
             Kernel::MatmulNarrow(d, kind) => {
                 Cow::Owned(format!("matmul_narrow_{}_{d}", kind.entry_point()))
             }
+            Kernel::MatmulHeadGrads(d) => Cow::Owned(format!("matmul_narrow_head_grads_{d}")),
             Kernel::Matmul128(d, padded) => Cow::Owned(format!(
                 "matmul128_{d}{}",
                 if *padded { "_padded" } else { "" }
@@ -515,6 +540,7 @@ impl Kernel {
             Kernel::MatmulWide(_) => 4,
             Kernel::Matmul128Vec4(..) => 4,
             Kernel::MatmulNarrow(..) => 4,
+            Kernel::MatmulHeadGrads(_) => 7,
             Kernel::Predicate(k) => k.bindings(),
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
@@ -590,6 +616,7 @@ impl Kernel {
             Kernel::MatmulWide(_) => 64,
             Kernel::Matmul128(..) | Kernel::Matmul128Vec4(..) => 64,
             Kernel::MatmulNarrow(..) => 64,
+            Kernel::MatmulHeadGrads(_) => 128,
             Kernel::Predicate(_) => 112,
             Kernel::Random(_) => 32,
             Kernel::ArgReduce(_) => 96,
@@ -621,6 +648,7 @@ impl Kernel {
             Kernel::Optim(k, _) => k.entry_point(),
             Kernel::BatchNorm(b) => b.entry_point(),
             Kernel::MatmulNarrow(_, kind) => kind.entry_point(),
+            Kernel::MatmulHeadGrads(_) => "head_grads",
             Kernel::Nll(_, false) => "forward",
             Kernel::Nll(_, true) => "backward",
             Kernel::CrossEntropy(_, false) => "forward",
@@ -628,6 +656,23 @@ impl Kernel {
             _ => "main",
         }
     }
+}
+
+/// The narrow products' immediates (`shaders/matmul_narrow_params.wgsl`).
+const NARROW_PARAMS: &str = include_str!("../../shaders/matmul_narrow_params.wgsl");
+
+/// `shaders/matmul_short4.wgsl` with its B, output and mask at bindings `first`.. (A at 0):
+/// 1.. alone, 4.. in `Kernel::MatmulHeadGrads`, where `cols` declares A.
+fn short4_source(first: u32) -> String {
+    let a = match first {
+        4 => "",
+        _ => "@group(0) @binding(0) var<storage, read_write> a: array<{{T}}>;",
+    };
+    include_str!("../../shaders/matmul_short4.wgsl")
+        .replace("{{SHORT4_A}}", a)
+        .replace("{{SHORT4_B}}", &first.to_string())
+        .replace("{{SHORT4_OUT}}", &(first + 1).to_string())
+        .replace("{{SHORT4_MASK}}", &(first + 2).to_string())
 }
 
 /// What `shaders/nll.wgsl` and `shaders/cross_entropy.wgsl` share.

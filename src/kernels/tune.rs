@@ -99,7 +99,8 @@ thread_local! {
 
 /// Runs `family`'s ops on this thread with the variant named `variant` wherever it is a
 /// candidate (`None`: back to the normal choice). For tests and for comparing variants by
-/// hand; a name that is not a candidate of some key leaves that key's choice alone.
+/// hand; a name that is not a candidate of some key leaves that key's choice alone, and
+/// `a|b` forces the first of `a` and `b` that is one.
 pub fn force_variant(family: &str, variant: Option<&str>) {
     FORCED.with(|f| match variant {
         Some(v) => {
@@ -523,8 +524,12 @@ fn winner<V: Copy>(
 }
 
 /// The candidate called `name`, if it is one.
+/// The candidate called `name`; `a|b` names the first of `a`, `b` that is a candidate (one
+/// forced name for a family whose keys offer different variants).
 fn named<V: Copy>(candidates: &[(V, &'static str)], name: &str) -> Option<V> {
-    candidates.iter().find(|(_, n)| *n == name).map(|&(v, _)| v)
+    name.split('|')
+        .find_map(|name| candidates.iter().find(|(_, n)| *n == name))
+        .map(|&(v, _)| v)
 }
 
 #[cfg(test)]
