@@ -261,8 +261,9 @@ fn hold_or_run(launch: Launch) -> Result<()> {
 /// then launches them: where they are a classifier head's two gradients, its input's `g @ W`
 /// (`short4`) then its weight's `g^T @ h` (`cols`) over the same `g`, in one dispatch
 /// (`Kernel::MatmulHeadGrads`) where the tuner measured that faster than the two; otherwise
-/// each in order. Nothing reads their outputs before `f` returns them, and their allocations
-/// stay where the ops make them.
+/// each in order. Their allocations stay where the ops make them. Nothing may read their
+/// outputs inside `f`: in `matmul_grads` nothing does, since narrow kernels take only 2-D
+/// products and `sum_to` of a 2-D gradient to its own shape launches nothing.
 ///
 /// Why: on the H100's f32 MLP step (784-4096-4096-10, batch 512), an oracle that skipped the
 /// `cols` launch saved 20 us of the step and `short4` 9 us, against 13 and 9 us timed alone:
