@@ -536,6 +536,18 @@ fn named<V: Copy>(candidates: &[(V, &'static str)], name: &str) -> Option<V> {
 mod tests {
     use super::*;
 
+    /// A forced name picks its candidate; `a|b` the first of them that is one, in that order;
+    /// a name that is none leaves the choice alone.
+    #[test]
+    fn forced_names_pick_the_first_candidate_they_name() {
+        let candidates = [(1, "narrow"), (2, "narrow_vec4"), (3, "tiled")];
+        assert_eq!(named(&candidates, "tiled"), Some(3));
+        assert_eq!(named(&candidates, "narrow_vec4|narrow"), Some(2));
+        assert_eq!(named(&candidates, "narrow|narrow_vec4"), Some(1));
+        assert_eq!(named(&candidates[..1], "narrow_vec4|narrow"), Some(1));
+        assert_eq!(named(&candidates, "grouped|separate"), None);
+    }
+
     /// Choices are keyed by the kernels' fingerprint too; an earlier build of the same version
     /// on the same adapter and driver gives way in the file, other versions and adapters stay.
     #[test]
