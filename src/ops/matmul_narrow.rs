@@ -98,8 +98,9 @@ pub(super) fn narrow_product(
     .iter()
     .map(|&v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
-    // (The mask's flag, bit 2, is set only for the launch that keeps its result.)
-    let launch_of = |kind: Narrow, mask: Option<&Tensor>| -> Result<Launch> {
+    // A launch's immediates and grid. (The mask's flag, bit 2, is set only for the launch
+    // that keeps its result.)
+    let args = |kind: Narrow, mask: Option<&Tensor>| -> Result<(Vec<u32>, (u32, u32))> {
         let mut imm = imm.clone();
         imm[10] |= (mask.is_some() as u32) << 2;
         if kind == Narrow::Rows4 {
@@ -112,17 +113,13 @@ pub(super) fn narrow_product(
             Narrow::Short => (n.div_ceil(64), m.div_ceil(16)),
             Narrow::Short4 => (n.div_ceil(256), m.div_ceil(16)),
         };
-        Ok(Launch {
-            kind,
-            dtype: a.dtype(),
-            operands: [a, b, &out, fused.or(sums).or(mask).unwrap_or(a)].map(Tensor::clone),
-            imm,
-            groups: (u32_of(OP, groups.0)?, u32_of(OP, groups.1)?),
-        })
+        Ok((imm, (u32_of(OP, groups.0)?, u32_of(OP, groups.1)?)))
     };
     // With `sliver`, one workgroup: the tuner's preparation, which compiles the kernel.
     let launch = |kind: Narrow, mask: Option<&Tensor>, sliver: bool| -> Result<()> {
-        launch_of(kind, mask)?.run(sliver)
+        let (imm, groups) = args(kind, mask)?;
+        let fourth = fused.or(sums).or(mask).unwrap_or(a);
+        dispatch(kind, a.dtype(), [a, b, &out, fourth], &imm, groups, sliver)
     };
     let key = || {
         format!(
@@ -199,7 +196,20 @@ pub(super) fn narrow_product(
     let Some(kind) = pick else {
         return Ok(None);
     };
-    hold_or_run(launch_of(kind, mask)?)?;
+    // (The operands are cloned only for a launch `grouped` holds.)
+    match holds(kind) {
+        true => {
+            let (imm, groups) = args(kind, mask)?;
+            hold(Launch {
+                kind,
+                dtype: a.dtype(),
+                operands: [a, b, &out, fused.or(sums).or(mask).unwrap_or(a)].map(Tensor::clone),
+                imm,
+                groups,
+            });
+        }
+        false => launch(kind, mask, false)?,
+    }
     ex.written = sums.is_some();
     ex.masked = mask.is_some();
     match fused {
@@ -219,22 +229,36 @@ struct Launch {
 }
 
 impl Launch {
-    /// With `sliver`, one workgroup (a tuner's preparation, which compiles the kernel).
-    fn run(&self, sliver: bool) -> Result<()> {
-        let [a, b, out, fourth] = &self.operands;
-        let groups = if sliver { (1, 1) } else { self.groups };
-        launch_groups(
-            Kernel::MatmulNarrow(self.dtype, self.kind),
-            &[
-                &a.storage.block,
-                &b.storage.block,
-                &out.storage.block,
-                &fourth.storage.block,
-            ],
+    fn run(&self) -> Result<()> {
+        let operands = self.operands.each_ref();
+        dispatch(
+            self.kind,
+            self.dtype,
+            operands,
             &self.imm,
-            (groups.0, groups.1, 1),
+            self.groups,
+            false,
         )
     }
+}
+
+/// A narrow kernel's dispatch over A, B, the output and the fourth binding; with `sliver`, one
+/// workgroup (a tuner's preparation, which compiles the kernel).
+fn dispatch(
+    kind: Narrow,
+    dtype: DType,
+    operands: [&Tensor; 4],
+    imm: &[u32],
+    groups: (u32, u32),
+    sliver: bool,
+) -> Result<()> {
+    let groups = if sliver { (1, 1) } else { groups };
+    launch_groups(
+        Kernel::MatmulNarrow(dtype, kind),
+        &operands.map(|t| &t.storage.block),
+        imm,
+        (groups.0, groups.1, 1),
+    )
 }
 
 thread_local! {
@@ -242,19 +266,18 @@ thread_local! {
     static HELD: std::cell::RefCell<Option<Vec<Launch>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Runs `launch` now, or holds it for the `grouped` call around it (`short4` and `cols` only).
-fn hold_or_run(launch: Launch) -> Result<()> {
-    let launch = HELD.with(|h| match h.borrow_mut().as_mut() {
-        Some(held) if matches!(launch.kind, Narrow::Short4 | Narrow::Cols) => {
+/// Whether a `grouped` call around this one holds a launch of `kind` (`short4` and `cols`).
+fn holds(kind: Narrow) -> bool {
+    matches!(kind, Narrow::Short4 | Narrow::Cols) && HELD.with(|h| h.borrow().is_some())
+}
+
+/// Holds `launch` for the `grouped` call around this one (`holds`).
+fn hold(launch: Launch) {
+    HELD.with(|h| {
+        if let Some(held) = h.borrow_mut().as_mut() {
             held.push(launch);
-            None
         }
-        _ => Some(launch),
     });
-    match launch {
-        Some(l) => l.run(false),
-        None => Ok(()),
-    }
 }
 
 /// Runs `f` (a product's backward) with its narrow `short4` and `cols` launches held back,
@@ -281,8 +304,9 @@ pub(super) fn grouped<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
 }
 
 fn launch_held(held: Vec<Launch>) -> Result<()> {
+    let separate = || held.iter().try_for_each(Launch::run);
     let [short, cols] = held.as_slice() else {
-        return held.iter().try_for_each(|l| l.run(false));
+        return separate();
     };
     let device = short.operands[0].device();
     let fits = short.kind == Narrow::Short4
@@ -297,7 +321,7 @@ fn launch_held(held: Vec<Launch>) -> Result<()> {
                     <= info.limits.max_compute_workgroups_per_dimension as u64
         });
     if !fits {
-        return held.iter().try_for_each(|l| l.run(false));
+        return separate();
     }
     // `cols`'s workgroups first, `short4`'s after them (each kernel's `split`).
     let mut imm = cols.imm.clone();
@@ -334,13 +358,11 @@ fn launch_held(held: Vec<Launch>) -> Result<()> {
         work,
         &candidates,
         |g| if g { one(true) } else { Ok(()) },
-        |g| match g {
-            true => one(false),
-            false => held.iter().try_for_each(|l| l.run(false)),
-        },
+        |g| if g { one(false) } else { separate() },
     )?;
-    match grouped {
-        true => one(false),
-        false => held.iter().try_for_each(|l| l.run(false)),
+    if grouped {
+        one(false)
+    } else {
+        separate()
     }
 }
