@@ -1,7 +1,11 @@
 // The backward of softmax and log_softmax over rows of a contiguous output y and gradient g
-// (PyTorch's `_softmax_backward_data`, `_log_softmax_backward_data`), one invocation per row:
-// log_softmax: dx = g - exp(y) * sum(g); softmax: dx = y * (g - sum(g * y)). For short rows (a
-// classifier's classes), where the composite backward is four launches of tiny kernels.
+// (PyTorch's `_softmax_backward_data`, `_log_softmax_backward_data`):
+// log_softmax: dx = g - exp(y) * sum(g); softmax: dx = y * (g - sum(g * y)).
+// - `main`: one invocation per row, for short rows (a classifier's classes).
+// - `rows_tree`: a workgroup of 256 per row (invocation t takes elements t, t + 256, ..., a
+//   tree in workgroup memory adds their sums), for long rows (ImageNet's 1000 classes).
+// Either is one launch and one output, as PyTorch's; the composite formula would be four
+// launches and three temporaries.
 {{ENABLES}}
 struct Params {
     rows: u32,
@@ -20,6 +24,25 @@ var<immediate> p: Params;
 @group(0) @binding(1) var<storage, read_write> g: array<{{T}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
 
+// Element j's gradient given the row's sum.
+fn grad_at(at: u32, s: f32) -> f32 {
+    let gj = f32(g[p.g_off + at]);
+    let yj = f32(y[p.y_off + at]);
+    if p.log != 0u {
+        return gj - exp(yj) * s;
+    }
+    return yj * (gj - s);
+}
+
+// Element j's term of the row's sum.
+fn term_at(at: u32) -> f32 {
+    let gj = f32(g[p.g_off + at]);
+    if p.log != 0u {
+        return gj;
+    }
+    return gj * f32(y[p.y_off + at]);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let r = gid.x + gid.y * nw.x * 64u;
@@ -29,22 +52,37 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let base = r * p.inner;
     var s = 0.0;
     for (var j = 0u; j < p.inner; j++) {
-        let gj = f32(g[p.g_off + base + j]);
-        if p.log != 0u {
-            s += gj;
-        } else {
-            s += gj * f32(y[p.y_off + base + j]);
-        }
+        s += term_at(base + j);
     }
     for (var j = 0u; j < p.inner; j++) {
-        let gj = f32(g[p.g_off + base + j]);
-        let yj = f32(y[p.y_off + base + j]);
-        var v: f32;
-        if p.log != 0u {
-            v = gj - exp(yj) * s;
-        } else {
-            v = yj * (gj - s);
+        out[p.out_off + base + j] = {{T}}(grad_at(base + j, s));
+    }
+}
+
+var<workgroup> partial: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn rows_tree(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let r = wid.x + wid.y * nw.x;
+    // (The whole workgroup leaves together: the barriers below stay uniform.)
+    if r >= p.rows {
+        return;
+    }
+    let base = r * p.inner;
+    var s = 0.0;
+    for (var j = t; j < p.inner; j += 256u) {
+        s += term_at(base + j);
+    }
+    partial[t] = s;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if t < k {
+            partial[t] += partial[t + k];
         }
-        out[p.out_off + base + j] = {{T}}(v);
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    for (var j = t; j < p.inner; j += 256u) {
+        out[p.out_off + base + j] = {{T}}(grad_at(base + j, total));
     }
 }

@@ -206,6 +206,75 @@ fn every_softmax_variant_matches_the_cpu() {
     }
 }
 
+/// softmax's and log_softmax's backward kernels, each forced, against the CPU device: rows
+/// of 3000 (a 3000-class cross_entropy), 1024, 300 and 33 (the last only ever serial), f32 and
+/// f16; one allocation each (the input's gradient, as PyTorch's one kernel makes), and the
+/// forced kernel is the one that ran (the tree nowhere on GL's llvmpipe).
+#[test]
+fn every_softmax_backward_variant_matches_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        let info = dev.adapter_info().unwrap();
+        let traced = info.features.timestamp_query;
+        // (GL's llvmpipe has no barrier-loop kernels among its candidates: `tune`.)
+        let gl_cpu = info.backend == wgpu::Backend::Gl && info.device_type == wgpu::DeviceType::Cpu;
+        for variant in ["tree", "serial"] {
+            for shape in [[7, 3000], [300, 1024], [33, 300], [70, 33]] {
+                for dtype in dtypes(&dev) {
+                    for log in [true, false] {
+                        let what =
+                            format!("{shape:?} {dtype} log {log} {variant} on {}", dev.name());
+                        let grad = |d: &Device| {
+                            let x = random(&shape, dtype, 11, d)
+                                .mul_scalar(4.0)
+                                .unwrap()
+                                .requires_grad_(true)
+                                .unwrap();
+                            let y = match log {
+                                true => x.log_softmax(-1).unwrap(),
+                                false => x.softmax(-1).unwrap(),
+                            };
+                            let g = random(&shape, dtype, 12, d);
+                            d.synchronize().unwrap();
+                            let before = d.memory_stats()["allocation.all.allocated"];
+                            y.backward_with(&g, false).unwrap();
+                            d.synchronize().unwrap();
+                            let made = d.memory_stats()["allocation.all.allocated"] - before;
+                            (x.grad().unwrap(), made)
+                        };
+                        let (want, _) = grad(&cpu);
+                        let trace = |f: &mut dyn FnMut()| -> String {
+                            let options = kiln::profiler::ProfileOptions {
+                                devices: vec![dev.clone()],
+                                profile_memory: false,
+                            };
+                            let (_, prof) = kiln::profiler::profile(&options, || {
+                                f();
+                                dev.synchronize()
+                            })
+                            .unwrap();
+                            prof.chrome_trace_json()
+                        };
+                        let mut got = None;
+                        let json = forced("softmax backward", variant, || {
+                            trace(&mut || got = Some(grad(&dev)))
+                        });
+                        let (got, made) = got.unwrap();
+                        let tol = if dtype == DType::F16 { 8e-3 } else { 1e-5 };
+                        assert_close(&got, &want, tol, &what);
+                        assert_eq!(made, 1, "{what}: allocations in the backward");
+                        if traced {
+                            let tree = variant == "tree" && shape[1] > 64 && !gl_cpu;
+                            let name = format!("softmax_backward_tree_{dtype}");
+                            assert_eq!(json.contains(&name), tree, "{what}: {name}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn every_transpose_variant_copies_exactly() {
     let cpu = Device::cpu().unwrap();

@@ -217,6 +217,15 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     let mt = m.t()?;
     let sm_side = if software { 1024 } else { 4096 };
     let sm = Tensor::full(&[sm_side, sm_side], 0.5, DType::F32, dev)?;
+    // log_softmax's forward and backward (4096 rows: a workgroup per row on a GPU), through
+    // autograd as a model runs it; the gradient is set to None each time, as zero_grad does.
+    let smx = sm.detach().requires_grad_(true)?;
+    let smg = Tensor::full(&[sm_side, sm_side], 0.25, DType::F32, dev)?;
+    let log_softmax_both = || -> kiln::Result<Tensor> {
+        smx.zero_grad(true)?;
+        smx.log_softmax(-1)?.backward_with(&smg, false)?;
+        Ok(smg.clone())
+    };
     let log2 = n.trailing_zeros();
     type Case<'a> = (String, usize, Box<dyn Fn() -> kiln::Result<Tensor> + 'a>);
     let cases: Vec<Case> = vec![
@@ -236,6 +245,12 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             format!("softmax {sm_side}^2 (dim -1)"),
             2 * 4 * sm_side * sm_side,
             Box::new(|| sm.softmax(-1)),
+        ),
+        (
+            // (Forward: x read, y written; backward: y and g read, the gradient written.)
+            format!("log_softmax {sm_side}^2 forward + backward"),
+            5 * 4 * sm_side * sm_side,
+            Box::new(log_softmax_both),
         ),
     ];
     for (name, bytes, f) in cases {

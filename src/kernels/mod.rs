@@ -124,8 +124,9 @@ pub enum Kernel {
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
-    /// `shaders/softmax_backward.wgsl` for one float dtype: one invocation per row.
-    SoftmaxBackward(DType),
+    /// `shaders/softmax_backward.wgsl` for one float dtype: one invocation per row, or a
+    /// workgroup per row (`true`).
+    SoftmaxBackward(DType, bool),
     /// `shaders/nll.wgsl` for one float dtype: nll_loss's forward (`false`) or backward.
     Nll(DType, bool),
     /// `shaders/cross_entropy.wgsl` for one float dtype: log_softmax and nll_loss forward in
@@ -251,7 +252,11 @@ impl Kernel {
                 Kernel::CastVec4(DType::F16, DType::F32),
             ])
             .chain([false, true].map(Kernel::CopyRows))
-            .chain([DType::F32, DType::F16].map(Kernel::SoftmaxBackward))
+            .chain(
+                [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [false, true].map(move |t| Kernel::SoftmaxBackward(d, t))),
+            )
             .chain(
                 [DType::F32, DType::F16]
                     .into_iter()
@@ -430,7 +435,7 @@ impl Kernel {
                         .replace("{{O}}", to.name()),
                 )
             }
-            Kernel::SoftmaxBackward(d) => {
+            Kernel::SoftmaxBackward(d, _) => {
                 per_dtype(include_str!("../../shaders/softmax_backward.wgsl"), *d)
             }
             Kernel::Nll(d, _) => per_dtype(
@@ -499,7 +504,10 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
-            Kernel::SoftmaxBackward(d) => Cow::Owned(format!("softmax_backward_{d}")),
+            Kernel::SoftmaxBackward(d, tree) => Cow::Owned(format!(
+                "softmax_backward{}_{d}",
+                if *tree { "_tree" } else { "" }
+            )),
             Kernel::Nll(d, backward) => Cow::Owned(format!(
                 "nll_loss_{}_{d}",
                 if *backward { "backward" } else { "forward" }
@@ -561,7 +569,7 @@ impl Kernel {
             Kernel::Nll(..) => 5,
             // Five blocks, and the forward's assert flag.
             Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
-            Kernel::SoftmaxBackward(_) => 3,
+            Kernel::SoftmaxBackward(..) => 3,
         }
     }
 
@@ -638,7 +646,7 @@ impl Kernel {
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
             Kernel::Nll(..) | Kernel::CrossEntropy(..) => 48,
-            Kernel::SoftmaxBackward(_) => 32,
+            Kernel::SoftmaxBackward(..) => 32,
         }
     }
 
@@ -653,6 +661,7 @@ impl Kernel {
             Kernel::Nll(_, true) => "backward",
             Kernel::CrossEntropy(_, false) => "forward",
             Kernel::CrossEntropy(_, true) => "backward",
+            Kernel::SoftmaxBackward(_, true) => "rows_tree",
             _ => "main",
         }
     }
