@@ -8,10 +8,12 @@
 //!     mpirun -n 2 cargo run --release --features mpi --example ddp_scaling
 //!
 //! Options: `--model mlp|resnet50|all`, `--steps N`, `--resnet-batch B`, `--mlp-batch B`,
-//! `--profile N` (N DDP steps under the profiler; rank 0 prints the table).
+//! `--profile N` (N DDP steps under the profiler; rank 0 prints the table), `--bucket-view`
+//! (PyTorch's `gradient_as_bucket_view=True`). Rank 0 also prints its peak allocated memory
+//! over the DDP steps.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::distributed::{DistributedDataParallel, ProcessGroup, ReduceOp};
+use kiln::distributed::{DdpOptions, DistributedDataParallel, ProcessGroup, ReduceOp};
 use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
@@ -23,6 +25,10 @@ fn arg(name: &str) -> Option<String> {
     args.get(at + 1).cloned()
 }
 
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
 fn num(name: &str, default: usize) -> usize {
     arg(name).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -32,6 +38,8 @@ struct Figures {
     local_ms: f64,
     grad_bytes: usize,
     all_reduce_ms: f64,
+    /// Rank 0's peak allocated bytes over the timed DDP steps.
+    peak_bytes: u64,
 }
 
 /// Times `steps` training steps of `ddp` on (x, y), with and without communication.
@@ -83,7 +91,10 @@ fn measure<M: Module>(
         Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
     };
     bar.set_message("DDP");
+    dev.synchronize()?;
+    dev.reset_peak_memory_stats();
     let step_ms = time(true)?;
+    let peak_bytes = dev.max_memory_allocated();
     bar.set_message("no_sync");
     let local_ms = time(false)?;
     // A bare all-reduce of every gradient's bytes (one flat f32 tensor).
@@ -127,6 +138,7 @@ fn measure<M: Module>(
         local_ms,
         grad_bytes: grad_numel * 4,
         all_reduce_ms,
+        peak_bytes,
     })
 }
 
@@ -139,7 +151,7 @@ fn report(pg: &ProcessGroup, model: &str, batch: usize, f: &Figures) {
     println!(
         "{model}: {world} rank(s), batch {batch} per rank: step {:.2} ms with DDP, {:.2} ms \
          without communication (no_sync): all-reduce adds {:.2} ms per step; {:.0} samples/s; \
-         bare all_reduce of {:.1} MiB: {:.2} ms ({:.2} GB/s)",
+         bare all_reduce of {:.1} MiB: {:.2} ms ({:.2} GB/s); peak allocated {:.1} MiB",
         f.step_ms,
         f.local_ms,
         f.step_ms - f.local_ms,
@@ -147,12 +159,18 @@ fn report(pg: &ProcessGroup, model: &str, batch: usize, f: &Figures) {
         f.grad_bytes as f64 / (1 << 20) as f64,
         f.all_reduce_ms,
         f.grad_bytes as f64 / (f.all_reduce_ms / 1e3) / 1e9,
+        f.peak_bytes as f64 / (1 << 20) as f64,
     );
     println!(
         "{{\"suite\":\"ddp\",\"model\":\"{model}\",\"world\":{world},\"batch_per_rank\":{batch},\
          \"step_ms\":{:.3},\"no_sync_step_ms\":{:.3},\"samples_per_s\":{per_s:.1},\
-         \"grad_bytes\":{},\"all_reduce_ms\":{:.3}}}",
-        f.step_ms, f.local_ms, f.grad_bytes, f.all_reduce_ms
+         \"grad_bytes\":{},\"all_reduce_ms\":{:.3},\"bucket_view\":{},\"peak_mib\":{:.1}}}",
+        f.step_ms,
+        f.local_ms,
+        f.grad_bytes,
+        f.all_reduce_ms,
+        flag("--bucket-view"),
+        f.peak_bytes as f64 / (1 << 20) as f64
     );
 }
 
@@ -160,6 +178,10 @@ fn main() -> kiln::Result<()> {
     let pg = kiln::distributed::init_process_group()?;
     let which = arg("--model").unwrap_or_else(|| "all".into());
     let steps = num("--steps", 10);
+    let options = DdpOptions {
+        gradient_as_bucket_view: flag("--bucket-view"),
+        ..DdpOptions::default()
+    };
     let dev: Device = pg.device().clone();
     if pg.rank() == 0 {
         println!(
@@ -178,7 +200,7 @@ fn main() -> kiln::Result<()> {
             .push(Linear::new(4096, 4096, true, &dev)?)
             .push(Relu)
             .push(Linear::new(4096, 10, true, &dev)?);
-        let ddp = DistributedDataParallel::new(model, &pg)?;
+        let ddp = DistributedDataParallel::with_options(model, &pg, options.clone())?;
         let x = Tensor::randn(&[batch, 784], DType::F32, &dev)?;
         let y = Tensor::zeros(&[batch], DType::I32, &dev)?;
         let f = measure(&pg, &ddp, &x, &y, steps, "mlp")?;
@@ -189,7 +211,7 @@ fn main() -> kiln::Result<()> {
         let side = num("--side", 224);
         dev.manual_seed(0);
         let model = kiln::nn::models::resnet50(1000, &dev)?;
-        let ddp = DistributedDataParallel::new(model, &pg)?;
+        let ddp = DistributedDataParallel::with_options(model, &pg, options.clone())?;
         let x = Tensor::randn(&[batch, 3, side, side], DType::F32, &dev)?;
         let y = Tensor::zeros(&[batch], DType::I32, &dev)?;
         let f = measure(&pg, &ddp, &x, &y, steps, "resnet50")?;

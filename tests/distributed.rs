@@ -320,12 +320,17 @@ fn a_group_of_one_process() {
 
 /// Trains `steps` SGD steps: DDP over `pg` on this rank's rows of each global batch, and a
 /// plain model on the whole batch; returns both models' parameters. With `accumulate`, every
-/// step first runs a micro-batch under `no_sync`.
+/// step first runs a micro-batch under `no_sync`. With `as_view`, DDP's
+/// `gradient_as_bucket_view`: on more than one rank each `.grad` is then checked to be in its
+/// bucket (the two parameters of a bucket share storage), and the odd steps zero the gradients
+/// in place instead of setting them to None, so that the next backward accumulates straight
+/// into the buckets.
 fn ddp_against_one_process(
     pg: &ProcessGroup,
     steps: usize,
     per_rank: usize,
     accumulate: bool,
+    as_view: bool,
 ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let dev = pg.device().clone();
     let (world, rank) = (pg.world_size(), pg.rank());
@@ -336,6 +341,7 @@ fn ddp_against_one_process(
         DdpOptions {
             // 209 bytes: the last layer's two parameters, then the first layer's.
             bucket_cap_mb: 0.0002,
+            gradient_as_bucket_view: as_view,
             ..Default::default()
         },
     )
@@ -352,7 +358,7 @@ fn ddp_against_one_process(
         .unwrap();
     for step in 0..steps {
         let micro = if accumulate { 2 } else { 1 };
-        ddp.zero_grad(true).unwrap();
+        ddp.zero_grad(!(as_view && step % 2 == 1)).unwrap();
         reference.zero_grad(true).unwrap();
         for m in 0..micro {
             let (x, y) = batch(world * per_rank, 31 * step as u64 + m as u64);
@@ -372,6 +378,22 @@ fn ddp_against_one_process(
                 .backward()
                 .unwrap();
         }
+        if as_view && world > 1 {
+            // Buckets: [the last layer's bias and weight], [the first layer's].
+            let grads: Vec<Tensor> = ddp.parameters().iter().map(|p| p.grad().unwrap()).collect();
+            assert!(
+                grads[0].shares_storage(&grads[1]),
+                "step {step}: first layer"
+            );
+            assert!(
+                grads[2].shares_storage(&grads[3]),
+                "step {step}: last layer"
+            );
+            assert!(
+                !grads[0].shares_storage(&grads[2]),
+                "step {step}: two buckets"
+            );
+        }
         opt.step().unwrap();
         ref_opt.step().unwrap();
     }
@@ -382,9 +404,11 @@ fn ddp_against_one_process(
 #[test]
 fn ddp_in_a_group_of_one_matches_plain_training() {
     let pg = group();
-    let (got, want) = ddp_against_one_process(pg, 3, 8, true);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_close(g, w, 1e-5, &format!("parameter {i}"));
+    for as_view in [false, true] {
+        let (got, want) = ddp_against_one_process(pg, 3, 8, true, as_view);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(g, w, 1e-5, &format!("parameter {i}"));
+        }
     }
     let names: Vec<String> = DistributedDataParallel::new(model(pg.device(), 1), pg)
         .unwrap()
@@ -571,10 +595,13 @@ fn mpi_child() {
         "collectives" => collectives(pg),
         "ddp" => {
             buffers_follow_rank_0(pg);
-            for accumulate in [false, true] {
-                let (got, want) = ddp_against_one_process(pg, 3, 4, accumulate);
+            for (accumulate, as_view) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
+                let (got, want) = ddp_against_one_process(pg, 4, 4, accumulate, as_view);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_close(g, w, 2e-5, &format!("rank {rank}: parameter {i}"));
+                    let what = format!("rank {rank}: parameter {i} (bucket views {as_view})");
+                    assert_close(g, w, 2e-5, &what);
                 }
             }
         }

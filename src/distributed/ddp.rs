@@ -24,6 +24,14 @@ pub struct DdpOptions {
     pub bucket_cap_mb: f64,
     /// Broadcast rank 0's buffers (BatchNorm's running statistics) before each forward.
     pub broadcast_buffers: bool,
+    /// PyTorch's `gradient_as_bucket_view`: each parameter's `.grad` becomes a view of its
+    /// place in its bucket, so that the averages land in `.grad` without a copy back and the
+    /// gradients take no memory beside the buckets (ResNet-50: 97.5 MiB a rank). A gradient
+    /// that `zero_grad(set_to_none=false)` zeroed in place is accumulated straight into the
+    /// bucket; one made afresh (after `set_to_none`) is copied in once, and `.grad` then points
+    /// at the bucket. As in PyTorch, `.grad` must then not be detached or replaced while the
+    /// module trains. In a group of one nothing is reduced and `.grad` is left alone.
+    pub gradient_as_bucket_view: bool,
 }
 
 impl Default for DdpOptions {
@@ -31,6 +39,7 @@ impl Default for DdpOptions {
         DdpOptions {
             bucket_cap_mb: 25.0,
             broadcast_buffers: true,
+            gradient_as_bucket_view: false,
         }
     }
 }
@@ -69,6 +78,8 @@ struct Reducer {
     pass: Mutex<Pass>,
     /// Cleared inside `no_sync`.
     require_sync: AtomicBool,
+    /// `DdpOptions::gradient_as_bucket_view`.
+    as_view: bool,
     /// Rank 0's buffers as its last forward left them (Note [Buffers' broadcast]).
     buffer_prefetch: Mutex<Option<BufferPrefetch>>,
 }
@@ -126,7 +137,12 @@ fn assign_buckets(params: &[Tensor], cap: usize) -> Vec<Vec<usize>> {
 }
 
 impl Reducer {
-    fn new(group: &ProcessGroup, params: Vec<Tensor>, cap: usize) -> Result<Reducer> {
+    fn new(
+        group: &ProcessGroup,
+        params: Vec<Tensor>,
+        cap: usize,
+        as_view: bool,
+    ) -> Result<Reducer> {
         let device = group.device().clone();
         let _scope = crate::alloc::kiln_scope(
             || "DistributedDataParallel.bucket".into(),
@@ -164,8 +180,25 @@ impl Reducer {
             slot,
             pass: Mutex::new(pass),
             require_sync: AtomicBool::new(true),
+            as_view,
             buffer_prefetch: Mutex::new(None),
         })
+    }
+
+    /// `view(i)` in the parameter's shape: its `.grad` under `gradient_as_bucket_view`.
+    fn grad_view(&self, i: usize) -> Result<Tensor> {
+        self.view(i)?.reshape(&isize_shape(self.params[i].shape()))
+    }
+
+    /// Whether `g` is parameter `i`'s place in its bucket (its `.grad` from an earlier pass,
+    /// accumulated into in place).
+    fn is_grad_view(&self, i: usize, g: &Tensor) -> bool {
+        let (b, k) = self.slot[i];
+        let flat = &self.buckets[b].flat;
+        g.shares_storage(flat)
+            && g.is_contiguous()
+            && g.layout().offset == flat.layout().offset + self.buckets[b].offsets[k]
+            && g.shape() == self.params[i].shape()
     }
 
     /// Parameter `i`'s place in its bucket's buffer.
@@ -224,7 +257,12 @@ impl Reducer {
             pass.finalize_queued = true;
         }
         pass.ready[i] = true;
-        self.view(i)?.copy_(&grad.reshape(&[-1])?)?;
+        if !(self.as_view && self.is_grad_view(i, grad)) {
+            self.view(i)?.copy_(&grad.reshape(&[-1])?)?;
+            if self.as_view {
+                self.params[i].set_grad(Some(self.grad_view(i)?))?;
+            }
+        }
         let b = self.slot[i].0;
         pass.pending[b] -= 1;
         self.launch_ready(&mut pass)
@@ -294,12 +332,16 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
     // later buckets are still exchanged: the host records those copies (one per parameter,
     // 161 for ResNet-50) in the wait instead of after the last bucket, where nothing else
     // hides them. The copies follow the bucket's uploads in the one stream.
+    // (Under `gradient_as_bucket_view` the averages are `.grad` already; a parameter that got
+    // no gradient in this pass gets its view, zeros or the other ranks' average.)
     for (b, w) in work {
         w.wait()?;
         for &i in &r.buckets[b].params {
             let p = &r.params[i];
-            let avg = r.view(i)?.reshape(&isize_shape(p.shape()))?;
+            let avg = r.grad_view(i)?;
             match p.grad() {
+                Some(g) if r.as_view && r.is_grad_view(i, &g) => {}
+                _ if r.as_view => p.set_grad(Some(avg))?,
                 Some(g) => g.copy_(&avg)?,
                 None => p.set_grad(Some(crate::ops::copy(&avg)?))?,
             }
@@ -480,7 +522,12 @@ impl<M: Module> DistributedDataParallel<M> {
             });
         }
         let cap = (options.bucket_cap_mb * (1 << 20) as f64) as usize;
-        let reducer = Arc::new(Reducer::new(group, params, cap.max(1))?);
+        let reducer = Arc::new(Reducer::new(
+            group,
+            params,
+            cap.max(1),
+            options.gradient_as_bucket_view,
+        )?);
         let buffers: Vec<Tensor> = module.named_buffers().into_iter().map(|(_, b)| b).collect();
         reducer.sync_states(&buffers)?;
         let mut hooks = Vec::new();
