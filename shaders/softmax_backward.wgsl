@@ -2,10 +2,13 @@
 // (PyTorch's `_softmax_backward_data`, `_log_softmax_backward_data`):
 // log_softmax: dx = g - exp(y) * sum(g); softmax: dx = y * (g - sum(g * y)).
 // - `main`: one invocation per row, for short rows (a classifier's classes).
-// - `rows_tree`: a workgroup of 256 per row (invocation t takes elements t, t + 256, ..., a
+// - `rows_tree`: a workgroup of 256 per row (invocation t takes units t, t + 256, ..., a
 //   tree in workgroup memory adds their sums), for long rows (ImageNet's 1000 classes).
 // Either is one launch and one output, as PyTorch's; the composite formula would be four
-// launches and three temporaries.
+// launches and three temporaries. A unit is a vec4 of the dtype where rows are whole vec4s at
+// vec4-aligned offsets (`{{TX}}` is then `vec4<{{T}}>`, and `inner` and the offsets count
+// vec4s), else one element, carried in lane x of a vec4 whose other lanes are 0 (they add
+// nothing to the sums and are not stored).
 {{ENABLES}}
 struct Params {
     rows: u32,
@@ -20,27 +23,39 @@ struct Params {
 
 var<immediate> p: Params;
 
-@group(0) @binding(0) var<storage, read_write> y: array<{{T}}>;
-@group(0) @binding(1) var<storage, read_write> g: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{{T}}>;
+@group(0) @binding(0) var<storage, read_write> y: array<{{TX}}>;
+@group(0) @binding(1) var<storage, read_write> g: array<{{TX}}>;
+@group(0) @binding(2) var<storage, read_write> out: array<{{TX}}>;
 
-// Element j's gradient given the row's sum.
-fn grad_at(at: u32, s: f32) -> f32 {
-    let gj = f32(g[p.g_off + at]);
-    let yj = f32(y[p.y_off + at]);
+fn load_y(at: u32) -> vec4<f32> {
+    {{LOAD_Y}}
+}
+
+fn load_g(at: u32) -> vec4<f32> {
+    {{LOAD_G}}
+}
+
+fn store(at: u32, v: vec4<f32>) {
+    {{STORE}}
+}
+
+// Unit `at`'s gradient given the row's sum.
+fn grad_at(at: u32, s: f32) -> vec4<f32> {
+    let gj = load_g(p.g_off + at);
+    let yj = load_y(p.y_off + at);
     if p.log != 0u {
         return gj - exp(yj) * s;
     }
     return yj * (gj - s);
 }
 
-// Element j's term of the row's sum.
+// Unit `at`'s term of the row's sum.
 fn term_at(at: u32) -> f32 {
-    let gj = f32(g[p.g_off + at]);
+    let gj = load_g(p.g_off + at);
     if p.log != 0u {
-        return gj;
+        return dot(gj, vec4<f32>(1.0));
     }
-    return gj * f32(y[p.y_off + at]);
+    return dot(gj, load_y(p.y_off + at));
 }
 
 @compute @workgroup_size(64)
@@ -55,7 +70,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         s += term_at(base + j);
     }
     for (var j = 0u; j < p.inner; j++) {
-        out[p.out_off + base + j] = {{T}}(grad_at(base + j, s));
+        store(p.out_off + base + j, grad_at(base + j, s));
     }
 }
 
@@ -83,6 +98,6 @@ fn rows_tree(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid
     }
     let total = partial[0];
     for (var j = t; j < p.inner; j += 256u) {
-        out[p.out_off + base + j] = {{T}}(grad_at(base + j, total));
+        store(p.out_off + base + j, grad_at(base + j, total));
     }
 }

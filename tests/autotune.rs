@@ -207,7 +207,7 @@ fn every_softmax_variant_matches_the_cpu() {
 }
 
 /// softmax's and log_softmax's backward kernels, each forced, against the CPU device: rows
-/// of 3000 (a 3000-class cross_entropy), 1024, 300 and 33 (the last only ever serial), f32 and
+/// of 3000 (a 3000-class cross_entropy), 1024, 300, 1001 and 33 (the last only ever serial), f32 and
 /// f16; one allocation each (the input's gradient, as PyTorch's one kernel makes), and the
 /// forced kernel is the one that ran (the tree nowhere on GL's llvmpipe).
 #[test]
@@ -219,7 +219,8 @@ fn every_softmax_backward_variant_matches_the_cpu() {
         // (GL's llvmpipe has no barrier-loop kernels among its candidates: `tune`.)
         let gl_cpu = info.backend == wgpu::Backend::Gl && info.device_type == wgpu::DeviceType::Cpu;
         for variant in ["tree", "serial"] {
-            for shape in [[7, 3000], [300, 1024], [33, 300], [70, 33]] {
+            // (Rows of whole vec4s, and 1001 and 33: elements one at a time.)
+            for shape in [[7, 3000], [300, 1024], [33, 300], [9, 1001], [70, 33]] {
                 for dtype in dtypes(&dev) {
                     for log in [true, false] {
                         let what =

@@ -101,7 +101,8 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
 /// alone on GL's llvmpipe); `None` elsewhere. One output and no temporaries, as PyTorch's
 /// kernel: long rows used to take the composite formula on GPUs, whose three temporaries made
 /// the allocator's statistics of a 3000-class cross_entropy on the H100 differ from the fused
-/// kernel's (lavapipe, a CPU adapter, took the serial loop and agreed).
+/// kernel's (lavapipe, a CPU adapter, took the serial loop and agreed). Rows of whole vec4s at
+/// vec4-aligned offsets are read and written a vec4 at a time.
 fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<Tensor>> {
     const OP: &str = "softmax_backward";
     if y.device().is_cpu() {
@@ -118,12 +119,16 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
     if rows == 0 || inner == 0 {
         return Ok(Some(out));
     }
+    // Whole vec4s of the dtype at vec4-aligned offsets: the kernels read and write vec4 units.
+    let offsets = [y.layout.offset, g.layout.offset, out.layout.offset];
+    let vec4 = inner.is_multiple_of(4) && offsets.iter().all(|o| o.is_multiple_of(4));
+    let unit = if vec4 { 4 } else { 1 };
     let imm = [
         u32_of(OP, rows)?,
-        u32_of(OP, inner)?,
-        u32_of(OP, y.layout.offset)?,
-        u32_of(OP, g.layout.offset)?,
-        u32_of(OP, out.layout.offset)?,
+        u32_of(OP, inner / unit)?,
+        u32_of(OP, y.layout.offset / unit)?,
+        u32_of(OP, g.layout.offset / unit)?,
+        u32_of(OP, out.layout.offset / unit)?,
         log as u32,
         0,
         0,
@@ -135,7 +140,7 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
             true => (rows as u64, 64),
             false => (rows as u64 * 256, 256),
         };
-        let kernel = Kernel::SoftmaxBackward(y.dtype, !serial);
+        let kernel = Kernel::SoftmaxBackward(y.dtype, !serial, vec4);
         launch_wg(kernel, &blocks, &imm, threads, workgroup)
     };
     let candidates: Vec<(bool, &str)> = if inner <= 64 || tune::on_gl_cpu_adapter(y.device()) {
@@ -146,8 +151,9 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
         vec![(false, "tree"), (true, "serial")]
     };
     let key = || {
+        let layout = if vec4 { "vec4" } else { "scalar" };
         let (r, n) = (tune::class(rows), tune::class(inner));
-        format!("{} rows {r} inner {n}", y.dtype)
+        format!("{} {layout} rows {r} inner {n}", y.dtype)
     };
     let work = out.numel() as u64;
     let serial = tune::pick(y.device(), "softmax backward", key, work, &candidates, run)?;
