@@ -124,9 +124,9 @@ pub enum Kernel {
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
-    /// `shaders/softmax_backward.wgsl` for one float dtype: (dtype, a workgroup per row rather
-    /// than an invocation, vec4 units rather than elements).
-    SoftmaxBackward(DType, bool, bool),
+    /// `shaders/softmax_backward.wgsl`, specialised as the forward is (dtype, vec4 units or
+    /// elements, an invocation or a workgroup per row).
+    SoftmaxBackward(SoftmaxKernel),
     /// `shaders/nll.wgsl` for one float dtype: nll_loss's forward (`false`) or backward.
     Nll(DType, bool),
     /// `shaders/cross_entropy.wgsl` for one float dtype: log_softmax and nll_loss forward in
@@ -253,12 +253,9 @@ impl Kernel {
             ])
             .chain([false, true].map(Kernel::CopyRows))
             .chain(
-                [DType::F32, DType::F16]
+                SoftmaxKernel::all()
                     .into_iter()
-                    .flat_map(|d| [false, true].map(move |t| (d, t)))
-                    .flat_map(|(d, t)| {
-                        [false, true].map(move |v| Kernel::SoftmaxBackward(d, t, v))
-                    }),
+                    .map(Kernel::SoftmaxBackward),
             )
             .chain(
                 [DType::F32, DType::F16]
@@ -438,28 +435,7 @@ impl Kernel {
                         .replace("{{O}}", to.name()),
                 )
             }
-            Kernel::SoftmaxBackward(d, _, vec4) => {
-                let (tx, load, store) = match vec4 {
-                    true => (
-                        "vec4<{{T}}>",
-                        "return vec4<f32>(SRC[at]);",
-                        "out[at] = vec4<{{T}}>(v);",
-                    ),
-                    false => (
-                        "{{T}}",
-                        "return vec4<f32>(f32(SRC[at]), 0.0, 0.0, 0.0);",
-                        "out[at] = {{T}}(v.x);",
-                    ),
-                };
-                per_dtype(
-                    &include_str!("../../shaders/softmax_backward.wgsl")
-                        .replace("{{TX}}", tx)
-                        .replace("{{LOAD_Y}}", &load.replace("SRC", "y"))
-                        .replace("{{LOAD_G}}", &load.replace("SRC", "g"))
-                        .replace("{{STORE}}", store),
-                    *d,
-                )
-            }
+            Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_source()),
             Kernel::Nll(d, _) => per_dtype(
                 &include_str!("../../shaders/nll.wgsl").replace("{{COMMON}}", NLL_COMMON),
                 *d,
@@ -526,11 +502,7 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
-            Kernel::SoftmaxBackward(d, tree, vec4) => Cow::Owned(format!(
-                "softmax_backward{}_{d}{}",
-                if *tree { "_tree" } else { "" },
-                if *vec4 { "_vec4" } else { "" }
-            )),
+            Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_name()),
             Kernel::Nll(d, backward) => Cow::Owned(format!(
                 "nll_loss_{}_{d}",
                 if *backward { "backward" } else { "forward" }
@@ -684,7 +656,7 @@ impl Kernel {
             Kernel::Nll(_, true) => "backward",
             Kernel::CrossEntropy(_, false) => "forward",
             Kernel::CrossEntropy(_, true) => "backward",
-            Kernel::SoftmaxBackward(_, true, _) => "rows_tree",
+            Kernel::SoftmaxBackward(k) if !k.serial => "rows_tree",
             _ => "main",
         }
     }

@@ -60,6 +60,42 @@ impl SoftmaxKernel {
             .replace("{{STORE}}", &store)
     }
 
+    /// The backward's kernel name (`shaders/softmax_backward.wgsl`).
+    pub fn backward_name(&self) -> String {
+        format!(
+            "softmax_backward{}_{}{}",
+            if self.serial { "" } else { "_tree" },
+            self.dtype,
+            if self.vector { "_vec4" } else { "" }
+        )
+    }
+
+    /// `shaders/softmax_backward.wgsl` for these rows: vec4 units, or one element in lane x of
+    /// a vec4 whose other lanes are 0. (Its entry point, `main` or `rows_tree`, picks serial.)
+    pub fn backward_source(&self) -> String {
+        let (tx, load, store) = match self.vector {
+            true => (
+                "vec4<{{T}}>",
+                "return vec4<f32>(SRC[at]);",
+                "out[at] = vec4<{{T}}>(v);",
+            ),
+            false => (
+                "{{T}}",
+                "return vec4<f32>(f32(SRC[at]), 0.0, 0.0, 0.0);",
+                "out[at] = {{T}}(v.x);",
+            ),
+        };
+        super::per_dtype(
+            &include_str!("../../shaders/softmax_backward.wgsl")
+                .replace("{{TX}}", tx)
+                .replace("{{LOAD_Y}}", &load.replace("SRC", "y"))
+                .replace("{{LOAD_G}}", &load.replace("SRC", "g"))
+                .replace("{{STORE}}", store),
+            self.dtype,
+        )
+        .into_owned()
+    }
+
     pub fn all() -> Vec<SoftmaxKernel> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {

@@ -523,7 +523,6 @@ fn winner<V: Copy>(
     named(candidates, &record.winner)
 }
 
-/// The candidate called `name`, if it is one.
 /// The candidate called `name`; `a|b` names the first of `a`, `b` that is a candidate (one
 /// forced name for a family whose keys offer different variants).
 fn named<V: Copy>(candidates: &[(V, &'static str)], name: &str) -> Option<V> {

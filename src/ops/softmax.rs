@@ -140,7 +140,11 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
             true => (rows as u64, 64),
             false => (rows as u64 * 256, 256),
         };
-        let kernel = Kernel::SoftmaxBackward(y.dtype, !serial, vec4);
+        let kernel = Kernel::SoftmaxBackward(SoftmaxKernel {
+            dtype: y.dtype,
+            vector: vec4,
+            serial,
+        });
         launch_wg(kernel, &blocks, &imm, threads, workgroup)
     };
     let candidates: Vec<(bool, &str)> = if inner <= 64 || tune::on_gl_cpu_adapter(y.device()) {
