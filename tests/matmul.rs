@@ -118,16 +118,27 @@ fn vec4_matmul_reads_every_layout() {
             let b = operand(k, n, tb, 2, &dev);
             let e = product_error(&a, &b, &cpu);
             assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n}: error {e}");
-            // A column-major A with a row-major B runs its own kernel, the layout compiled in
-            // (`Vec4Layout::ColRow`); the others test the strides at run time.
+            // A column-major A by a row-major B and a row-major A by a column-major B run
+            // their own kernels, the layout compiled in (`Operands`); the others test the
+            // strides at run time.
             // (Not on GL, which keeps to the scalar 128-tile kernel.)
             let info = dev.adapter_info().unwrap();
             let gl = info.backend == wgpu::Backend::Gl;
             if info.features.timestamp_query && !gl && n == 256 {
                 let trace = product_trace(&a, &b);
                 assert!(trace.contains("matmul128_vec4_f32"), "{trace}");
-                let fixed = trace.contains("_ac_br");
-                assert_eq!(fixed, ta && !tb, "a^T {ta} b^T {tb}: {trace}");
+                let want = match (ta, tb) {
+                    (true, false) => Some("_ac_br"),
+                    (false, true) => Some("_ar_bc"),
+                    _ => None,
+                };
+                for suffix in ["_ac_br", "_ar_bc"] {
+                    assert_eq!(
+                        trace.contains(suffix),
+                        want == Some(suffix),
+                        "a^T {ta} b^T {tb}: {trace}"
+                    );
+                }
             }
             // A row-major A by a row-major B: the autotuning candidate that copies A
             // column-major and runs that kernel.
@@ -410,6 +421,33 @@ fn linear_relu_is_linear_then_relu() {
             }
         }
         assert!(got[3 * n..4 * n].iter().all(|v| v.is_nan()));
+        // x column-major (a transposed copy, transposed back): with W^T, both operands
+        // column-major, the kernel that tests the layouts at run time, the same epilogue
+        // (the row-major x above runs the kernel with its layout compiled in).
+        let xt = on(&xn, &dev)
+            .t()
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .t()
+            .unwrap();
+        let got_t = kiln::ops::linear_relu(&xt, &on(&w, &dev), Some(&on(&b, &dev)))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        for (i, (g, w)) in got_t.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.is_nan(),
+                w.is_nan(),
+                "{dev:?} x^T element {i}: {g} vs {w}"
+            );
+            if !w.is_nan() {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{dev:?} x^T {i}: {g} vs {w}"
+                );
+            }
+        }
 
         // Gradients and graph, and the allocator's statistics over a forward and backward,
         // fused and not (the first run of each tunes the product; the second is measured).

@@ -7,100 +7,133 @@ use super::per_dtype;
 use crate::base::DType;
 use std::fmt::Write;
 
-/// Whether the vec4 kernel tests its operands' layouts at run time or has one compiled in.
+/// Which operand layouts the vec4 kernel has compiled in, or whether it tests them at run time.
 ///
-/// Compiled in, each layout measured on the H100 (`bench --suite matmul`, two alternated runs
-/// against the runtime tests): a column-major A with a row-major B, whose slices both go
-/// into shared memory as whole vec4s (`g^T @ x`, a weight's gradient), ran 42.0-42.2 TFLOP/s
-/// against 37.9; the three layouts that scatter a slice's four k values into four rows ran
-/// 32.0-34.5 against 37.0-39.2 (`x @ W^T`, `g @ W`, `W @ W`). So only the first is compiled
-/// in; the others keep the tests, whose generated code NVIDIA's driver schedules better.
+/// Compiled in, each layout measured on the H100 (`bench --suite matmul`, alternated runs
+/// against the runtime tests). With each slice's loads and stores under `if more` (before
+/// `flat_slices`): a column-major A with a row-major B, whose slices both go into shared memory
+/// as whole vec4s (`g^T @ x`, a weight's gradient), ran 42.0-42.2 TFLOP/s against 37.9; the
+/// three layouts that scatter a slice's four k values into four rows ran 32.0-34.5 against
+/// 37.0-39.2 (`x @ W^T`, `g @ W`, `W @ W`), so only the first was compiled in. With flat
+/// slices (2026-11-27, two alternated rounds in one lease): a row-major A by a column-major B
+/// (`x @ W^T`, every Linear's forward) compiled in ran 42.4-42.8 against the runtime kernel's
+/// 38.1-38.2, `x1 @ W1^T` (K = 784) 38.8-39.2 in a later lease (35.1-35.7 before), and the
+/// f32 SGD step 1.646-1.655 ->
+/// 1.608 ms. A row-major A by a row-major B compiled in (`g @ W`, `W @ W`) ran 42.0 and 42.8
+/// against 38.4 and 39.0 at run time, but the tuner's column-major copy of A beats both
+/// (`g @ W` 0.402 against 0.420 ms compiled in), by less than the tuner's margin, so that the
+/// compiled-in kernel kept the key and the step ran 1.625 against 1.608 ms: that layout keeps
+/// the runtime tests, and the tuner the copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Vec4Layout {
+pub enum Operands {
     /// A's and B's unit-stride dims read from the strides (`sak == 1`, `sbn == 1`).
     Runtime,
-    /// A column-major (`sam == 1`), B row-major (`sbn == 1`).
+    /// A column-major (`sam == 1`), B row-major (`sbn == 1`): both slices stored whole.
     ColRow,
-    /// `ColRow` that also writes the sums of A's rows (flag bit 1, into the bias binding), in
-    /// one more column of workgroups (`ROW_SUMS`): a Linear's weight gradient `g^T @ x` gives
-    /// its bias gradient, the sums over `g`'s batch rows, in the same launch, and the two
+    /// A row-major (`sak == 1`), B column-major (`sbk == 1`): `x @ W^T`.
+    RowCol,
+}
+
+/// What the vec4 kernel does to its outputs besides the bias (flag bit 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    Plain,
+    /// The outputs clamped at zero after the bias (`ops::linear_relu`: `x @ W^T + b` with the
+    /// ReLU that follows it). A kernel of its own: the same clamp behind a flag tested at run
+    /// time cost every f32 product 2-3% on the H100.
+    Relu,
+    /// The outputs kept where a mask of the output's shape (the fourth binding, at
+    /// `off_bias`) is not <= 0: `ReluBackward0`'s formula applied to the input gradient `g @ W`
+    /// of the Linear after a ReLU (Note [Backward epilogues]).
+    Mask,
+    /// `Operands::ColRow` only: the sums of A's rows too (flag bit 1, into the bias binding),
+    /// in one more column of workgroups (`ROW_SUMS`): a Linear's weight gradient `g^T @ x`
+    /// gives its bias gradient, the sums over `g`'s batch rows, in the same launch, and the two
     /// launches of the column sums (`shaders/colsum.wgsl`) leave the MLP's step.
-    ColRowSums,
-    /// `Runtime` whose epilogue clamps the outputs at zero after the bias (`ops::linear_relu`:
-    /// `x @ W^T + b` with the ReLU that follows it). A kernel of its own: the same clamp
-    /// behind a flag tested at run time cost every f32 product 2-3% on the H100.
-    RuntimeRelu,
-    /// `Runtime` whose epilogue keeps the outputs where a mask of the output's shape (the
-    /// fourth binding, at `off_bias`) is not <= 0: `ReluBackward0`'s formula applied to the
-    /// input gradient `g @ W` of the Linear after a ReLU (Note [Backward epilogues]). Its own
-    /// kernel, as `RuntimeRelu` is.
-    RuntimeMask,
-    /// `ColRow` with the same mask (the input gradient after A's column-major copy).
-    ColRowMask,
+    RowSums,
+}
+
+/// One vec4 kernel: its operands' layouts and its epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Vec4Layout {
+    pub operands: Operands,
+    pub epilogue: Epilogue,
 }
 
 impl Vec4Layout {
-    pub const ALL: [Vec4Layout; 6] = [
-        Vec4Layout::Runtime,
-        Vec4Layout::ColRow,
-        Vec4Layout::ColRowSums,
-        Vec4Layout::RuntimeRelu,
-        Vec4Layout::RuntimeMask,
-        Vec4Layout::ColRowMask,
-    ];
+    /// Every kernel there is (`Epilogue::RowSums` goes with `Operands::ColRow` alone).
+    pub fn all() -> Vec<Vec4Layout> {
+        let operands = [Operands::Runtime, Operands::ColRow, Operands::RowCol];
+        let mut all = Vec::new();
+        for o in operands {
+            for e in [Epilogue::Plain, Epilogue::Relu, Epilogue::Mask] {
+                all.push(Vec4Layout {
+                    operands: o,
+                    epilogue: e,
+                });
+            }
+        }
+        all.push(Vec4Layout {
+            operands: Operands::ColRow,
+            epilogue: Epilogue::RowSums,
+        });
+        all
+    }
 
-    /// This layout with the mask epilogue (the plain layouts only).
-    pub fn masked(self) -> Vec4Layout {
-        match self {
-            Vec4Layout::Runtime => Vec4Layout::RuntimeMask,
-            Vec4Layout::ColRow => Vec4Layout::ColRowMask,
-            other => other,
+    /// The plain kernel for operands with A's k stride `sak` and B's n stride `sbn`.
+    pub fn of(sak: usize, sbn: usize) -> Vec4Layout {
+        let operands = match (sak == 1, sbn == 1) {
+            (false, true) => Operands::ColRow,
+            (true, false) => Operands::RowCol,
+            _ => Operands::Runtime,
+        };
+        Vec4Layout {
+            operands,
+            epilogue: Epilogue::Plain,
         }
     }
 
-    /// The layout for operands with A's k stride `sak` and B's n stride `sbn`.
-    pub fn of(sak: usize, sbn: usize) -> Vec4Layout {
-        if sak != 1 && sbn == 1 {
-            Vec4Layout::ColRow
-        } else {
-            Vec4Layout::Runtime
-        }
+    /// This kernel with another epilogue.
+    pub fn with(self, epilogue: Epilogue) -> Vec4Layout {
+        Vec4Layout { epilogue, ..self }
     }
 
     /// The kernel name's suffix.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Vec4Layout::Runtime => "",
-            Vec4Layout::ColRow => "_ac_br",
-            Vec4Layout::ColRowSums => "_ac_br_rowsum",
-            Vec4Layout::RuntimeRelu => "_relu",
-            Vec4Layout::RuntimeMask => "_mask",
-            Vec4Layout::ColRowMask => "_ac_br_mask",
-        }
+    pub fn suffix(self) -> String {
+        let operands = match self.operands {
+            Operands::Runtime => "",
+            Operands::ColRow => "_ac_br",
+            Operands::RowCol => "_ar_bc",
+        };
+        let epilogue = match self.epilogue {
+            Epilogue::Plain => "",
+            Epilogue::Relu => "_relu",
+            Epilogue::Mask => "_mask",
+            Epilogue::RowSums => "_rowsum",
+        };
+        format!("{operands}{epilogue}")
     }
 
     /// `shaders/matmul128_vec4.wgsl` with the layout tests in place.
     pub(crate) fn io(self) -> String {
         // The runtime layouts load an operand read along m or n as eight 64-byte rows a
-        // subgroup (`rowmap`), the compiled-in one as one 512-byte row. See `LINES8_RUNTIME`.
-        let (a_rows, b_rows, lines8) = match self {
-            Vec4Layout::Runtime | Vec4Layout::RuntimeRelu | Vec4Layout::RuntimeMask => {
-                ("p.sak == 1u", "p.sbn == 1u", LINES8_RUNTIME)
-            }
-            Vec4Layout::ColRow | Vec4Layout::ColRowSums | Vec4Layout::ColRowMask => {
-                ("false", "true", false)
-            }
+        // subgroup (`rowmap`), `ColRow` as one 512-byte row. See `LINES8_RUNTIME`.
+        let (a_rows, b_rows, lines8) = match self.operands {
+            Operands::Runtime => ("p.sak == 1u", "p.sbn == 1u", LINES8_RUNTIME),
+            Operands::ColRow => ("false", "true", false),
+            // (Both operands read along k: `rowmap` is not called.)
+            Operands::RowCol => ("true", "false", LINES8_RUNTIME),
         };
-        let epilogue = match self {
+        let epilogue = match self.epilogue {
             // Zero where x is below zero, by its bits: NVIDIA's compiler took the float
             // form, `select(x, 0, x < 0)`, for a max and returned 0 for NaN (relu keeps NaN).
-            Vec4Layout::RuntimeRelu => {
+            Epilogue::Relu => {
                 "let u = bitcast<vec4<u32>>(x);\n    x = select(x, vec4<f32>(), (u > vec4<u32>(0x80000000u)) & (u <= vec4<u32>(0xff800000u)));"
             }
-            Vec4Layout::RuntimeMask | Vec4Layout::ColRowMask => {
+            Epilogue::Mask => {
                 "x = select(x, vec4<f32>(), bias[(p.off_bias + (bt * p.m + m) * p.n + n) / 4u] <= vec4<f32>());"
             }
-            _ => "",
+            Epilogue::Plain | Epilogue::RowSums => "",
         };
         include_str!("../../shaders/matmul128_vec4.wgsl")
             .replace("{{A_ROWS}}", a_rows)
@@ -129,7 +162,7 @@ const LINES8_RUNTIME: bool = true;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Io {
     Scalar,
-    /// With `row_sums`, `Vec4Layout::ColRowSums`'s sums of A's rows.
+    /// With `row_sums`, `Epilogue::RowSums`'s sums of A's rows.
     Vec4 {
         row_sums: bool,
     },
@@ -330,7 +363,7 @@ fn k_step(out: &mut String, kk: usize, io: Io) {
     let _ = writeln!(out, "        }}");
 }
 
-/// `Vec4Layout::ColRowSums`'s extra column of workgroups (`wg.x == 0`, the product's tiles
+/// `Epilogue::RowSums`'s extra column of workgroups (`wg.x == 0`, the product's tiles
 /// after it, so that these short workgroups start first), which sum the tile's rows of a
 /// column-major A over all of K instead of multiplying: a warp reads 512 contiguous bytes of
 /// one k, the workgroup's eight warps eight k at a time, eight loads in flight, and shared
@@ -379,6 +412,25 @@ const ROW_SUMS: &str = "    if wg.x == 0u {
         return;
     }
 ";
+
+/// Whether each slice loads and stores the next one unconditionally (the last slice loads
+/// itself again and stores it into the buffer nobody reads after it) instead of under
+/// `if more { .. }` twice, around the loads and around the stores.
+///
+/// Measured on the H100 (2026-11-27, alternated rounds in one lease): the plain matmul's vec4
+/// products whose layout was compiled in gained 1.5-2.5% (`g @ W` after A's copy 42.5-42.8 ->
+/// 43.4-43.7 TFLOP/s, `g^T @ x` 41.8-42.2 -> 42.5-42.9, `W @ W` 43.7-44.1 -> 44.6-44.7), the
+/// runtime-layout ones were unchanged (`x @ W^T` 38.1 -> 38.1-38.4), and the f32 SGD step went
+/// 1.674-1.675 -> 1.659-1.660 ms; flat slices then made compiling in the scattering layouts
+/// pay (`Operands`). The f32 convolution (`bench --suite conv`, 3x3 64->64 at 56x56, b32):
+/// forward 24.2-24.3 -> 24.7 TFLOP/s, forward and both gradients 21.7 -> 22.3. A likely
+/// reading, not a checked one (the driver gives no ISA to read): with the same condition
+/// around both, NVIDIA's compiler may merge the two blocks and issue the loads next to the
+/// stores they feed, so that the slice's FMAs no longer cover their latency. The scalar
+/// kernel (guarded loads, any shape) was not measured and keeps the conditions.
+fn flat_slices(io: Io) -> bool {
+    !matches!(io, Io::Scalar)
+}
 
 /// `main`: accumulators, the first slice, then per slice prefetch / 16 k steps / store, for
 /// the operand access `io` provides.
@@ -469,13 +521,21 @@ pub(crate) fn main_fn(io: Io) -> String {
     if io.wide() {
         out += "    var cur_a = 0u;\n";
     }
+    let flat = flat_slices(io);
     out += "    var cur = 0u;\n\
             \x20   for (var k0 = 0u; k0 < p.k; k0 += 16u) {\n\
             \x20       let k1 = k0 + 16u;\n\
-            \x20       let more = k1 < p.k;\n\
-            \x20       if more {\n";
-    loads(&mut out, "k1", "            ", io);
-    out += "        }\n";
+            \x20       let more = k1 < p.k;\n";
+    if flat {
+        // The last slice loads itself again and stores it into the buffer that no invocation
+        // reads after it.
+        out += "        let kn = select(k0, k1, more);\n";
+        loads(&mut out, "kn", "        ", io);
+    } else {
+        out += "        if more {\n";
+        loads(&mut out, "k1", "            ", io);
+        out += "        }\n";
+    }
     for kk in 0..16 {
         k_step(&mut out, kk, io);
     }
@@ -483,9 +543,14 @@ pub(crate) fn main_fn(io: Io) -> String {
     if io.wide() {
         out += "        let next_a = {{HALF_A}}u - cur_a;\n";
     }
-    out += "        if more {\n";
-    stores(&mut out, "next", "            ", io);
-    out += "        }\n        workgroupBarrier();\n        cur = next;\n";
+    if flat {
+        stores(&mut out, "next", "        ", io);
+        out += "        workgroupBarrier();\n        cur = next;\n";
+    } else {
+        out += "        if more {\n";
+        stores(&mut out, "next", "            ", io);
+        out += "        }\n        workgroupBarrier();\n        cur = next;\n";
+    }
     if io.wide() {
         out += "        cur_a = next_a;\n";
     }

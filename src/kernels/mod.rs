@@ -27,7 +27,7 @@ pub(crate) use launch::{
     coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines,
     UNIFORM_SCRATCH,
 };
-pub use matmul128::Vec4Layout;
+pub use matmul128::{Epilogue, Operands, Vec4Layout};
 pub use matmul_coop::{CoopLayout, CoopTile};
 pub use matmul_wide::{MatmulWide, UboWindows};
 pub use optim::{sgd_multi_immediates, sgd_multi_slots, OptimKernel, SGD_MULTI};
@@ -201,7 +201,7 @@ impl Kernel {
                     .flat_map(|d| [Kernel::Matmul128(d, false), Kernel::Matmul128(d, true)]),
             )
             .chain(
-                Vec4Layout::ALL
+                Vec4Layout::all()
                     .into_iter()
                     .flat_map(|l| [false, true].map(|padded| Kernel::Matmul128Vec4(padded, l))),
             )
@@ -421,7 +421,7 @@ impl Kernel {
                 DType::F32,
                 *padded,
                 matmul128::Io::Vec4 {
-                    row_sums: *l == Vec4Layout::ColRowSums,
+                    row_sums: l.epilogue == Epilogue::RowSums,
                 },
             )),
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),

@@ -4,7 +4,9 @@
 use super::matmul_choice::{coop_tile, forced_tile, scalar_forced, split_k, vec4_eligible};
 use super::matmul_grad::matmul_backward;
 use super::{isize_shape, same_device, u32_of};
-use crate::kernels::{launch_groups, tune, CoopLayout, CoopTile, Kernel, UboWindows, Vec4Layout};
+use crate::kernels::{
+    launch_groups, tune, CoopLayout, CoopTile, Epilogue, Kernel, Operands, UboWindows, Vec4Layout,
+};
 use crate::tensor::{broadcast_shapes, contiguous_strides, Layout, Tensor};
 use crate::{DType, Error, Result};
 
@@ -197,7 +199,7 @@ pub(super) fn matmul_with(
 }
 
 /// `a @ b` for two f32 matrices on a GPU, and the sums of `a`'s rows where the product's
-/// kernel gives them in passing (`Vec4Layout::ColRowSums`: a column-major `a`, a row-major
+/// kernel gives them in passing (`Epilogue::RowSums`: a column-major `a`, a row-major
 /// `b`), else `None`. A Linear's backward asks it for `g^T @ x` and gets its bias gradient.
 /// Outside autograd and autocast only (the backward's products are neither).
 pub(super) fn matmul_row_sums(a: &Tensor, b: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
@@ -446,7 +448,7 @@ pub(super) fn matmul_impl(
             // A's row sums ride with the column-major A by row-major B kernel, one product.
             let layout = Vec4Layout::of(sak, sbn);
             let sums = ex.sums.filter(|t| {
-                layout == Vec4Layout::ColRow
+                layout.operands == Operands::ColRow
                     && flat.batch == 1
                     && fused_bias.is_none()
                     && t.shape() == [m]
@@ -472,7 +474,7 @@ pub(super) fn matmul_impl(
                     };
                     let sums = sums.filter(|_| choice == Simt::Vec4);
                     // Vec4ColA: A copied column-major first, so that the product runs the kernel
-                    // with that layout compiled in (a transposed copy of A, then `Vec4Layout::ColRow`).
+                    // with that layout compiled in (a transposed copy of A, then `Operands::ColRow`).
                     let col_a = match choice {
                         Simt::Vec4ColA => Some(crate::no_grad(|| fa.t()?.contiguous())?),
                         _ => None,
@@ -498,20 +500,21 @@ pub(super) fn matmul_impl(
                         fused.or(sums).or(mask).map_or(0, |t| t.layout().offset),
                     ];
                     let (tile, kernel) = match choice {
-                        Simt::Vec4 if sums.is_some() => {
-                            (128, Kernel::Matmul128Vec4(padded, Vec4Layout::ColRowSums))
-                        }
-                        Simt::Vec4 if relu_out.is_some() => {
-                            (128, Kernel::Matmul128Vec4(padded, Vec4Layout::RuntimeRelu))
-                        }
+                        Simt::Vec4 if sums.is_some() => (
+                            128,
+                            Kernel::Matmul128Vec4(padded, layout.with(Epilogue::RowSums)),
+                        ),
+                        Simt::Vec4 if relu_out.is_some() => (
+                            128,
+                            Kernel::Matmul128Vec4(padded, layout.with(Epilogue::Relu)),
+                        ),
                         // (A tile of 4 or 16 rows by 64 columns: the groups' x below.)
                         Simt::Wide(w) => (w.tile_m(), Kernel::MatmulWide(w)),
                         Simt::Vec4 | Simt::Vec4ColA => {
                             let layout = Vec4Layout::of(sak, sbn);
-                            let layout = if mask.is_some() {
-                                layout.masked()
-                            } else {
-                                layout
+                            let layout = match mask {
+                                Some(_) => layout.with(Epilogue::Mask),
+                                None => layout,
                             };
                             (128, Kernel::Matmul128Vec4(padded, layout))
                         }
@@ -644,13 +647,9 @@ pub(super) fn matmul_impl(
                 |c| run(c, None, None),
             )?;
             // The ReLU rides in the epilogue after the bias: only where the bias did too, on
-            // the plain vec4 kernel with the layouts tested at run time.
+            // the plain vec4 kernel.
             let relu = ex.relu.as_mut().filter(|_| {
-                choice == Simt::Vec4
-                    && layout == Vec4Layout::Runtime
-                    && fused_bias.is_some()
-                    && a.rank() == 2
-                    && b.rank() == 2
+                choice == Simt::Vec4 && fused_bias.is_some() && a.rank() == 2 && b.rank() == 2
             });
             let mask = mask.filter(|_| choice.is_vec4());
             match relu {
