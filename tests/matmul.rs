@@ -104,20 +104,23 @@ fn vec4_matmul_reads_every_layout() {
         // The vec4 kernel is a 128-tile kernel: force it for these few tiles.
         kiln::ops::force_matmul_tile(Some(128));
         // n = 260: a partial last tile of columns (the kernel skips B's vectors and the stores
-        // past n).
-        for (ta, tb, n) in [
-            (false, false, 256),
-            (false, true, 256),
-            (true, false, 256),
-            (true, true, 256),
-            (false, false, 260),
-            (true, true, 260),
+        // past n). K = 16: one slice, which loads itself again and stores it into the other
+        // buffer (`flat_slices`); 48: three.
+        for (ta, tb, n, k) in [
+            (false, false, 256, 48),
+            (false, true, 256, 48),
+            (true, false, 256, 48),
+            (true, true, 256, 48),
+            (false, false, 260, 48),
+            (true, true, 260, 48),
+            (false, true, 256, 16),
+            (true, false, 256, 16),
         ] {
-            let (m, k) = (128, 48);
+            let m = 128;
             let a = operand(m, k, ta, 1, &dev);
             let b = operand(k, n, tb, 2, &dev);
             let e = product_error(&a, &b, &cpu);
-            assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n}: error {e}");
+            assert!(e < 1e-4, "{dev:?} a^T {ta} b^T {tb} n {n} k {k}: error {e}");
             // A column-major A by a row-major B and a row-major A by a column-major B run
             // their own kernels, the layout compiled in (`Operands`); the others test the
             // strides at run time.

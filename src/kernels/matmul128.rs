@@ -18,8 +18,7 @@ use std::fmt::Write;
 /// slices (2026-11-27, two alternated rounds in one lease): a row-major A by a column-major B
 /// (`x @ W^T`, every Linear's forward) compiled in ran 42.4-42.8 against the runtime kernel's
 /// 38.1-38.2, `x1 @ W1^T` (K = 784) 38.8-39.2 in a later lease (35.1-35.7 before), and the
-/// f32 SGD step 1.646-1.655 ->
-/// 1.608 ms. A row-major A by a row-major B compiled in (`g @ W`, `W @ W`) ran 42.0 and 42.8
+/// f32 SGD step 1.646-1.655 -> 1.608 ms. A row-major A by a row-major B compiled in (`g @ W`, `W @ W`) ran 42.0 and 42.8
 /// against 38.4 and 39.0 at run time, but the tuner's column-major copy of A beats both
 /// (`g @ W` 0.402 against 0.420 ms compiled in), by less than the tuner's margin, so that the
 /// compiled-in kernel kept the key and the step ran 1.625 against 1.608 ms: that layout keeps
@@ -421,8 +420,8 @@ const ROW_SUMS: &str = "    if wg.x == 0u {
 /// products whose layout was compiled in gained 1.5-2.5% (`g @ W` after A's copy 42.5-42.8 ->
 /// 43.4-43.7 TFLOP/s, `g^T @ x` 41.8-42.2 -> 42.5-42.9, `W @ W` 43.7-44.1 -> 44.6-44.7), the
 /// runtime-layout ones were unchanged (`x @ W^T` 38.1 -> 38.1-38.4), and the f32 SGD step went
-/// 1.674-1.675 -> 1.659-1.660 ms; flat slices then made compiling in the scattering layouts
-/// pay (`Operands`). The f32 convolution (`bench --suite conv`, 3x3 64->64 at 56x56, b32):
+/// 1.674-1.675 -> 1.659-1.660 ms; flat slices then made `x @ W^T`'s layout pay compiled in
+/// (`Operands::RowCol`). The f32 convolution (`bench --suite conv`, 3x3 64->64 at 56x56, b32):
 /// forward 24.2-24.3 -> 24.7 TFLOP/s, forward and both gradients 21.7 -> 22.3. A likely
 /// reading, not a checked one (the driver gives no ISA to read): with the same condition
 /// around both, NVIDIA's compiler may merge the two blocks and issue the loads next to the
