@@ -520,21 +520,24 @@ pub(crate) fn main_fn(io: Io) -> String {
     if io.wide() {
         out += "    var cur_a = 0u;\n";
     }
+    // The next slice's loads and stores: unconditional (the last slice loads itself again and
+    // stores it into the buffer that no invocation reads after it), or each under `if more`.
     let flat = flat_slices(io);
+    let (next_k, open, close, indent) = if flat {
+        ("kn", "", "", "        ")
+    } else {
+        ("k1", "        if more {\n", "        }\n", "            ")
+    };
     out += "    var cur = 0u;\n\
             \x20   for (var k0 = 0u; k0 < p.k; k0 += 16u) {\n\
             \x20       let k1 = k0 + 16u;\n\
             \x20       let more = k1 < p.k;\n";
     if flat {
-        // The last slice loads itself again and stores it into the buffer that no invocation
-        // reads after it.
         out += "        let kn = select(k0, k1, more);\n";
-        loads(&mut out, "kn", "        ", io);
-    } else {
-        out += "        if more {\n";
-        loads(&mut out, "k1", "            ", io);
-        out += "        }\n";
     }
+    out += open;
+    loads(&mut out, next_k, indent, io);
+    out += close;
     for kk in 0..16 {
         k_step(&mut out, kk, io);
     }
@@ -542,14 +545,10 @@ pub(crate) fn main_fn(io: Io) -> String {
     if io.wide() {
         out += "        let next_a = {{HALF_A}}u - cur_a;\n";
     }
-    if flat {
-        stores(&mut out, "next", "        ", io);
-        out += "        workgroupBarrier();\n        cur = next;\n";
-    } else {
-        out += "        if more {\n";
-        stores(&mut out, "next", "            ", io);
-        out += "        }\n        workgroupBarrier();\n        cur = next;\n";
-    }
+    out += open;
+    stores(&mut out, "next", indent, io);
+    out += close;
+    out += "        workgroupBarrier();\n        cur = next;\n";
     if io.wide() {
         out += "        cur_a = next_a;\n";
     }
