@@ -1,7 +1,7 @@
 //! The kernels' fingerprint: a hash of the sources that decide what a kernel variant's name
 //! means (`shaders/`, `src/`), which the autotuning cache keys its choices by beside the
 //! adapter, the driver and kiln's version. A build that changes a kernel under an old name (the
-//! word products' workgroup went from 8x8 to 8x1 in the twenty-ninth session) must measure it
+//! word products' workgroup went from 8x8 to 8x1 on 2026-11-26) must measure it
 //! again, not keep the winner chosen for the old kernel.
 
 use std::hash::{Hash, Hasher};

@@ -1,7 +1,7 @@
 // The fused optimizers over 64-bit words, a CPU adapter's kernels (`optim_math.wgsl` precedes
 // this file): each invocation moves one `vec4<u64>` of every tensor, eight f32 elements, whose
 // word j holds elements 2j (low half) and 2j + 1 (high half). Mesa's llvmpipe loads and stores
-// a storage buffer one component at a time, whatever its width (BENCHMARKS, issue 22), so a
+// a storage buffer one component at a time, whatever its width (`docs/lab/tuning.md`), so a
 // word carries two f32 for the price of one. Counts and offsets are in `vec4<u64>`s (8 f32):
 // the parameter's count and every offset must be multiples of 8 elements.
 

@@ -43,7 +43,7 @@ trace_test! {
 /// 2026-11-23): random sequences under each configuration kiln supports, including
 /// `garbage_collection_threshold` with a memory limit and limits that make PyTorch run out of
 /// memory (up to 24 times in one trace). Gzipped: each is 1.4-3.8 MB of statistics.
-/// `recorded_small_*` (2026-11-24, `--small`, issue 17): 800 events of many small blocks freed
+/// `recorded_small_*` (2026-11-24, `--small`): 800 events of many small blocks freed
 /// and reallocated across several 2 MiB segments under roundup_power2_divisions, where best-fit
 /// ties between segments fall to addresses; the replay compares the final segments' contents
 /// too, so a block in another segment than PyTorch's fails here.
@@ -73,7 +73,7 @@ fn recorded_cases_replay_exactly() {
     );
 }
 
-/// `expandable_segments:True` (issue 23), recorded by `tools/record_trace_in_torch.py
+/// `expandable_segments:True`, recorded by `tools/record_trace_in_torch.py
 /// --expandable` on the H100 (PyTorch 2.11, 2026-11-24): alone, under a memory limit, with
 /// roundup_power2_divisions, garbage collection and max_split_size; large and small events.
 /// Every statistic after every event, the errors, the final mapped runs and the summary.

@@ -1,4 +1,4 @@
-//! The catalogue of bad inputs (issue 21): each case is something a user can get wrong, across
+//! The catalogue of bad inputs: each case is something a user can get wrong, across
 //! ops, nn, optim, files and the allocator. Every case must fail with the error kind and text
 //! PyTorch users would recognise, and leave everything else intact: a witness tensor allocated
 //! before it reads back unchanged, and `memory_allocated` returns to its baseline. The same

@@ -1,4 +1,4 @@
-//! Training checkpoints (issue 21): a run interrupted after k steps and resumed from the file in
+//! Training checkpoints: a run interrupted after k steps and resumed from the file in
 //! a new process ends with parameters bit-identical to an uninterrupted run, on every adapter
 //! and on the CPU device; a file killed mid-overwrite is the old checkpoint or the new one; a
 //! truncated or corrupted file is a typed error; a checkpoint that does not fit changes nothing.

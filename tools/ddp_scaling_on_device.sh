@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data-parallel scaling figure (issue 18) on a device machine without network access, with
+# The data-parallel scaling figure on a device machine without network access, with
 # Open MPI carried as Debian packages. Here, once:
 #   mkdir -p .mpi && (cd .mpi && apt-get download libopenmpi3 openmpi-bin openmpi-common \
 #     libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libhwloc15 libibverbs1 libnl-3-200 \

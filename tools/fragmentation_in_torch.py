@@ -1,4 +1,4 @@
-# The `fragmentation` example's program in PyTorch (issue 23): an MLP 784-2048-2048-10 on batch
+# The `fragmentation` example's program in PyTorch: an MLP 784-2048-2048-10 on batch
 # sizes cycling 256, 512, 256, 1024, then an LSTM cell (64 -> 512) unrolled over lengths cycling
 # 16, 64, 32, 128 (batch 32), SGD momentum 0.9; per step reserved, allocated and the largest
 # free cached block; at the end peak reserved / peak allocated. Each mode in a fresh process

@@ -3,9 +3,9 @@
 # a fresh process under its alloc_conf and memory limit, with memory_stats() after every event,
 # the final memory_summary() and the final segments. Run on a CUDA machine:
 #   python3 tools/record_trace_in_torch.py OUT_DIR [COUNT] [EVENTS] [FIRST_SEED] [--small]
-# (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/; issue 23's
+# (tests/fixtures/recorded/: `OUT 21 300` and `OUT 14 800 200`, run from tools/; the expandable
 # `OUT 10 300 500 --expandable`)
-# --small (issue 17): many small blocks (under 1 MiB, most under 64 KiB) freed and reallocated
+# --small: many small blocks (under 1 MiB, most under 64 KiB) freed and reallocated
 # across several 2 MiB segments under roundup_power2_divisions, where best-fit ties between
 # segments are decided by address; each recording also keeps the driver's segment addresses
 # (segment_alloc / segment_free with addr and size) for finding the placement rule.
@@ -31,7 +31,7 @@ SMALL_CONFIGS = [
 ]
 
 
-# --expandable (issue 23): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, alone and with the
+# --expandable: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, alone and with the
 # other settings, large and small events (seeds alternate), with the layout of every mapped run
 # (snapshot segments with their addresses and blocks) and the segment_map / segment_unmap trace.
 EXPANDABLE_CONFIGS = [

@@ -10,7 +10,7 @@
 # through the path compiled into the binaries) and runs every binary with KILN_REQUIRE_GPU=1,
 # one test at a time, printing each binary's result line and its failures. The MPI tests need
 # `mpirun` and the `mpi` feature: `tools/ddp_scaling_on_device.sh` covers that path.
-# (The thirty-fourth session found an H100-only failure this way: 27 of 28 binaries passed.)
+# (On 2026-11-27 this found an H100-only failure: 27 of 28 binaries passed.)
 set -euo pipefail
 case "${1:-}" in
   pack)

@@ -47,7 +47,7 @@ fn time_per_iter(mut f: impl FnMut()) -> f64 {
 }
 
 /// Seconds per cached allocation + free of `size` bytes, as a row; the target that stays
-/// (issue 17): under 0.5 us per pair on every adapter.
+/// (the allocator's target): under 0.5 us per pair on every adapter.
 fn cached_pair(dev: &Device, size: u64, what: &str, rows: &mut Vec<Row>) -> f64 {
     drop(dev.allocate(size).unwrap());
     let cached = time_per_iter(|| drop(dev.allocate(std::hint::black_box(size)).unwrap()));
@@ -118,7 +118,7 @@ fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
             );
         }
     }
-    // The same pair with expandable segments (issue 23), where the adapter maps pages: blocks
+    // The same pair with expandable segments, where the adapter maps pages: blocks
     // of a mapped range, cached as any other.
     if dev
         .set_allocator_settings("expandable_segments:True")
@@ -683,7 +683,7 @@ const SUITES: [&str; 10] = [
 
 /// What a durable checkpoint costs: ResNet-50's state dict (25,557,032 parameters plus the
 /// BatchNorm buffers, 97.5 MiB) and a training checkpoint with SGD momentum for every
-/// parameter (twice that), saved the way kiln saved before issue 21 (serialised straight over
+/// parameter (twice that), saved the way kiln saved before 2026-11-24 (serialised straight over
 /// the target, no flush) and the way it saves now (a temporary file beside it, fsync, rename),
 /// and loaded back with every key, shape and dtype checked. The median of three, in the
 /// system's temporary directory; the tensors start on the device, so reading them back counts.
@@ -784,9 +784,9 @@ fn main() -> kiln::Result<()> {
         .arg(
             clap::Arg::new("adapter")
                 .long("adapter")
-                .value_name("all|INDEX")
+                .value_name("all|INDEX|cpu")
                 .default_value("all")
-                .help("every GPU adapter, or the one at this index"),
+                .help("every GPU adapter, the one at this index, or the CPU device"),
         )
         .arg(
             clap::Arg::new("suite")
@@ -804,11 +804,15 @@ fn main() -> kiln::Result<()> {
     let text = |name: &str| cli.get_one::<String>(name).cloned();
     let adapter = text("adapter").unwrap_or_else(|| "all".into());
     let suite = text("suite").unwrap_or_else(|| "all".into());
-    let mut devices = Device::all_gpus();
+    let mut devices = if adapter == "cpu" {
+        vec![Device::cpu()?]
+    } else {
+        Device::all_gpus()
+    };
     if devices.is_empty() {
         devices.push(Device::cpu()?);
     }
-    if adapter != "all" {
+    if adapter != "all" && adapter != "cpu" {
         let i: usize = adapter.parse().map_err(|_| kiln::Error::InvalidArgument {
             op: "bench",
             msg: format!("--adapter takes all or an index, got {adapter}"),
@@ -863,16 +867,81 @@ fn main() -> kiln::Result<()> {
         );
     }
     if let Some(path) = text("json") {
-        let json: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| serde_json::json!({"adapter": r.adapter, "suite": r.suite, "case": r.case, "value": r.value, "unit": r.unit}))
-            .collect();
-        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).map_err(|e| {
-            kiln::Error::InvalidArgument {
-                op: "bench",
-                msg: format!("writing {path}: {e}"),
-            }
-        })?;
+        write_json(&path, &devices, &rows)?;
     }
     Ok(())
+}
+
+/// The kiln commit this binary was built from: `KILN_COMMIT` where the caller sets it (a
+/// device machine has the tree but not its history), else `git describe` of the checkout.
+fn kiln_commit() -> String {
+    if let Ok(c) = std::env::var("KILN_COMMIT") {
+        return c;
+    }
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=7"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `--json`: the rows, and what `tools/bench_tables.py` needs to date and place them (the
+/// day, the kiln commit, each adapter's backend and driver). Written to a temporary file and
+/// renamed over `path`, as kiln writes every file.
+fn write_json(path: &str, devices: &[Device], rows: &[Row]) -> kiln::Result<()> {
+    let adapters: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|d| match d.adapter_info() {
+            Some(i) => serde_json::json!({
+                "adapter": d.name(), "name": i.name, "backend": format!("{:?}", i.backend),
+                "device_type": format!("{:?}", i.device_type), "driver": i.driver,
+                "driver_info": i.driver_info,
+            }),
+            None => serde_json::json!({"adapter": d.name(), "name": "CPU device",
+                "backend": "cpu", "device_type": "Cpu", "driver": "", "driver_info": ""}),
+        })
+        .collect();
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| serde_json::json!({"adapter": r.adapter, "suite": r.suite, "case": r.case, "value": r.value, "unit": r.unit}))
+        .collect();
+    let json = serde_json::json!({
+        "meta": {
+            "date": today(),
+            "commit": kiln_commit(),
+            "kiln_version": env!("CARGO_PKG_VERSION"),
+            "host_cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "adapters": adapters,
+        },
+        "rows": rows,
+    });
+    let io = |e: std::io::Error| kiln::Error::InvalidArgument {
+        op: "bench",
+        msg: format!("writing {path}: {e}"),
+    };
+    let tmp = format!("{path}.tmp-{}", std::process::id());
+    let text = serde_json::to_string_pretty(&json).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Today's date (UTC) as `YYYY-MM-DD`, from the system clock (civil-from-days, Howard
+/// Hinnant's algorithm), so the bench needs no date crate.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }

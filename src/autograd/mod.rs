@@ -7,6 +7,15 @@
 //! backward adds and copies gradients. The graph itself (what ops record) is `crate::graph`,
 //! below the ops; the grad modes live with the tensor (`crate::tensor::mode`), as PyTorch keeps
 //! `GradMode` in c10. See Note [Autograd graph] in `src/graph/mod.rs`.
+//!
+//! # What is here
+//!
+//! `engine.rs` is the backward engine (accumulation adds and copies gradients, hence above the
+//! ops; a leaf's post-accumulate hooks run after its last contribution of the pass, and
+//! `queue_callback`'s callbacks after the graph), with `backward`, `backward_with` and
+//! `zero_grad`; `checkpoint.rs` is `checkpoint`. Backward formulas live beside their forwards in
+//! `src/ops/` (`grad.rs` for the elementwise family, `conv_grad.rs` for convolution and pooling,
+//! `view.rs` for views).
 
 mod checkpoint;
 mod engine;

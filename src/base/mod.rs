@@ -2,6 +2,21 @@
 //! descriptors (elementwise, comparison and convolution ops with their WGSL and CPU formulas side
 //! by side, which the CPU device, the kernels and the ops all read), and the allocator's OOM
 //! report with its size formatting. It uses nothing else in kiln; see ARCHITECTURE.md.
+//!
+//! # What is here
+//!
+//! - `error.rs`: the one `thiserror` enum; every public op returns `kiln::Result`.
+//! - `dtype.rs`: `DType` and `Element`.
+//! - The op descriptors, their WGSL and CPU formulas side by side, read by the CPU device, the
+//!   kernels and the ops: `elementwise.rs` (`UnaryOp`, `BinaryOp`), `compare.rs` (`CmpOp`),
+//!   `conv.rs` (`Conv2dParams`).
+//! - `oom.rs`, `format.rs`: the allocator's out-of-memory report and `format_size` (here because
+//!   the error type carries the report).
+//! - `fs.rs`: atomic file writes (a temporary file beside the target, flushed, renamed over it);
+//!   every file kiln writes goes through it.
+//!
+//! Each type is re-exported where users look for it (`kiln::tensor::DType`,
+//! `kiln::ops::BinaryOp`, `kiln::alloc::OutOfMemory`).
 
 mod compare;
 mod conv;

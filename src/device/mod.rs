@@ -1,5 +1,26 @@
 //! Devices: the CPU reference device and wgpu GPUs, each with its own caching allocator, and
 //! PyTorch's memory API (`memory_allocated`, `memory_summary`, `empty_cache`, ...) on top.
+//!
+//! # What is here
+//!
+//! - `mod.rs`: `Device`, with PyTorch's memory API; `adapters.rs`: adapter discovery;
+//!   `memory.rs`: Vulkan heaps and budget (the capacity in OOM reports).
+//! - `gpu.rs`: the wgpu device and its error and loss handlers; `stream.rs`: the one stream
+//!   (Note [One stream, batched submits]); `kernel_timer.rs` and `timer.rs`: timestamp queries.
+//! - `wgpu_source.rs`: the allocator's segment source over wgpu buffers; `sparse.rs`: expandable
+//!   segments' pages on Vulkan sparse buffers (the device opened through wgpu-hal with
+//!   `sparseBinding` and `sparseResidencyBuffer` where the adapter has them; Note [Expandable
+//!   segments]); `side_queue.rs`: the opt-in side queue for staging copies (two queues of a
+//!   transfer-only family that `sparse.rs` opens with the device, gated on wgpu's queue through a
+//!   timeline semaphore; Note [Side queue]).
+//! - `pinned.rs`: pinned staging buffers and their source; `transfer.rs`: staged pageable copies,
+//!   events and `Transfer`; `block.rs`: `DeviceBlock` and its raw operations (write, read, host
+//!   fills; the GPU fill is a kernel).
+//! - `serial.rs`: the lock every wgpu call on a GL device takes, so threads queue instead of
+//!   tripping wgpu's 6-second context-lock panic; `bind_cache.rs`: bind groups cached by layout
+//!   and bound ranges.
+//! - The launch path's per-device state (compiled pipelines) sits in a slot only `kernels` reads
+//!   (`GpuDevice::launch_state`), so the arrow between the layers stays one way.
 
 mod adapters;
 mod bind_cache;

@@ -17,6 +17,16 @@
 //! Launch with `mpirun -n 2 cargo run --release --features mpi --example train -- --ddp`.
 //! Without the `mpi` feature, or run without `mpirun`, a group has one process and every
 //! collective is a copy (PyTorch's world of one).
+//!
+//! # What is here
+//!
+//! Without the `mpi` feature, or outside `mpirun`, the group is one process.
+//! - `mod.rs`: the process group and its collectives (`init_process_group`, `all_reduce`,
+//!   `broadcast`, `all_gather`, `barrier`); re-exports `data`'s `DistributedSampler`.
+//! - `comm.rs`: the communication thread, which alone calls MPI and times every wait out.
+//! - `mpi.rs`: the transport over MPI; `shm.rs`: the same-host all-reduce through an MPI-3
+//!   shared-memory window; `staging.rs`: GPU tensors staged chunk by chunk through the pinned pool.
+//! - `ddp.rs`: `DistributedDataParallel` and its bucket reducer.
 
 mod comm;
 mod ddp;

@@ -3,7 +3,7 @@
 //!
 //! Note [Shared-memory all-reduce]: Open MPI's same-host transports moved a 76 MiB all-reduce
 //! at 1.6-2.8 GB/s on the two-H200 machine (vader with or without CMA, the ring algorithm, TCP),
-//! which made the all-reduce the whole of a DDP step (BENCHMARKS.md, issue 18): its copies go
+//! which made the all-reduce the whole of a DDP step (`docs/lab/data-parallel.md`): its copies go
 //! through small fragments on one thread. Here each rank allocates a region in one window
 //! (`MPI_Win_allocate_shared`), which every rank of the host maps. A piece of the buffer is cut
 //! into one segment per rank, and takes two barriers:

@@ -15,9 +15,9 @@ use std::fmt::Write;
 /// as whole vec4s (`g^T @ x`, a weight's gradient), ran 42.0-42.2 TFLOP/s against 37.9; the
 /// three layouts that scatter a slice's four k values into four rows ran 32.0-34.5 against
 /// 37.0-39.2 (`x @ W^T`, `g @ W`, `W @ W`), so only the first was compiled in. With flat
-/// slices (2026-11-27, two alternated rounds in one lease): a row-major A by a column-major B
+/// slices (2026-11-27, two alternated rounds on one machine instance): a row-major A by a column-major B
 /// (`x @ W^T`, every Linear's forward) compiled in ran 42.4-42.8 against the runtime kernel's
-/// 38.1-38.2, `x1 @ W1^T` (K = 784) 38.8-39.2 in a later lease (35.1-35.7 before), and the
+/// 38.1-38.2, `x1 @ W1^T` (K = 784) 38.8-39.2 on a later instance (35.1-35.7 before), and the
 /// f32 SGD step 1.646-1.655 -> 1.608 ms. A row-major A by a row-major B compiled in (`g @ W`, `W @ W`) ran 42.0 and 42.8
 /// against 38.4 and 39.0 at run time, but the tuner's column-major copy of A beats both
 /// (`g @ W` 0.402 against 0.420 ms compiled in), by less than the tuner's margin, so that the
@@ -416,7 +416,7 @@ const ROW_SUMS: &str = "    if wg.x == 0u {
 /// itself again and stores it into the buffer nobody reads after it) instead of under
 /// `if more { .. }` twice, around the loads and around the stores.
 ///
-/// Measured on the H100 (2026-11-27, alternated rounds in one lease): the plain matmul's vec4
+/// Measured on the H100 (2026-11-27, alternated rounds on one machine instance): the plain matmul's vec4
 /// products whose layout was compiled in gained 1.5-2.5% (`g @ W` after A's copy 42.5-42.8 ->
 /// 43.4-43.7 TFLOP/s, `g^T @ x` 41.8-42.2 -> 42.5-42.9, `W @ W` 43.7-44.1 -> 44.6-44.7), the
 /// runtime-layout ones were unchanged (`x @ W^T` 38.1 -> 38.1-38.4), and the f32 SGD step went

@@ -2,7 +2,7 @@
 //! (`reg4x8_wide`): a CPU adapter's candidate beside `shaders/matmul_reg.wgsl`.
 //!
 //! Mesa 22.3's llvmpipe loads a storage buffer one component at a time, each behind an
-//! exec-mask branch and a bounds branch (BENCHMARKS, issue 22), whatever the component's width:
+//! exec-mask branch and a bounds branch (`docs/lab/tuning.md`), whatever the component's width:
 //! a `u64` word carries two f32 or four f16 elements for the price of one. `reg4x4` loads eight
 //! scalars per k step for 16 multiply-adds; this kernel computes 4x8 outputs per invocation and
 //! loads twelve words per two k steps in f32 (64 multiply-adds), or per four in f16 (128); a

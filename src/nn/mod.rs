@@ -1,6 +1,17 @@
 //! Modules, losses and initialisers in the image of `torch.nn`. Parameters are tensors that
 //! require grad; a module owns them, and `parameters()` hands out handles that share their
 //! storage and `.grad` (clones of a tensor are the same tensor), which is what an optimizer keeps.
+//!
+//! # What is here
+//!
+//! - `layers.rs`: `Module` and the layers. `Sequential` hands a `Relu` to the layer before it
+//!   (`Module::forward_then_relu`), which `Linear` runs as `ops::linear_relu`: PyTorch's two
+//!   nodes and allocations, one pass where the f32 vec4 kernel takes the product.
+//! - `recurrent.rs`: the LSTM cell; `loss.rs`: losses (nll_loss is one op, `ops/loss.rs`, as
+//!   PyTorch's); `init.rs`: initialisers; `models.rs`: the ResNets with torchvision's names.
+//! - `utils.rs`: `clip_grad_norm_`, on the device, with no host read.
+//! - `state.rs`: state dicts and `StateDict` (tensors plus string metadata) in safetensors files,
+//!   read and validated in host memory before anything is allocated, written atomically.
 
 pub mod init;
 mod layers;

@@ -1,5 +1,25 @@
 //! Ops: checks (shape, dtype, device), then the CPU reference or one GPU launch. Each op family
 //! keeps its forward in one file; backward formulas arrive with autograd.
+//!
+//! # What is here
+//!
+//! `mod.rs` checks shapes, dtypes and devices and picks the CPU reference or one GPU launch;
+//! `autocast.rs` holds autocast's thread-local state and per-op policy (Note [Autocast]). One file
+//! per op family, its backward beside it:
+//! - elementwise (the launches; the formulas are `base`'s) with `grad.rs`, in-place ops
+//!   (`inplace.rs`), reductions, softmax, predicates (compare, cast, where), indexing, random,
+//!   composites, `sum_to`;
+//! - `linear.rs` (`linear`, `linear_relu`); products: `matmul.rs`, `matmul_choice.rs` (which
+//!   kernel a product takes), `matmul_narrow.rs` (a narrow side or a short K, and `grouped`, which
+//!   holds a product backward's `short4` and `cols` launches until both are recorded and sends
+//!   them as one dispatch), `matmul_words.rs` (the word products' launches), `matmul_grad.rs` (a
+//!   product's backward, with the row sums and ReLU mask its kernels take in passing);
+//! - `batch_norm.rs` (the fused GPU path for f32, the composite formula as the CPU reference);
+//!   convolution (`conv.rs`; `conv_gemm.rs` picks the implicit GEMM on Vulkan, Metal and DX12
+//!   GPUs and lays out its weight copies and K splits) with pooling, and `conv_grad.rs`;
+//! - `loss.rs`: nll_loss and the fused cross_entropy;
+//! - `view.rs`: views, which record autograd nodes (`contiguous` copies);
+//! - `transfer.rs`: reading tensors back, copies between devices, pinned tensors.
 
 pub(crate) mod autocast;
 mod batch_norm;

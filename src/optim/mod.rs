@@ -5,6 +5,17 @@
 //! vec4s in one launch (`shaders/optim_multi.wgsl`, PyTorch's foreach step); the CPU device
 //! composes the same formulas from tensor ops, which makes it the reference the fused kernels
 //! are tested against.
+//!
+//! # What is here
+//!
+//! `mod.rs` holds the `Optimizer` trait, the fused launch and state-dict staging; `sgd.rs` and
+//! `adam.rs` the two optimizers. On a GPU each parameter is updated by one fused kernel (f32 or
+//! f16 storage, f32 math; state in the parameter's dtype, as PyTorch keeps it), and SGD updates up
+//! to six parameters of vec4s per launch (five on GL, whose llvmpipe binds 16 storage buffers; a
+//! partial last vec4, such as a 10-element bias, is read whole and its elements past the count
+//! written back as read). Hyperparameters are checked as `torch.optim` checks them, at
+//! construction and at every step; `state_dict`/`load_state_dict` carry PyTorch's `param_groups`
+//! and are staged before anything changes.
 
 mod adam;
 mod sgd;
