@@ -27,10 +27,13 @@ pub fn track_tensors(on: bool) {
 /// One live tensor storage.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveTensor {
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its element type.
     pub dtype: DType,
     /// The bytes its block holds in the allocator.
     pub bytes: u64,
+    /// The device it lives on.
     pub device: String,
     /// The op that made it (the innermost frame), or `-` if made outside any.
     pub op: String,

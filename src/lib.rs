@@ -122,6 +122,7 @@
 // wgpu-core's types are deep: proving the bind-group cache (keyed by `wgpu::BindGroupLayout`) and
 // the statics that reach it `Send`/`Sync` needs more than the default 128 levels in release builds.
 #![recursion_limit = "256"]
+#![warn(missing_docs)]
 
 pub mod alloc;
 pub mod amp;

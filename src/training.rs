@@ -35,9 +35,13 @@ pub const CHECKPOINT_FORMAT: &str = "kiln.training-checkpoint.v1";
 /// the parameters' storage, so restoring copies into the live parameters).
 #[derive(Default)]
 pub struct Checkpoint<'a> {
+    /// The model's state dict (`nn::state_dict(&model)`).
     pub model: Vec<(String, Tensor)>,
+    /// The optimizer whose state and `param_groups` are saved.
     pub optimizer: Option<&'a mut dyn Optimizer>,
+    /// The GradScaler whose scale and counters are saved.
     pub scaler: Option<&'a mut GradScaler>,
+    /// The loader whose epoch and position are saved.
     pub loader: Option<&'a mut dyn Resumable>,
     /// The device whose generator is saved and restored.
     pub generator: Option<Device>,

@@ -18,16 +18,20 @@ use std::path::Path;
 /// One allocation's band: where its bottom edge sits from event to event.
 #[derive(Clone, Debug)]
 pub struct Band {
+    /// Bytes of the allocation.
     pub size: u64,
+    /// Index into `Timeline::categories`.
     pub category: usize,
     /// (event, bottom in bytes) at its allocation and at every change; ends at `end`.
     pub steps: Vec<(usize, u64)>,
+    /// The event at which it was freed.
     pub end: usize,
 }
 
 /// The stacked layout of a trace.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
+    /// One band per allocation, in allocation order.
     pub bands: Vec<Band>,
     /// Category names (the innermost frame of an allocation), most memory-time first.
     pub categories: Vec<String>,
@@ -37,6 +41,7 @@ pub struct Timeline {
     pub active: Vec<u64>,
     /// Reserved bytes (the allocator's segments) after each event.
     pub reserved: Vec<u64>,
+    /// The number of trace events.
     pub events: usize,
 }
 
@@ -188,6 +193,7 @@ impl Timeline {
         }
     }
 
+    /// The highest active bytes over the trace.
     pub fn peak(&self) -> u64 {
         self.active.iter().copied().max().unwrap_or(0)
     }
@@ -234,9 +240,13 @@ fn colour(category: usize) -> RGBColor {
 /// Size and title of a picture.
 #[derive(Clone, Debug)]
 pub struct TimelineOptions {
+    /// The title drawn above the plot.
     pub title: String,
+    /// Width in pixels.
     pub width: u32,
+    /// Height in pixels.
     pub height: u32,
+    /// The device whose trace is drawn.
     pub device: usize,
 }
 
@@ -538,7 +548,9 @@ const CATEGORY_COLOURS: [RGBColor; 8] = [
 /// A categorised memory timeline to draw: times (microseconds) and, after each, the bytes of
 /// each `MemoryCategory::ALL` after a leading 0 (PyTorch's `[times, sizes]`).
 pub struct CategorySeries<'a> {
+    /// Microseconds of each point.
     pub times_us: &'a [i64],
+    /// Bytes per category at each point, after a leading 0.
     pub sizes: &'a [[i64; 9]],
 }
 

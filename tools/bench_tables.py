@@ -50,13 +50,22 @@ def git(*args):
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def later_commits(commit, paths):
-    """Commits after `commit` that touched `paths`, or None where the commit is unknown."""
+def changed_sources(commit, paths):
+    """Files under `paths` whose code (comments and whitespace aside) differs between `commit`
+    and HEAD, or None where the commit is unknown here."""
     base = commit.split("-dirty")[0].split("-g")[-1]
     if git("cat-file", "-e", base + "^{commit}") is None:
         return None
-    log = git("log", "--format=%h", f"{base}..HEAD", "--", *paths)
-    return [c for c in (log or "").split("\n") if c]
+    names = git("diff", "--name-only", base, "HEAD", "--", *paths) or ""
+    return [n for n in names.split("\n") if n and code_of(base, n) != code_of("HEAD", n)]
+
+
+def code_of(rev, path):
+    """A file's text at `rev` without `//` comments, whitespace and trailing commas, so that a
+    change to docs or formatting alone does not count ("" if the file does not exist)."""
+    text = git("show", f"{rev}:{path}") or ""
+    code = "".join("".join(re.sub(r"//.*", "", line).split()) for line in text.split("\n"))
+    return re.sub(r",([}\])\]])", r"\1", code)
 
 
 def fmt(value, unit):
@@ -101,11 +110,11 @@ def table(adapter, rows, meta, reference):
     )
     stale = {}
     for suite in sorted({r["suite"] for r in rows}):
-        commits = later_commits(meta["commit"], SUITE_SOURCES.get(suite, ["src"]))
-        if commits is None:
+        files = changed_sources(meta["commit"], SUITE_SOURCES.get(suite, ["src"]))
+        if files is None:
             stale[suite] = "commit unknown here"
-        elif commits:
-            stale[suite] = f"older than the code: {len(commits)} later commit(s) to its sources"
+        elif files:
+            stale[suite] = f"the code has changed since, in {len(files)} file(s) such as `{files[0]}`"
     if stale:
         out.append("")
         out.append("Figures older than their code: " + "; ".join(
@@ -132,7 +141,7 @@ def table(adapter, rows, meta, reference):
             adv = advantage(value, best_peer, unit)
         bound, share = "", ""
         for c in machine.get("ceilings", []):
-            if re.search(c["match"], case):
+            if re.search(c["match"], case) and c.get("unit", unit) == unit:
                 bound = c["bound"]
                 if c.get("value") and unit == c.get("unit"):
                     share = f"{100 * value / c['value']:.0f}% of {fmt(c['value'], unit)}"
@@ -151,6 +160,7 @@ def table(adapter, rows, meta, reference):
 def render():
     reference = json.loads((ROOT / "benches/reference.json").read_text())
     lines = [BEGIN, ""]
+    tables = []
     for path in sorted((ROOT / "benches/results").glob("*.json")):
         data = json.loads(path.read_text())
         meta = data["meta"]
@@ -161,11 +171,16 @@ def render():
         for adapter in adapters:
             rows = [r for r in data["rows"] if r["adapter"] == adapter and r["suite"] != "autotune"]
             tuned = sum(1 for r in data["rows"] if r["adapter"] == adapter and r["suite"] == "autotune")
-            lines += table(adapter, rows, meta, reference)
-            lines.append("")
-            lines.append(f"From `{path.relative_to(ROOT)}`"
-                         + (f", which also lists the {tuned} kernel choices autotuning made." if tuned else "."))
-            lines.append("")
+            text = table(adapter, rows, meta, reference)
+            text.append("")
+            text.append(f"From `{path.relative_to(ROOT)}`"
+                        + (f", which also lists the {tuned} kernel choices autotuning made." if tuned else "."))
+            text.append("")
+            key, _ = machine_of(adapter, reference)
+            order = reference.get("order", [])
+            tables.append((order.index(key) if key in order else len(order), text))
+    for _, text in sorted(tables, key=lambda t: t[0]):
+        lines += text
     lines.append(END)
     return "\n".join(lines)
 

@@ -15,18 +15,27 @@ use std::cell::{Cell, RefCell};
 /// `Unknown` for its `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 pub enum MemoryCategory {
+    /// A module's parameter.
     Parameter,
+    /// An optimizer's state (momentum buffers, Adam's moments).
     OptimizerState,
+    /// A model's input (a batch).
     Input,
+    /// Freed within the op or step that made it.
     Temporary,
+    /// Saved by autograd for backward.
     Activation,
+    /// A parameter's `.grad`.
     Gradient,
+    /// Autograd's own bookkeeping between forward and backward.
     AutogradDetail,
+    /// Not yet attributed.
     #[default]
     Unknown,
 }
 
 impl MemoryCategory {
+    /// Every category, in PyTorch's order.
     pub const ALL: [MemoryCategory; 8] = [
         MemoryCategory::Parameter,
         MemoryCategory::OptimizerState,

@@ -38,12 +38,19 @@ static SCOPE_LOG: std::sync::Mutex<Vec<ScopeRecord>> = std::sync::Mutex::new(Vec
 /// One logged scope.
 #[derive(Clone, Debug)]
 pub struct ScopeRecord {
+    /// The scope's name (an op, a module, an optimizer step or a `record_function` label).
     pub name: String,
+    /// The source file that opened it.
     pub filename: String,
+    /// The line that opened it.
     pub line: u32,
+    /// The thread it ran on.
     pub thread: u64,
+    /// How many scopes enclosed it.
     pub depth: usize,
+    /// When it opened.
     pub start: std::time::Instant,
+    /// When it closed; `None` while open.
     pub end: Option<std::time::Instant>,
     /// Input shapes, for op scopes (`annotate_scope`).
     pub shapes: String,
@@ -94,8 +101,11 @@ pub fn current_kiln_frames() -> Frames {
 /// One frame of where an allocation came from: kiln's op or scope, or a Rust frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Frame {
+    /// The file of the frame (kiln's op scopes name their source file).
     pub filename: String,
+    /// The line in `filename`.
     pub line: u32,
+    /// The function, op or scope name.
     pub name: String,
 }
 
@@ -114,6 +124,7 @@ pub enum HistoryEnabled {
 /// `context` of `record_memory_history`: which events carry frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HistoryContext {
+    /// No frames.
     None,
     /// Frames of live allocations (shown in snapshots).
     State,
@@ -136,33 +147,48 @@ pub enum HistoryStacks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceAction {
+    /// A block handed out.
     Alloc,
+    /// A free asked for while work may still use the block (`record_stream`).
     FreeRequested,
+    /// A block returned to its pool.
     FreeCompleted,
+    /// A new segment reserved from the device.
     SegmentAlloc,
+    /// A segment given back to the device.
     SegmentFree,
     /// Expandable segments: pages mapped into / unmapped from a reserved range.
     SegmentMap,
+    /// Pages unmapped from an expandable segment.
     SegmentUnmap,
+    /// An allocation that ran out of memory.
     Oom,
+    /// A snapshot was taken.
     Snapshot,
 }
 
 /// One entry of `device_traces`, with PyTorch's keys.
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceEntry {
+    /// What happened.
     pub action: TraceAction,
     /// Absent for `oom`, which carries `device_free` instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
+    /// Free device memory at an `oom`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
+    /// Bytes of the block, segment or mapping.
     pub size: u64,
+    /// The stream (kiln: the device's one queue, 0).
     pub stream: u64,
     /// Microseconds since the Unix epoch.
     pub time_us: u64,
+    /// PyTorch's compile context; kiln has none and writes an empty string.
     pub compile_context: &'static str,
+    /// PyTorch's user metadata string; empty in kiln.
     pub user_metadata: String,
+    /// Where the allocation came from, when `record_memory_history` captures frames.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_frames")]
     pub frames: Option<Frames>,
     /// kiln's: what the block held, on `alloc` (as allocated) and on the frees (as it ended).
@@ -208,6 +234,7 @@ impl Drop for History {
     }
 }
 
+/// Microseconds since the Unix epoch, the clock of trace entries.
 pub fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

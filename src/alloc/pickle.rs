@@ -33,6 +33,7 @@ const STOP: u8 = b'.';
 /// Python's pickler batches APPENDS/SETITEMS by this many items.
 const BATCH: usize = 1000;
 
+/// A value PyTorch's snapshot format cannot hold.
 #[derive(Debug)]
 pub struct PickleError(String);
 
@@ -56,6 +57,7 @@ pub fn to_pickle<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, PickleErro
     Ok(out.0)
 }
 
+/// Writes Python pickle protocol 2, as `torch.cuda.memory._dump_snapshot` does.
 pub struct Pickler(Vec<u8>);
 
 impl Pickler {

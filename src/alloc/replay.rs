@@ -7,42 +7,73 @@ use crate::{Error, Result};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 
+/// One event of a recorded allocator trace.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum TraceEvent {
-    Alloc { id: u64, size: u64 },
-    Free { id: u64 },
+    /// `torch.empty(size)` kept as `id`.
+    Alloc {
+        /// The allocation's id in the trace.
+        id: u64,
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// `del` of allocation `id`.
+    Free {
+        /// The allocation's id in the trace.
+        id: u64,
+    },
+    /// `torch.cuda.empty_cache()`.
     EmptyCache,
+    /// `torch.cuda.reset_peak_memory_stats()`.
     ResetPeak,
 }
 
+/// What PyTorch reported after one event.
 #[derive(Debug, Deserialize)]
 pub struct ExpectedStep {
+    /// The error PyTorch raised, if the event failed (an out-of-memory message).
     pub error: Option<String>,
+    /// `memory_stats()` after the event.
     pub stats: BTreeMap<String, i64>,
 }
 
+/// One block of a segment as PyTorch's snapshot lists it.
 #[derive(Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
 pub struct ExpectedBlock {
+    /// Bytes of the block.
     pub size: u64,
+    /// Bytes asked for (before rounding).
     pub requested_size: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: String,
 }
 
+/// One segment as PyTorch's snapshot lists it.
 #[derive(Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
 pub struct ExpectedSegment {
+    /// Bytes of the segment.
     pub total_size: u64,
+    /// Bytes of its allocated blocks.
     pub allocated_size: u64,
+    /// Bytes of its active blocks.
     pub active_size: u64,
+    /// Bytes asked for by its blocks' requests.
     pub requested_size: u64,
+    /// `small` or `large`.
     pub segment_type: String,
+    /// Its blocks, in address order.
     pub blocks: Vec<ExpectedBlock>,
 }
 
+/// Everything PyTorch reported for a trace.
 #[derive(Debug, Deserialize)]
 pub struct Expected {
+    /// The statistics after each event.
     pub steps: Vec<ExpectedStep>,
+    /// `memory_summary()` at the end.
     pub summary: String,
+    /// The segments at the end, largest first.
     pub segments_sorted_by_size: Vec<ExpectedSegment>,
     /// The final segments with addresses (expandable recordings): their layout is compared
     /// relative to the range each lies in.
@@ -50,20 +81,31 @@ pub struct Expected {
     pub segments: Option<Vec<LaidOutSegment>>,
 }
 
+/// A block at its address, as a replay laid it out.
 #[derive(Debug, Deserialize, Clone)]
 pub struct LaidOutBlock {
+    /// The block's address.
     pub address: u64,
+    /// Bytes of the block.
     pub size: u64,
+    /// Bytes asked for.
     pub requested_size: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: String,
 }
 
+/// A segment at its address, as a replay laid it out.
 #[derive(Debug, Deserialize, Clone)]
 pub struct LaidOutSegment {
+    /// The segment's address.
     pub address: u64,
+    /// Bytes of the segment.
     pub total_size: u64,
+    /// `small` or `large`.
     pub segment_type: String,
+    /// Whether it is an expandable segment.
     pub is_expandable: bool,
+    /// Its blocks, in address order.
     pub blocks: Vec<LaidOutBlock>,
 }
 
@@ -140,10 +182,15 @@ impl Ranges {
 /// One recorded case.
 #[derive(Debug, Deserialize)]
 pub struct AllocTrace {
+    /// The trace's name.
     pub name: String,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` it was recorded under.
     pub alloc_conf: Option<String>,
+    /// The memory limit it was recorded under, if any.
     pub memory_limit_bytes: Option<u64>,
+    /// The events, in order.
     pub events: Vec<TraceEvent>,
+    /// What PyTorch reported.
     pub expected: Expected,
     /// `segment_map`/`segment_unmap` (and `segment_alloc`/`segment_free`) trace entries as
     /// (action, address, size), where recorded.
@@ -156,8 +203,11 @@ pub struct AllocTrace {
 pub struct Mismatch {
     /// Event index, or `None` for the final segments and summary.
     pub event: Option<usize>,
+    /// The statistic or item that differs.
     pub key: String,
+    /// kiln's value.
     pub got: String,
+    /// PyTorch's value.
     pub expected: String,
 }
 
@@ -176,6 +226,7 @@ impl std::fmt::Display for Mismatch {
 }
 
 impl AllocTrace {
+    /// Parses a trace file written by `tools/record_trace_in_torch.py`.
     pub fn from_json(text: &str) -> Result<Self> {
         serde_json::from_str(text).map_err(|e| Error::InvalidArgument {
             op: "AllocTrace::from_json",

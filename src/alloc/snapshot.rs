@@ -11,51 +11,80 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockState {
+    /// Handed out and in use.
     ActiveAllocated,
     /// Freed by its owner, waiting for recorded uses to complete.
     ActivePendingFree,
+    /// Free, in its pool.
     Inactive,
 }
 
+/// One block of a segment (PyTorch's snapshot `blocks` entry).
 #[derive(Clone, Debug, Serialize)]
 pub struct BlockInfo {
+    /// The block's address.
     pub address: u64,
+    /// Bytes of the block.
     pub size: u64,
+    /// Bytes asked for (before rounding).
     pub requested_size: u64,
+    /// Whether it is in use, pending free, or free.
     pub state: BlockState,
+    /// Where it was allocated (with history on).
     pub frames: Vec<Frame>,
     /// kiln's: what an allocated block holds (not in PyTorch's snapshot files).
     #[serde(skip)]
     pub category: super::category::MemoryCategory,
 }
 
+/// One segment (PyTorch's snapshot `segments` entry).
 #[derive(Clone, Debug, Serialize)]
 pub struct SegmentInfo {
+    /// The device index.
     pub device: u32,
+    /// The segment's address.
     pub address: u64,
+    /// Bytes of the segment.
     pub total_size: u64,
+    /// Bytes of its allocated blocks.
     pub allocated_size: u64,
+    /// Bytes of its active blocks.
     pub active_size: u64,
+    /// Bytes asked for by its blocks' requests.
     pub requested_size: u64,
+    /// The stream it belongs to.
     pub stream: u64,
+    /// `small` or `large`.
     pub segment_type: &'static str,
+    /// PyTorch's private-pool id; `(0, 0)` for the default pools.
     pub segment_pool_id: (u64, u64),
+    /// Whether it is an expandable segment.
     pub is_expandable: bool,
+    /// Where it was allocated (with history on).
     pub frames: Vec<Frame>,
+    /// Its blocks, in address order.
     pub blocks: Vec<BlockInfo>,
 }
 
+/// The allocator settings a snapshot records, with PyTorch's keys.
 #[derive(Clone, Debug, Serialize)]
 pub struct AllocatorSettings {
+    /// The configuration string in force.
     #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF")]
     pub alloc_conf: String,
     /// Bytes, or -1 when unlimited.
     pub max_split_size: i64,
+    /// `garbage_collection_threshold` (0 when off).
     pub garbage_collection_threshold: f64,
+    /// Whether `expandable_segments` is on.
     pub expandable_segments: bool,
+    /// PyTorch's pinned-memory registration threads (kiln: its default).
     pub pinned_num_register_threads: u32,
+    /// PyTorch's setting of the same name (kiln: always false).
     pub release_lock_on_cudamalloc: bool,
+    /// PyTorch's setting of the same name (kiln: always false).
     pub pinned_use_cuda_host_register: bool,
+    /// PyTorch's setting of the same name (kiln: always false).
     pub graph_capture_record_stream_reuse: bool,
     /// Interval start in MB -> divisions.
     pub roundup_power2_divisions: BTreeMap<String, u64>,
@@ -64,13 +93,18 @@ pub struct AllocatorSettings {
 /// `torch.cuda.memory._snapshot()`'s dict.
 #[derive(Clone, Debug, Serialize)]
 pub struct Snapshot {
+    /// Every segment of every pool.
     pub segments: Vec<SegmentInfo>,
+    /// The alloc/free history, one ring per device.
     pub device_traces: Vec<Vec<TraceEntry>>,
+    /// The settings in force.
     pub allocator_settings: AllocatorSettings,
+    /// PyTorch's external annotations (kiln: none).
     pub external_annotations: Vec<serde_json::Value>,
 }
 
 impl Snapshot {
+    /// The snapshot as JSON (the same keys as the pickle).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("snapshot is plain data")
     }

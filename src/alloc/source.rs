@@ -15,7 +15,9 @@ pub enum SourceError {
 /// What the backend can say about device memory. `None` where it cannot tell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemInfo {
+    /// Free device memory, in bytes.
     pub free: Option<u64>,
+    /// Total device memory, in bytes.
     pub total: Option<u64>,
 }
 
@@ -127,6 +129,7 @@ impl HostMemory {
         };
         Some(HostMemory { words, size_bytes })
     }
+    /// Bytes the segment holds.
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
@@ -180,11 +183,13 @@ impl SegmentSource for HostSource {
 /// A source that lends sizes, not memory, with an optional capacity: it stands in for a device
 /// in trace replays and property tests, where PyTorch's recorded figures depend only on sizes.
 pub struct SimulatedSource {
+    /// The most the source lends at once; `None`: unlimited.
     pub capacity: Option<u64>,
     in_use: u64,
 }
 
 impl SimulatedSource {
+    /// A source with `capacity` bytes (or none).
     pub fn new(capacity: Option<u64>) -> Self {
         SimulatedSource {
             capacity,

@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 /// One counter with its high-water mark and lifetime totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stat {
+    /// The value now.
     pub current: i64,
+    /// The highest value since the last peak reset.
     pub peak: i64,
+    /// The total added since the last accumulated reset.
     pub allocated: i64,
+    /// The total removed since the last accumulated reset.
     pub freed: i64,
 }
 
@@ -34,11 +38,14 @@ impl Stat {
 /// Which pool a block or segment belongs to; indexes a `StatArray` after `All`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {
+    /// Blocks of at most 1 MiB, from 2 MiB segments.
     Small,
+    /// Larger blocks, from larger segments.
     Large,
 }
 
 impl PoolKind {
+    /// `small` or `large`, as snapshots name the pool (`memory_stats` keys add `_pool`).
     pub fn name(self) -> &'static str {
         match self {
             PoolKind::Small => "small",
@@ -52,6 +59,7 @@ impl PoolKind {
 pub struct StatArray(pub [Stat; 3]);
 
 impl StatArray {
+    /// The pool names of `memory_stats` keys, `all` first.
     pub const POOL_NAMES: [&'static str; 3] = ["all", "small_pool", "large_pool"];
 
     /// Updates "all" and the block's own pool.
@@ -69,9 +77,11 @@ impl StatArray {
             PoolKind::Large => 2,
         }
     }
+    /// The statistic over both pools.
     pub fn all(&self) -> &Stat {
         &self.0[0]
     }
+    /// The statistic of one pool.
     pub fn pool(&self, pool: PoolKind) -> &Stat {
         &self.0[Self::index(pool)]
     }
@@ -80,21 +90,37 @@ impl StatArray {
 /// Everything `memory_stats()` reports for one device.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceStats {
+    /// Blocks handed out (`allocation.*`).
     pub allocation: StatArray,
+    /// Segments reserved (`segment.*`).
     pub segment: StatArray,
+    /// Blocks in use or pending free (`active.*`).
     pub active: StatArray,
+    /// Free blocks split off a larger one (`inactive_split.*`).
     pub inactive_split: StatArray,
+    /// Bytes handed out (`allocated_bytes.*`).
     pub allocated_bytes: StatArray,
+    /// Bytes reserved (`reserved_bytes.*`).
     pub reserved_bytes: StatArray,
+    /// Bytes of active blocks (`active_bytes.*`).
     pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks (`inactive_split_bytes.*`).
     pub inactive_split_bytes: StatArray,
+    /// Bytes asked for, before rounding (`requested_bytes.*`).
     pub requested_bytes: StatArray,
+    /// Allocations above `max_split_size` (`oversize_allocations.*`).
     pub oversize_allocations: Stat,
+    /// Segments above `max_split_size` (`oversize_segments.*`).
     pub oversize_segments: Stat,
+    /// Allocations that released the cache and retried.
     pub num_alloc_retries: i64,
+    /// Out-of-memory errors raised.
     pub num_ooms: i64,
+    /// Times every stream was synchronised.
     pub num_sync_all_streams: i64,
+    /// Segments reserved from the device.
     pub num_device_alloc: i64,
+    /// Segments released to the device.
     pub num_device_free: i64,
     /// Fixed when the allocator is created (-1 = unlimited), as in PyTorch.
     pub max_split_size: i64,

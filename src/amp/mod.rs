@@ -1,5 +1,5 @@
 //! Automatic mixed precision, as `torch.amp`: `autocast` regions (the policy itself lives with
-//! the ops, in `ops/autocast.rs`, because ops consult it) and `GradScaler`. See Note [Autocast]
+//! the ops, in `ops/autocast.rs`, because ops consult it) and `GradScaler`. See Note \[Autocast\]
 //! in ARCHITECTURE.md.
 
 mod scaler;

@@ -119,6 +119,7 @@ impl GradScaler {
         self
     }
 
+    /// Whether the scaler scales at all (`enabled=False` makes every call a pass-through).
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }
@@ -317,14 +318,17 @@ impl GradScaler {
         }
     }
 
+    /// The factor the scale grows by after `growth_interval` steps without inf or NaN.
     pub fn get_growth_factor(&self) -> f64 {
         self.growth_factor
     }
 
+    /// The factor the scale shrinks by after a step with inf or NaN.
     pub fn get_backoff_factor(&self) -> f64 {
         self.backoff_factor
     }
 
+    /// Steps without inf or NaN before the scale grows.
     pub fn get_growth_interval(&self) -> u32 {
         self.growth_interval
     }

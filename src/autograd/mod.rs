@@ -51,6 +51,20 @@ impl Tensor {
 
     /// Computes the gradient of this one-element tensor with respect to the leaves of its graph,
     /// accumulating into their `.grad`; frees the graph's saved tensors.
+    ///
+    /// ```
+    /// use kiln::{DType, Device, Tensor};
+    /// # fn main() -> kiln::Result<()> {
+    /// let dev = Device::cpu()?;
+    /// let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], &dev)?.requires_grad_(true)?;
+    /// let loss = w.mul(&w)?.sum_all()?; // sum(w^2)
+    /// loss.backward()?;
+    /// assert_eq!(w.grad().unwrap().to_vec::<f32>()?, [2.0, 4.0, 6.0]); // 2w
+    /// // As in PyTorch, a second backward finds the graph's saved tensors freed.
+    /// assert!(matches!(loss.backward(), Err(kiln::Error::Autograd { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn backward(&self) -> Result<()> {
         if self.numel() != 1 {
             return Err(Error::Autograd {

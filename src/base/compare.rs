@@ -4,15 +4,22 @@
 /// Comparison ops; results are bool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CmpOp {
+    /// `==`
     Eq,
+    /// `!=`
     Ne,
+    /// `<`
     Lt,
+    /// `<=`
     Le,
+    /// `>`
     Gt,
+    /// `>=`
     Ge,
 }
 
 impl CmpOp {
+    /// Every comparison.
     pub const ALL: [CmpOp; 6] = [
         CmpOp::Eq,
         CmpOp::Ne,
@@ -22,6 +29,7 @@ impl CmpOp {
         CmpOp::Ge,
     ];
 
+    /// PyTorch's name (`eq`, `ne`, `lt`, `le`, `gt`, `ge`).
     pub fn name(self) -> &'static str {
         match self {
             CmpOp::Eq => "eq",

@@ -4,9 +4,13 @@
 /// Stride, padding and dilation per spatial dim (height, width).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dParams {
+    /// Step between windows, (rows, columns).
     pub stride: (usize, usize),
+    /// Zeros added on each side, (rows, columns).
     pub padding: (usize, usize),
+    /// Spacing between a window's taps, (rows, columns).
     pub dilation: (usize, usize),
+    /// Groups of channels convolved separately.
     pub groups: usize,
 }
 

@@ -3,20 +3,25 @@
 
 use super::{Error, Result};
 
+/// An element type, with PyTorch's sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit float.
     F32,
     /// The CPU device only (WGSL has no f64): finite-difference gradient checks run in it.
     F64,
     /// Needs the adapter's `shader-f16` on a GPU.
     F16,
+    /// 32-bit signed integer.
     I32,
+    /// 32-bit unsigned integer.
     U32,
     /// One byte per element, as in PyTorch.
     Bool,
 }
 
 impl DType {
+    /// Bytes per element, as PyTorch counts them (a bool is one byte).
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
@@ -26,10 +31,12 @@ impl DType {
         }
     }
 
+    /// Whether the type is a float (f32, f64 or f16).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16)
     }
 
+    /// The short name (`f32`, `f16`, `i32`, ...), as errors and kernel names print it.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -50,10 +57,15 @@ impl std::fmt::Display for DType {
 
 /// A Rust type that is a tensor element.
 pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
+    /// The dtype of this element type.
     const DTYPE: DType;
+    /// The value as f64 (the CPU reference's arithmetic).
     fn to_f64(self) -> f64;
+    /// The element nearest `v` (rounded, or saturated for integers as `as` does).
     fn from_f64(v: f64) -> Self;
+    /// Appends the element's little-endian bytes.
     fn write_le(self, out: &mut Vec<u8>);
+    /// Reads an element from its little-endian bytes.
     fn read_le(bytes: &[u8]) -> Self;
 }
 

@@ -4,34 +4,58 @@
 /// One-input ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `x` unchanged (a copy).
     Identity,
+    /// `-x`
     Neg,
+    /// `|x|`
     Abs,
+    /// `e^x`
     Exp,
+    /// The natural logarithm.
     Log,
+    /// `sqrt(x)`
     Sqrt,
+    /// `1 / sqrt(x)`
     Rsqrt,
+    /// `1 / x`
     Reciprocal,
+    /// `x * x`
     Square,
+    /// `sin(x)`
     Sin,
+    /// `cos(x)`
     Cos,
+    /// `tanh(x)`
     Tanh,
+    /// `1 / (1 + e^-x)`
     Sigmoid,
+    /// `max(x, 0)`
     Relu,
+    /// GELU with the exact erf, PyTorch's default.
     Gelu,
+    /// GELU with the tanh approximation (`approximate="tanh"`).
     GeluTanh,
+    /// `x * sigmoid(x)` (SiLU, swish).
     Silu,
 }
 
 /// Two-input ops (with NumPy broadcasting), also with a scalar as the second operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `x + y`
     Add,
+    /// `x - y`
     Sub,
+    /// `x * y`
     Mul,
+    /// `x / y`
     Div,
+    /// `x ^ y`
     Pow,
+    /// The larger of the two (NaN wins, as PyTorch's `maximum`).
     Maximum,
+    /// The smaller of the two (NaN wins, as PyTorch's `minimum`).
     Minimum,
     /// The second operand: `copy_` and `fill_`.
     Right,
@@ -43,6 +67,7 @@ pub enum BinaryOp {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 impl UnaryOp {
+    /// Every unary op.
     pub const ALL: [UnaryOp; 17] = [
         UnaryOp::Identity,
         UnaryOp::Neg,
@@ -63,6 +88,7 @@ impl UnaryOp {
         UnaryOp::Silu,
     ];
 
+    /// PyTorch's name (`neg`, `exp`, `gelu`, ...).
     pub fn name(self) -> &'static str {
         match self {
             UnaryOp::Identity => "copy",
@@ -296,6 +322,7 @@ impl BinaryOp {
         BinaryOp::Grad(UnaryOp::Silu),
     ];
 
+    /// Every binary op but the gradient forms.
     pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -307,6 +334,7 @@ impl BinaryOp {
         BinaryOp::Right,
     ];
 
+    /// PyTorch's name (`add`, `mul`, `maximum`, ...).
     pub fn name(self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -321,6 +349,7 @@ impl BinaryOp {
         }
     }
 
+    /// The op as a WGSL expression over `x` and `y` in the float compute type.
     pub fn wgsl_float(self) -> &'static str {
         match self {
             BinaryOp::Add => "x + y",
@@ -349,6 +378,7 @@ impl BinaryOp {
         }
     }
 
+    /// The CPU reference of the op, in f64.
     pub fn cpu(self, x: f64, y: f64) -> f64 {
         match self {
             BinaryOp::Grad(op) => op.grad_cpu(x, y),

@@ -13,11 +13,15 @@ pub struct OutOfMemory {
     pub alloc_size: u64,
     /// Device capacity and free memory, where the backend reports them.
     pub total: Option<u64>,
+    /// Free device memory, where the backend reports it.
     pub free: Option<u64>,
     /// The cap on reserved memory, when one is set.
     pub allowed: Option<u64>,
+    /// Bytes the allocator has handed out.
     pub allocated: u64,
+    /// Bytes the allocator has reserved.
     pub reserved: u64,
+    /// Whether the request exceeds an exabyte (PyTorch words that case differently).
     pub more_than_1eb: bool,
     /// kiln's, beyond PyTorch's message (its issue #29554): the largest free block the cache
     /// holds, so that fragmentation shows (reserved but unallocated memory is free, but no

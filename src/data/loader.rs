@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 /// A map-style dataset (PyTorch's `Dataset`): samples of one shape with class labels.
 pub trait Dataset: Send + Sync + 'static {
+    /// The number of samples.
     fn len(&self) -> usize;
+    /// Whether there are no samples.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -41,6 +43,7 @@ impl Dataset for ImageSet {
 /// PyTorch's `DataLoader` arguments that kiln has.
 #[derive(Clone, Debug)]
 pub struct LoaderOptions {
+    /// Samples per batch.
     pub batch_size: usize,
     /// A fresh permutation each epoch (seeded: the same order on every run).
     pub shuffle: bool,
@@ -54,6 +57,7 @@ pub struct LoaderOptions {
     /// Threads that assemble each batch (PyTorch's `num_workers`, which kiln spends within a
     /// batch: one loader thread hands batches out in order, its helpers split the samples).
     pub num_workers: usize,
+    /// The seed of the shuffle (each epoch's permutation follows from it and the epoch).
     pub seed: u64,
     /// This process's share of each epoch (PyTorch's `sampler=DistributedSampler(...)`); `None`:
     /// every sample.
@@ -69,12 +73,16 @@ pub struct LoaderOptions {
 /// forget: each epoch's shuffle differs as it does after PyTorch's `sampler.set_epoch(epoch)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DistributedSampler {
+    /// Processes taking part (the world size).
     pub num_replicas: usize,
+    /// This process's rank, below `num_replicas`.
     pub rank: usize,
+    /// Cut the epoch so every rank gets the same whole number of samples, instead of padding it.
     pub drop_last: bool,
 }
 
 impl DistributedSampler {
+    /// Rank `rank` of `num_replicas`, padding the epoch (PyTorch's defaults).
     pub fn new(num_replicas: usize, rank: usize) -> Result<DistributedSampler> {
         if num_replicas == 0 || rank >= num_replicas {
             return Err(Error::InvalidArgument {
@@ -132,6 +140,7 @@ impl Default for LoaderOptions {
     }
 }
 
+/// PyTorch's `DataLoader`: batches of a dataset on a device, assembled in pinned memory on a worker thread and uploaded ahead with non-blocking copies (see `LoaderOptions`).
 pub struct DataLoader<D: Dataset> {
     dataset: Arc<D>,
     device: Device,
@@ -150,16 +159,22 @@ pub struct DataLoader<D: Dataset> {
 /// loader restored from it hands out exactly the batches the saved one would have next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderState {
+    /// The epoch being handed out.
     pub epoch: u64,
+    /// Batches of it handed out.
     pub position: usize,
+    /// The shuffle's seed.
     pub seed: u64,
+    /// Samples per batch.
     pub batch_size: usize,
+    /// Samples in the dataset.
     pub dataset_len: usize,
 }
 
 /// A loader whose position a training checkpoint saves and restores (object safe, so that one
 /// checkpoint call takes any `DataLoader<D>`).
 pub trait Resumable {
+    /// Where the loader is now.
     fn loader_state(&self) -> LoaderState;
     /// Checks that `state` fits this loader (same dataset size and batch size, a position
     /// within the epoch) without changing anything.
@@ -222,10 +237,11 @@ impl<D: Dataset> Resumable for DataLoader<D> {
     }
 }
 
-/// One batch on the device: features [n, ...sample_shape] (f32) and labels [n] (i32).
+/// One batch on the device: features [n, ...sample_shape] (f32) and labels `[n]` (i32).
 pub type Batch = (Tensor, Tensor);
 
 impl<D: Dataset> DataLoader<D> {
+    /// A loader over `dataset` that puts batches on `device`.
     pub fn new(dataset: Arc<D>, device: &Device, options: LoaderOptions) -> Result<Self> {
         if options.batch_size == 0 {
             return Err(Error::InvalidArgument {
@@ -260,6 +276,7 @@ impl<D: Dataset> DataLoader<D> {
         }
     }
 
+    /// Whether an epoch has no batches.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

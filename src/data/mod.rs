@@ -13,17 +13,23 @@ use std::path::Path;
 
 /// Images [n, 1, side, side] in [0, 1] (row-major, f32) with i32 labels.
 pub struct ImageSet {
+    /// The images, row-major, `side * side` floats each, in [0, 1].
     pub images: Vec<f32>,
+    /// Each image's class.
     pub labels: Vec<i32>,
+    /// The images' height and width.
     pub side: usize,
+    /// The number of classes.
     pub classes: usize,
 }
 
 impl ImageSet {
+    /// The number of images.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether there are no images.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

@@ -5,11 +5,17 @@ use std::sync::OnceLock;
 /// The optional features kiln cares about.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KilnFeatures {
+    /// 16-bit floats in shaders (`shader-f16`).
     pub shader_f16: bool,
+    /// Timestamp queries around passes.
     pub timestamp_query: bool,
+    /// Timestamp queries inside compute passes (per-kernel times).
     pub timestamp_query_inside_passes: bool,
+    /// Subgroup operations.
     pub subgroups: bool,
+    /// Immediates (push constants): kiln's per-dispatch parameters.
     pub immediates: bool,
+    /// Cooperative matrices (tensor cores).
     pub cooperative_matrix: bool,
     /// Vulkan sparse buffer binding (sparseBinding and sparseResidencyBuffer): what
     /// `expandable_segments:True` maps pages with.
@@ -50,13 +56,21 @@ impl KilnFeatures {
 /// The limits that bound kiln's segments, bindings and dispatches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KilnLimits {
+    /// The largest buffer, in bytes.
     pub max_buffer_size: u64,
+    /// The largest storage binding, in bytes.
     pub max_storage_buffer_binding_size: u64,
+    /// The alignment of a storage binding's offset, in bytes.
     pub min_storage_buffer_offset_alignment: u32,
+    /// Storage buffers a shader may bind.
     pub max_storage_buffers_per_shader_stage: u32,
+    /// Bytes of immediates a pipeline may take.
     pub max_immediate_size: u32,
+    /// Workgroups a dispatch may have along each dimension.
     pub max_compute_workgroups_per_dimension: u32,
+    /// Invocations a workgroup may have.
     pub max_compute_invocations_per_workgroup: u32,
+    /// Bytes of workgroup memory a workgroup may have.
     pub max_compute_workgroup_storage_size: u32,
 }
 
@@ -80,12 +94,19 @@ impl KilnLimits {
 pub struct AdapterInfo {
     /// `vulkan:0`, `gl:0`, ...: what `KILN_DEVICE` and `Device::from_spec` accept.
     pub spec: String,
+    /// The adapter's name, as the driver gives it.
     pub name: String,
+    /// Vulkan, Metal, DX12 or GL.
     pub backend: wgpu::Backend,
+    /// Discrete, integrated, virtual, CPU (software) or other.
     pub device_type: wgpu::DeviceType,
+    /// The driver's name.
     pub driver: String,
+    /// The driver's version string.
     pub driver_info: String,
+    /// What kiln uses of the adapter's features.
     pub features: KilnFeatures,
+    /// The limits kiln asks for.
     pub limits: KilnLimits,
     /// Device-local memory, where the backend reports it (Vulkan heaps).
     pub memory_bytes: Option<u64>,

@@ -113,6 +113,7 @@ impl DeviceBlock {
         })
     }
 
+    /// The device the block belongs to.
     pub fn device(&self) -> &Device {
         &self.device
     }

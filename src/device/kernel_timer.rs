@@ -15,13 +15,17 @@ const QUERIES_PER_SET: u32 = 4096;
 /// One timed dispatch or copy.
 #[derive(Clone, Debug)]
 pub struct KernelEntry {
+    /// The kernel's or copy's name.
     pub name: String,
     /// Bytes moved (copies).
     pub bytes: u64,
+    /// Whether it is a copy rather than a kernel.
     pub is_copy: bool,
+    /// The host thread that recorded it.
     pub thread: u64,
     /// When the host recorded it.
     pub cpu_start: Instant,
+    /// When the host finished recording it.
     pub cpu_end: Instant,
     slot: Option<(usize, u32)>,
     /// GPU start and end in nanoseconds of the device's clock, once resolved.

@@ -69,7 +69,9 @@ pub(crate) use crate::base::lock;
 /// generator is counter-based, as CUDA's Philox is, so this pair is all of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RngState {
+    /// The generator's seed (`manual_seed`).
     pub seed: u64,
+    /// How many values were drawn since seeding.
     pub offset: u64,
 }
 
@@ -286,6 +288,7 @@ impl Device {
         }
     }
 
+    /// Whether this is the CPU device.
     pub fn is_cpu(&self) -> bool {
         matches!(self.0.backend, Backend::Cpu(_))
     }
@@ -421,6 +424,7 @@ impl Device {
         with_alloc!(self, a => a.stats().allocated_bytes.all().current as u64)
     }
 
+    /// `torch.cuda.max_memory_allocated()`: the peak of `memory_allocated` since the last reset.
     pub fn max_memory_allocated(&self) -> u64 {
         with_alloc!(self, a => a.stats().allocated_bytes.all().peak as u64)
     }
@@ -430,19 +434,37 @@ impl Device {
         with_alloc!(self, a => a.stats().reserved_bytes.all().current as u64)
     }
 
+    /// `torch.cuda.max_memory_reserved()`: the peak of `memory_reserved` since the last reset.
     pub fn max_memory_reserved(&self) -> u64 {
         with_alloc!(self, a => a.stats().reserved_bytes.all().peak as u64)
     }
 
     /// The 122 statistics of `torch.cuda.memory_stats()`, sorted by key.
+    ///
+    /// ```
+    /// use kiln::{DType, Device, Tensor};
+    /// # fn main() -> kiln::Result<()> {
+    /// let dev = Device::cpu()?;
+    /// let t = Tensor::zeros(&[256], DType::F32, &dev)?; // 1 KiB: a small-pool block
+    /// let stats = dev.memory_stats();
+    /// assert_eq!(stats.len(), 122);
+    /// assert_eq!(stats["allocated_bytes.small_pool.current"], 1024);
+    /// assert_eq!(stats["segment.small_pool.current"], 1); // one 2 MiB segment
+    /// drop(t);
+    /// assert_eq!(dev.memory_stats()["allocated_bytes.all.current"], 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
         with_alloc!(self, a => a.stats().to_map())
     }
 
+    /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak_memory_stats(&self) {
         with_alloc!(self, a => a.reset_peak_stats())
     }
 
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated_memory_stats(&self) {
         with_alloc!(self, a => a.reset_accumulated_stats())
     }
@@ -472,6 +494,18 @@ impl Device {
     }
 
     /// PyTorch's `memory_summary` table, titled with kiln and the adapter.
+    ///
+    /// ```
+    /// # fn main() -> kiln::Result<()> {
+    /// let dev = kiln::Device::cpu()?;
+    /// let t = kiln::Tensor::zeros(&[1 << 20], kiln::DType::F32, &dev)?;
+    /// let summary = dev.memory_summary(false);
+    /// assert!(summary.contains("Allocated memory"));
+    /// assert!(summary.contains("4096 KiB")); // the 4 MiB tensor, as PyTorch prints it
+    /// # drop(t);
+    /// # Ok(())
+    /// # }
+    /// ```
     /// After PyTorch's table, one line of kiln's: the largest free cached block beside the
     /// reserved but unallocated bytes, so that fragmentation shows (PyTorch issue #29554).
     pub fn memory_summary(&self, abbreviated: bool) -> String {

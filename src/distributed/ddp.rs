@@ -489,6 +489,7 @@ impl<M: Module> DistributedDataParallel<M> {
         Self::with_options(module, group, DdpOptions::default())
     }
 
+    /// Wraps `module` for data-parallel training in `group` with `options` (bucket size, `gradient_as_bucket_view`, ...), broadcasting rank 0's parameters and buffers first.
     pub fn with_options(module: M, group: &ProcessGroup, options: DdpOptions) -> Result<Self> {
         let bad = |msg: String| Error::InvalidArgument {
             op: "DistributedDataParallel",
@@ -553,10 +554,12 @@ impl<M: Module> DistributedDataParallel<M> {
         &self.module
     }
 
+    /// The wrapped module, mutably.
     pub fn module_mut(&mut self) -> &mut M {
         &mut self.module
     }
 
+    /// The process group its buckets are reduced in.
     pub fn process_group(&self) -> &ProcessGroup {
         &self.reducer.group
     }

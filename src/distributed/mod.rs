@@ -1,7 +1,7 @@
 //! Data parallelism in the image of `torch.distributed`: one process per GPU, a process group
 //! over MPI, collectives on tensors, and `DistributedDataParallel`.
 //!
-//! Note [Distributed]: wgpu has no collectives and no peer access between devices, so kiln
+//! Note \[Distributed\]: wgpu has no collectives and no peer access between devices, so kiln
 //! leaves the wire to MPI, which runs on every cluster and on one host alike. A GPU tensor
 //! travels through kiln's pinned pool: chunks are copied device to pinned memory, the transport
 //! works on the pinned memory in place, and the result is copied back, several chunks in flight
@@ -52,11 +52,15 @@ use std::time::Duration;
 /// `torch.distributed.ReduceOp`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Elementwise sum.
     Sum,
     /// The sum divided by the world size (floating-point tensors).
     Avg,
+    /// Elementwise product.
     Product,
+    /// Elementwise minimum.
     Min,
+    /// Elementwise maximum.
     Max,
 }
 
@@ -227,10 +231,12 @@ pub fn get_world_size() -> Result<usize> {
 }
 
 impl ProcessGroup {
+    /// This process's rank.
     pub fn rank(&self) -> usize {
         self.0.comm.rank
     }
 
+    /// The number of processes.
     pub fn world_size(&self) -> usize {
         self.0.comm.size
     }
@@ -250,6 +256,7 @@ impl ProcessGroup {
         &self.0.comm.transport
     }
 
+    /// How long a collective waits for the other ranks before it fails.
     pub fn timeout(&self) -> Duration {
         self.0.comm.timeout
     }

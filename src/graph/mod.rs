@@ -64,6 +64,7 @@ pub struct RemovableHandle {
 }
 
 impl RemovableHandle {
+    /// Removes the hook; later accumulations no longer call it.
     pub fn remove(&self) {
         if let Some(meta) = self.meta.upgrade() {
             lock(&meta.hooks).retain(|(id, _)| *id != self.id);

@@ -34,8 +34,11 @@ impl PinnedKind {
 /// Creates and frees staging memory (PyTorch's `cudaHostAlloc`/`cudaFreeHost`) and answers
 /// event queries. No policy.
 pub trait PinnedSource: Send {
+    /// A piece of staging memory.
     type Segment: Clone + Send + Sync;
+    /// Creates staging memory of `size_bytes` for `kind` copies (`cudaHostAlloc`).
     fn allocate(&mut self, size_bytes: u64, kind: PinnedKind) -> crate::Result<Self::Segment>;
+    /// Frees staging memory (`cudaFreeHost`).
     fn free(&mut self, segment: Self::Segment);
     /// Whether the work behind `event` has completed. Never blocks.
     fn event_completed(&mut self, event: u64) -> bool;
@@ -44,9 +47,13 @@ pub trait PinnedSource: Send {
 /// PyTorch's `c10::CachingAllocator::DurationStat`, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DurationStat {
+    /// Microseconds in all.
     pub total: i64,
+    /// The longest, in microseconds.
     pub max: i64,
+    /// The shortest, in microseconds.
     pub min: i64,
+    /// How many were timed.
     pub count: i64,
 }
 
@@ -81,13 +88,19 @@ struct BucketStats {
 pub struct HostStats {
     /// Blocks owned (checked out or cached).
     pub allocations: Stat,
+    /// Bytes handed out.
     pub allocated_bytes: Stat,
     /// Blocks checked out (including those waiting for their copies).
     pub active_requests: Stat,
+    /// Bytes in use or waiting for their events.
     pub active_bytes: Stat,
+    /// Time spent creating staging memory.
     pub host_alloc_time: DurationStat,
+    /// Time spent freeing it.
     pub host_free_time: DurationStat,
+    /// Staging allocations made.
     pub num_host_alloc: i64,
+    /// Staging allocations freed.
     pub num_host_free: i64,
 }
 
@@ -137,11 +150,15 @@ struct Block<G> {
 /// A block handed out: its id (for `record_event`/`free`), rounded size and memory.
 #[derive(Clone, Debug)]
 pub struct HostBlock<G> {
+    /// The block's id, for `record_event` and `free`.
     pub id: usize,
+    /// Bytes, rounded up to a power of two.
     pub size: u64,
+    /// The memory.
     pub segment: G,
 }
 
+/// PyTorch's `CachingHostAllocator`: pinned blocks in power-of-two buckets, reused once the events recorded on them complete.
 pub struct CachingHostAllocator<S: PinnedSource> {
     source: S,
     blocks: Vec<Option<Block<S::Segment>>>,
@@ -165,6 +182,7 @@ fn micros(since: Instant) -> i64 {
 }
 
 impl<S: PinnedSource> CachingHostAllocator<S> {
+    /// An allocator over `source`, holding no memory yet.
     pub fn new(source: S) -> Self {
         CachingHostAllocator {
             source,
@@ -180,6 +198,7 @@ impl<S: PinnedSource> CachingHostAllocator<S> {
         }
     }
 
+    /// The staging source.
     pub fn source(&mut self) -> &mut S {
         &mut self.source
     }
@@ -381,7 +400,9 @@ impl<S: PinnedSource> CachingHostAllocator<S> {
 
 /// Staging memory from the heap with events completed by hand: the policy's test source.
 pub struct SimulatedPinnedSource {
+    /// The highest event that counts as complete.
     pub completed: u64,
+    /// Bytes of live staging memory.
     pub live_bytes: u64,
 }
 

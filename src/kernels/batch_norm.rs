@@ -10,16 +10,25 @@
 pub enum BatchNormPass {
     /// Partial sums per (channel, chunk); `relu` only backward.
     Reduce {
+        /// The backward pass's sums (of the gradient and the gradient times the normalised input).
         backward: bool,
+        /// Whole vec4s per invocation.
         vec4: bool,
+        /// The gradient masked by the forward's ReLU first.
         relu: bool,
     },
     /// One invocation per channel: statistics (forward) or coefficients (backward).
-    Finalize { backward: bool },
+    Finalize {
+        /// The backward pass's coefficients.
+        backward: bool,
+    },
     /// The elementwise output (forward) or input gradient (backward).
     Apply {
+        /// The backward pass (the input gradient).
         backward: bool,
+        /// Whole vec4s per invocation.
         vec4: bool,
+        /// A ReLU fused in (forward), or its mask applied (backward).
         relu: bool,
     },
 }
@@ -30,6 +39,7 @@ const NORMALISED: &str = "fn normalised(x: {{V}}, scale: f32, shift: f32) -> {{V
      return fma(x, {{V}}(scale), {{V}}(shift));\n}\n";
 
 impl BatchNormPass {
+    /// Every pass, for validation.
     pub fn all() -> Vec<BatchNormPass> {
         let mut v = Vec::new();
         for backward in [false, true] {
@@ -54,6 +64,7 @@ impl BatchNormPass {
         v
     }
 
+    /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
         let (pass, backward, vec4, relu) = match *self {
             BatchNormPass::Reduce {
@@ -76,6 +87,7 @@ impl BatchNormPass {
         )
     }
 
+    /// Storage buffers the pass binds.
     pub fn bindings(&self) -> u32 {
         match *self {
             BatchNormPass::Reduce { backward, .. } => 2 + 2 * backward as u32,
@@ -86,6 +98,7 @@ impl BatchNormPass {
         }
     }
 
+    /// The WGSL entry point of the pass.
     pub fn entry_point(&self) -> &'static str {
         match *self {
             BatchNormPass::Finalize { backward: false } => "forward",
@@ -94,6 +107,7 @@ impl BatchNormPass {
         }
     }
 
+    /// The pass's WGSL.
     pub fn source(&self) -> String {
         let v = |vec4: bool| if vec4 { "vec4<f32>" } else { "f32" };
         match *self {

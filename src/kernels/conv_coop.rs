@@ -104,6 +104,7 @@ impl CoopTile {
         self.generate(LAYOUT, Some([PARAMS, &extra]))
     }
 
+    /// The convolution kernel's name, as the profiler prints it.
     pub fn conv_name(&self) -> String {
         format!(
             "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",

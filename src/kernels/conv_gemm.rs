@@ -59,9 +59,13 @@ impl ConvMode {
 /// tile of 64 rows instead of 128 (`bm64`: for 64 channels, the common case).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvGemm {
+    /// Forward, input gradient or weight gradient, and how the operands are read.
     pub mode: ConvMode,
+    /// The tensors' dtype.
     pub dtype: DType,
+    /// Shared rows padded (33 KiB) rather than swizzled (32 KiB).
     pub padded: bool,
+    /// A tile of 64 rows instead of 128.
     pub bm64: bool,
     /// A 64x256 tile (`FwdVec4` with 64 rows, where a workgroup may have 48 KiB of shared
     /// memory: three tiles with padded rows, 42.5 KiB; `padded` does not apply).
@@ -109,6 +113,7 @@ impl ConvGemm {
         v
     }
 
+    /// Rows of output a workgroup computes (64 or 128).
     pub fn bm(&self) -> u32 {
         if self.bm64 {
             64

@@ -6,9 +6,12 @@ use crate::base::{BinaryOp, DType, UnaryOp};
 /// How many elements one invocation handles (grid-stride, so loads stay coalesced).
 pub const PER_THREAD: u32 = 4;
 
+/// One or two inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Form {
+    /// `f(x)`
     Unary(UnaryOp),
+    /// `f(x, y)`, broadcast
     Binary(BinaryOp),
     /// The second operand is a scalar carried in the immediates.
     Scalar(BinaryOp),
@@ -17,7 +20,9 @@ pub enum Form {
 /// One elementwise kernel variant. Inputs and output share `dtype`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ElementwiseKernel {
+    /// The op.
     pub form: Form,
+    /// The tensors' dtype.
     pub dtype: DType,
     /// All operands contiguous over the output's element order: no index arithmetic.
     pub contiguous: bool,
@@ -69,6 +74,7 @@ impl ElementwiseKernel {
         }
     }
 
+    /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
         let (form, op) = match self.form {
             Form::Unary(op) => ("unary", op.name()),
@@ -85,6 +91,7 @@ impl ElementwiseKernel {
         format!("{form}_{op}_{}_{layout}{inplace}", self.dtype)
     }
 
+    /// Storage buffers the kernel binds.
     pub fn bindings(&self) -> u32 {
         let inputs = match self.form {
             Form::Binary(_) => 2,

@@ -36,6 +36,7 @@ pub enum Operands {
 /// What the vec4 kernel does to its outputs besides the bias (flag bit 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Epilogue {
+    /// The outputs as they are, after the bias.
     Plain,
     /// The outputs clamped at zero after the bias (`ops::linear_relu`: `x @ W^T + b` with the
     /// ReLU that follows it). A kernel of its own: the same clamp behind a flag tested at run
@@ -55,7 +56,9 @@ pub enum Epilogue {
 /// One vec4 kernel: its operands' layouts and its epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Vec4Layout {
+    /// The operands' layouts compiled in (or tested at run time).
     pub operands: Operands,
+    /// What the kernel does to its outputs besides the bias.
     pub epilogue: Epilogue,
 }
 

@@ -37,11 +37,14 @@ use std::fmt::Write;
 /// `coopLoad`), so no layout costs a transpose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CoopLayout {
+    /// A is staged transposed (k-major).
     pub a_t: bool,
+    /// B is staged transposed (n-major).
     pub b_t: bool,
 }
 
 impl CoopLayout {
+    /// The four layouts.
     pub const ALL: [CoopLayout; 4] = [
         CoopLayout {
             a_t: false,
@@ -105,9 +108,11 @@ impl Staged {
 pub struct CoopTile {
     /// Subgroups along M and N.
     pub wm: u32,
+    /// Subgroups along N.
     pub wn: u32,
     /// 16x16 tiles per subgroup along M and N.
     pub tm: u32,
+    /// 16x16 tiles per subgroup along N.
     pub tn: u32,
     /// Depth of a K slice (a multiple of 16).
     pub bk: u32,
@@ -277,14 +282,17 @@ impl CoopTile {
         parsed.filter(|t| t.valid(48 * 1024))
     }
 
+    /// Invocations per workgroup (32 per subgroup).
     pub fn threads(&self) -> u32 {
         self.wm * self.wn * 32
     }
 
+    /// Rows of output a workgroup computes.
     pub fn block_m(&self) -> u32 {
         self.wm * self.tm * 16
     }
 
+    /// Columns of output a workgroup computes.
     pub fn block_n(&self) -> u32 {
         self.wn * self.tn * 16
     }
@@ -359,6 +367,7 @@ impl CoopTile {
             && self.shared_bytes() <= shared_limit
     }
 
+    /// The kernel's name for `layout`, as the profiler and tuner print it.
     pub fn name(&self, layout: CoopLayout) -> String {
         format!(
             "matmul_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}{}{}",

@@ -34,6 +34,7 @@ fn per_word(dtype: DType) -> usize {
     8 / dtype.size_bytes()
 }
 
+/// A product over 64-bit words (CPU adapters): its dtype, outputs per invocation and the operands' layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulWide {
     /// f32 or f16 operands and output (f32 accumulation).
@@ -73,6 +74,7 @@ impl MatmulWide {
         }
     }
 
+    /// Every variant, for validation.
     pub fn all() -> Vec<MatmulWide> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {
@@ -116,6 +118,7 @@ impl MatmulWide {
         }
     }
 
+    /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
         let a = if self.a_k { "ak" } else { "am" };
         let b = if self.b_k { "bk" } else { "bn" };
@@ -382,6 +385,7 @@ pub struct UboWindows {
 }
 
 impl UboWindows {
+    /// The windows for A of `[m, k]` with strides `sam`, `sak` in `dtype`, `tile` rows at a time.
     pub fn new(
         dtype: DType,
         [m, k]: [usize; 2],

@@ -74,8 +74,8 @@
 //!   64 rows a 64x256 tile with padded rows where a workgroup may have 48 KiB), which serves the
 //!   input gradient too (at stride 1 with the taps read in reverse; at stride s phase by phase,
 //!   each residue of row and column mod s a stride-1 pass with a sub-kernel, written through
-//!   output strides); the weight gradient from NHWC copies (`WgradVec4`); pointwise (1x1, stride
-//!   1) convolutions straight from NCHW (`Pointwise`, `PointwiseWgrad`). f16 forward on tensor
+//!   output strides); the weight gradient from NHWC copies (`WgradVec4`); pointwise convolutions
+//!   (1x1, stride 1) straight from NCHW (`Pointwise`, `PointwiseWgrad`). f16 forward on tensor
 //!   cores (`ConvCoop`, `conv_coop.rs`: `matmul_coop.rs`'s generator with the NHWC gather in A's
 //!   loads; NCHW epilogue). Pooling and its input gradient (max pooling's window indices from the
 //!   forward kernel, then a gather per input element, `pool2d_backward.wgsl`).
@@ -257,6 +257,7 @@ pub enum Narrow {
 }
 
 impl Narrow {
+    /// Every narrow kernel.
     pub const ALL: [Narrow; 5] = [
         Narrow::Rows,
         Narrow::Cols,
@@ -265,6 +266,7 @@ impl Narrow {
         Narrow::Rows4,
     ];
 
+    /// The WGSL entry point.
     pub fn entry_point(self) -> &'static str {
         match self {
             Narrow::Rows => "rows",
@@ -371,6 +373,7 @@ impl Kernel {
             .collect()
     }
 
+    /// The kernel's WGSL, specialised.
     pub fn source(&self) -> Cow<'static, str> {
         match self {
             Kernel::Fill => Cow::Borrowed(include_str!("../../shaders/fill.wgsl")),
@@ -552,6 +555,7 @@ impl Kernel {
         }
     }
 
+    /// The kernel's name, as the profiler, the tuner and `shader_stats` print it.
     pub fn name(&self) -> Cow<'static, str> {
         match self {
             Kernel::Fill => Cow::Borrowed("fill"),

@@ -6,20 +6,25 @@
 /// The fused optimizer updates (entry points of `shaders/optim.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OptimKernel {
+    /// SGD (momentum, dampening, nesterov, weight decay), one element per invocation.
     Sgd,
+    /// Adam/AdamW, one element per invocation.
     Adam,
     /// The same updates four elements per invocation (vec4 loads: counts and offsets divisible
     /// by 4), which is what reaches HBM bandwidth.
     Sgd4,
+    /// Adam/AdamW over vec4s.
     Adam4,
     /// f32 updates eight elements per invocation as four 64-bit words
     /// (`shaders/optim_words.wgsl`: counts and offsets divisible by 8, adapters with 64-bit
     /// integers), a CPU adapter's kernels.
     SgdWords,
+    /// Adam/AdamW over 64-bit words.
     AdamWords,
 }
 
 impl OptimKernel {
+    /// Every optimizer kernel.
     pub const ALL: [OptimKernel; 6] = [
         OptimKernel::Sgd,
         OptimKernel::Adam,

@@ -3,6 +3,7 @@
 
 use crate::base::{CmpOp, DType};
 
+/// What a predicate kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PredicateForm {
     /// `a OP b` over two strided operands.
@@ -20,8 +21,11 @@ pub enum PredicateForm {
 /// One variant: `input` is the dtype of the compared/cast/selected values, `output` the result's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PredicateKernel {
+    /// What it computes.
     pub form: PredicateForm,
+    /// The dtype of the compared, cast or selected values.
     pub input: DType,
+    /// The result's dtype.
     pub output: DType,
 }
 
@@ -66,6 +70,7 @@ fn convert(v: &str, from: DType, to: DType) -> String {
 }
 
 impl PredicateKernel {
+    /// The kernel's name, as the profiler prints it.
     pub fn name(&self) -> String {
         let form = match self.form {
             PredicateForm::Compare(op) => op.name().to_string(),
@@ -77,6 +82,7 @@ impl PredicateKernel {
         format!("{form}_{}_{}", self.input, self.output)
     }
 
+    /// Storage buffers the kernel binds.
     pub fn bindings(&self) -> u32 {
         match self.form {
             PredicateForm::Compare(_) | PredicateForm::Select => 3,
@@ -93,6 +99,7 @@ impl PredicateKernel {
             )
     }
 
+    /// The kernel's WGSL.
     pub fn source(&self) -> String {
         let (ti, to) = (storage_type(self.input), storage_type(self.output));
         let f16 = self.input == DType::F16 || self.output == DType::F16;

@@ -5,15 +5,21 @@ use crate::base::DType;
 /// Associative reductions (so that rows can be split across workgroups and merged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Sum.
     Sum,
+    /// Product.
     Prod,
+    /// Maximum.
     Max,
+    /// Minimum.
     Min,
 }
 
 impl ReduceOp {
+    /// Every reduction op.
     pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min];
 
+    /// PyTorch's name (`sum`, `prod`, `amax`, `amin`).
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -56,6 +62,7 @@ impl ReduceOp {
         }
     }
 
+    /// The op's identity (0 for a sum, 1 for a product, -inf/inf for max/min).
     pub fn cpu_identity(self) -> f64 {
         match self {
             ReduceOp::Sum => 0.0,
@@ -88,6 +95,7 @@ pub enum ReduceStrategy {
 }
 
 impl ReduceStrategy {
+    /// Every strategy.
     pub const ALL: [ReduceStrategy; 5] = [
         ReduceStrategy::Tree,
         ReduceStrategy::Subgroup,
@@ -96,6 +104,7 @@ impl ReduceStrategy {
         ReduceStrategy::SerialWide,
     ];
 
+    /// The strategy's name, as the tuner prints it.
     pub fn name(self) -> &'static str {
         match self {
             ReduceStrategy::Tree => "tree",
@@ -137,14 +146,20 @@ impl ReduceStrategy {
     }
 }
 
+/// One reduction kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReduceKernel {
+    /// The reduction.
     pub op: ReduceOp,
+    /// The input's dtype.
     pub input: DType,
+    /// The output's dtype.
     pub output: DType,
+    /// Rows laid out contiguously (a reduction over the last dims).
     pub contiguous: bool,
     /// Contiguous rows of whole vec4s: 16-byte loads (32-byte ones in `SerialWide`).
     pub vector: bool,
+    /// How the kernel walks a row.
     pub strategy: ReduceStrategy,
 }
 
@@ -156,6 +171,7 @@ fn wgsl_type(d: DType) -> &'static str {
 }
 
 impl ReduceKernel {
+    /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
         let layout = match (self.contiguous, self.vector) {
             (true, true) => "vec4",
@@ -171,6 +187,7 @@ impl ReduceKernel {
         )
     }
 
+    /// The kernel's WGSL.
     pub fn source(&self) -> String {
         let offset = if self.contiguous {
             "return p.off + e;"
@@ -241,6 +258,7 @@ impl ReduceKernel {
             .replace("{{OFFSET}}", offset)
     }
 
+    /// Every variant, for validation.
     pub fn all() -> Vec<ReduceKernel> {
         let mut v = Vec::new();
         for op in ReduceOp::ALL {

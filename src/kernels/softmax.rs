@@ -2,8 +2,10 @@
 
 use crate::base::DType;
 
+/// One softmax kernel (forward).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SoftmaxKernel {
+    /// The tensors' dtype.
     pub dtype: DType,
     /// Contiguous rows of whole vec4s.
     pub vector: bool,
@@ -12,6 +14,7 @@ pub struct SoftmaxKernel {
 }
 
 impl SoftmaxKernel {
+    /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
         format!(
             "softmax_{}_{}_{}",
@@ -21,6 +24,7 @@ impl SoftmaxKernel {
         )
     }
 
+    /// The kernel's WGSL.
     pub fn source(&self) -> String {
         let t = if self.dtype == DType::F16 {
             "f16"
@@ -96,6 +100,7 @@ impl SoftmaxKernel {
         .into_owned()
     }
 
+    /// Every variant, for validation.
     pub fn all() -> Vec<SoftmaxKernel> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {

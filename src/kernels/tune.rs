@@ -3,7 +3,7 @@
 //! An op with several correct kernels (a reduction's strategy, a softmax's row mapping, a
 //! transpose through shared memory or not, a product's tile shape) names them as candidates,
 //! the first being the fixed default. The first time the op meets a size class on a device,
-//! [`pick`] runs every candidate on the op's own operands, times each between two
+//! `pick` runs every candidate on the op's own operands, times each between two
 //! synchronisations, and keeps the fastest: in memory for the device, and in a JSON file in
 //! the user's cache directory (`autotune.json`, one entry per adapter, driver, kiln version
 //! and kernels' fingerprint, a hash of kiln's sources from `build.rs`), so that the next
@@ -134,6 +134,7 @@ pub struct TuneRecord {
     pub family: String,
     /// The size class and operand kinds, e.g. `sum f32 vec4 rows 2^0 inner 2^22`.
     pub key: String,
+    /// The candidate kept.
     pub winner: String,
     /// Seconds per run of every candidate timed (those beyond the budget are absent).
     pub candidates: Vec<(String, f64)>,

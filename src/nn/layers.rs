@@ -20,7 +20,9 @@ fn weight_and_bias<'a>(
 
 /// `y = x @ weight.t() + bias`; weight [out, in].
 pub struct Linear {
+    /// `[out_features, in_features]`.
     pub weight: Tensor,
+    /// `[out_features]`, if the layer has a bias.
     pub bias: Option<Tensor>,
 }
 
@@ -79,12 +81,16 @@ impl Module for Linear {
 
 /// 2-D convolution over [N, C, H, W]; weight [out, in / groups, kh, kw].
 pub struct Conv2d {
+    /// `[out_channels, in_channels / groups, kh, kw]`.
     pub weight: Tensor,
+    /// `[out_channels]`, if the layer has a bias.
     pub bias: Option<Tensor>,
+    /// Stride, padding, dilation and groups.
     pub params: Conv2dParams,
 }
 
 impl Conv2d {
+    /// PyTorch's init: weight and bias uniform in ±1/sqrt(fan_in).
     pub fn new(
         in_channels: usize,
         out_channels: usize,
@@ -132,12 +138,16 @@ impl Module for Conv2d {
 
 /// Max pooling with a square window (stride defaults to the window, as in PyTorch).
 pub struct MaxPool2d {
+    /// The window's side.
     pub kernel: usize,
+    /// The step between windows.
     pub stride: usize,
+    /// Padding on each side (padded cells never win the max).
     pub padding: usize,
 }
 
 impl MaxPool2d {
+    /// A `kernel` x `kernel` window with stride `kernel` and no padding.
     pub fn new(kernel: usize) -> Self {
         MaxPool2d {
             kernel,
@@ -167,13 +177,19 @@ impl Module for MaxPool2d {
 /// Batch normalisation over dim 1 of [N, C] or [N, C, H, W], with running statistics updated
 /// in training mode (momentum 0.1, unbiased running variance) and used in evaluation mode.
 pub struct BatchNorm {
+    /// The scale, `[C]`, initialised to ones.
     pub weight: Tensor,
+    /// The shift, `[C]`, initialised to zeros.
     pub bias: Tensor,
+    /// The running mean, `[C]` (a buffer, not a parameter).
     pub running_mean: Tensor,
+    /// The running variance, `[C]` (a buffer).
     pub running_var: Tensor,
     /// Training-mode forward passes so far (an i32 0-d tensor; PyTorch's is int64).
     pub num_batches_tracked: Tensor,
+    /// Added to the variance before the square root (1e-5).
     pub eps: f64,
+    /// The running statistics' update weight (0.1).
     pub momentum: f64,
     training: bool,
 }
@@ -182,6 +198,7 @@ pub struct BatchNorm {
 pub type BatchNorm2d = BatchNorm;
 
 impl BatchNorm {
+    /// Batch normalisation over `num_features` channels on `device`.
     pub fn new(num_features: usize, device: &Device) -> Result<Self> {
         Ok(BatchNorm {
             weight: param(Tensor::ones(&[num_features], DType::F32, device)?)?,
@@ -261,12 +278,16 @@ impl Module for BatchNorm {
 
 /// Layer normalisation over the last dim, with an affine weight and bias.
 pub struct LayerNorm {
+    /// The scale, initialised to ones.
     pub weight: Tensor,
+    /// The shift, initialised to zeros.
     pub bias: Tensor,
+    /// Added to the variance before the square root (1e-5).
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// Layer normalisation over a last dim of `features`.
     pub fn new(features: usize, device: &Device) -> Result<Self> {
         Ok(LayerNorm {
             weight: param(Tensor::ones(&[features], DType::F32, device)?)?,
@@ -304,10 +325,12 @@ impl Module for LayerNorm {
 
 /// A lookup table [num_embeddings, dim], initialised N(0, 1); input: i32 ids.
 pub struct Embedding {
+    /// `[num_embeddings, dim]`.
     pub weight: Tensor,
 }
 
 impl Embedding {
+    /// A table of `num_embeddings` rows of `dim`, on `device`.
     pub fn new(num_embeddings: usize, dim: usize, device: &Device) -> Result<Self> {
         Ok(Embedding {
             weight: param(Tensor::randn(&[num_embeddings, dim], DType::F32, device)?)?,
@@ -329,11 +352,13 @@ impl Module for Embedding {
 
 /// Zeroes elements with probability `p` in training mode and scales the rest by 1/(1-p).
 pub struct Dropout {
+    /// The probability of zeroing an element.
     pub p: f64,
     training: bool,
 }
 
 impl Dropout {
+    /// Dropout with probability `p`, in [0, 1).
     pub fn new(p: f64) -> Result<Self> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::InvalidArgument {
@@ -419,10 +444,12 @@ impl Module for ReluInplace {
 /// `nn.AdaptiveAvgPool2d((oh, ow))`: output cell (i, j) averages input rows
 /// floor(i*h/oh)..ceil((i+1)*h/oh) and the columns likewise, as PyTorch does.
 pub struct AdaptiveAvgPool2d {
+    /// The output's (height, width).
     pub output_size: (usize, usize),
 }
 
 impl AdaptiveAvgPool2d {
+    /// Pooling to `output_size`.
     pub fn new(output_size: (usize, usize)) -> Self {
         AdaptiveAvgPool2d { output_size }
     }
@@ -493,10 +520,12 @@ impl Module for Flatten {
 /// Modules applied in order; parameters are named by position (`0.weight`).
 #[derive(Default)]
 pub struct Sequential {
+    /// The layers, in order.
     pub layers: Vec<Box<dyn Module>>,
 }
 
 impl Sequential {
+    /// An empty sequence; add layers with `push`.
     pub fn new() -> Self {
         Self::default()
     }

@@ -5,7 +5,7 @@ use crate::ops::autocast;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
-/// Negative log-likelihood of `log_probs` [N, C] at class indices `target` [N] (i32), averaged
+/// Negative log-likelihood of `log_probs` [N, C] at class indices `target` `[N]` (i32), averaged
 /// over the rows whose target is not PyTorch's default `ignore_index`, -100 (one op with one
 /// backward node, `NllLossBackward0`, as PyTorch's). A target outside [0, C) that is not -100
 /// is an error: at once on the CPU, at the next sync point on a GPU (a device assert).
@@ -17,7 +17,7 @@ pub fn nll_loss(log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
     crate::ops::loss::nll_loss(log_probs, target, crate::ops::loss::IGNORE_INDEX)
 }
 
-/// Cross entropy of raw `logits` [N, C] against class indices `target` [N] (i32), averaged:
+/// Cross entropy of raw `logits` [N, C] against class indices `target` `[N]` (i32), averaged:
 /// `nll_loss(log_softmax(logits, 1))` with PyTorch's two nodes and allocations, each pair of
 /// kernels fused in one on a GPU (`ops::loss::cross_entropy`).
 pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {

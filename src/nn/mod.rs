@@ -36,6 +36,7 @@ use crate::{Device, Result};
 
 /// A layer or a model (PyTorch's `nn.Module`).
 pub trait Module: Send + Sync {
+    /// The layer's output for `x`.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// `relu(self.forward(x))`, which a layer with a fused kernel overrides (`BatchNorm`: the
@@ -74,10 +75,12 @@ pub trait Module: Send + Sync {
         let _ = mode;
     }
 
+    /// Evaluation mode (`train(false)`).
     fn eval(&mut self) {
         self.train(false);
     }
 
+    /// The parameters, in `named_parameters`' order: handles that share their storage and `.grad`.
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters()
             .into_iter()

@@ -6,11 +6,17 @@ use super::{Module, Tensor};
 use crate::tensor::DType;
 use crate::{Device, Result};
 
+/// `nn.LSTMCell`: one step of an LSTM, with PyTorch's gate order (input, forget, cell, output).
 pub struct LstmCell {
+    /// `[4 * hidden, input]`.
     pub weight_ih: Tensor,
+    /// `[4 * hidden, hidden]`.
     pub weight_hh: Tensor,
+    /// `[4 * hidden]`.
     pub bias_ih: Tensor,
+    /// `[4 * hidden]`.
     pub bias_hh: Tensor,
+    /// The hidden state's size.
     pub hidden: usize,
 }
 

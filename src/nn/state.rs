@@ -24,7 +24,9 @@ fn st_error(op: &'static str, path: &Path, e: impl std::fmt::Display) -> Error {
 /// one pickled dict; safetensors keeps tensors as tensors and scalars as header metadata).
 #[derive(Clone, Default)]
 pub struct StateDict {
+    /// Named tensors, in order.
     pub tensors: Vec<(String, Tensor)>,
+    /// String metadata (hyperparameters, counters, versions).
     pub metadata: BTreeMap<String, String>,
 }
 

@@ -19,7 +19,9 @@ use std::sync::Arc;
 /// every GPU kiln reaches; `"cpu"` the CPU device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceType {
+    /// Every GPU (PyTorch's `"cuda"`).
     Gpu,
+    /// The CPU device (PyTorch's `"cpu"`).
     Cpu,
 }
 

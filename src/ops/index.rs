@@ -166,10 +166,12 @@ pub fn one_hot(ids: &Tensor, num_classes: usize) -> Result<Tensor> {
 }
 
 impl Tensor {
+    /// `torch.gather`: `out[i][j] = self[index[i][j]][j]` along `dim` (for dim 0), `index` of i32.
     pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         gather(self, dim, index)
     }
 
+    /// `torch.index_select`: the slices of `dim` that `index` (1-D, i32) names, in its order.
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         index_select(self, dim, index)
     }
@@ -273,6 +275,7 @@ fn scatter_add_forward(x: &Tensor, d: isize, index: &Tensor, src: &Tensor) -> Re
 }
 
 impl Tensor {
+    /// `torch.scatter_add` (out of place): a copy of `self` with `src`'s values added at `index` along `dim`.
     pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         scatter_add(self, dim, index, src)
     }

@@ -189,6 +189,7 @@ impl Tensor {
         binary_scalar_(self, value, BinaryOp::Right)
     }
 
+    /// `zero_()`: every element set to zero, in place.
     pub fn zero_(&self) -> Result<()> {
         self.fill_(0.0)
     }

@@ -4,7 +4,7 @@
 //! # What is here
 //!
 //! `mod.rs` checks shapes, dtypes and devices and picks the CPU reference or one GPU launch;
-//! `autocast.rs` holds autocast's thread-local state and per-op policy (Note [Autocast]). One file
+//! `autocast.rs` holds autocast's thread-local state and per-op policy (Note \[Autocast\]). One file
 //! per op family, its backward beside it:
 //! - elementwise (the launches; the formulas are `base`'s) with `grad.rs`, in-place ops
 //!   (`inplace.rs`), reductions, softmax, predicates (compare, cast, where), indexing, random,

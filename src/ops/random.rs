@@ -90,10 +90,12 @@ impl Tensor {
         draw(shape, dtype, device, true, mean, std)
     }
 
+    /// `torch.rand_like`: uniform in [0, 1), this tensor's shape, dtype and device.
     pub fn rand_like(&self) -> Result<Tensor> {
         Self::rand(self.shape(), self.dtype, self.device())
     }
 
+    /// `torch.randn_like`: standard normal, this tensor's shape, dtype and device.
     pub fn randn_like(&self) -> Result<Tensor> {
         Self::randn(self.shape(), self.dtype, self.device())
     }

@@ -242,6 +242,7 @@ impl Tensor {
         )
     }
 
+    /// `expand` to `shape` by NumPy's rules: a view with stride 0 along broadcast dims.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         self.expand(shape)
     }

@@ -5,9 +5,13 @@ use super::*;
 /// Adam (and AdamW with `decoupled`), PyTorch's formulas without amsgrad.
 pub struct Adam {
     params: Vec<Tensor>,
+    /// The learning rate.
     pub lr: f64,
+    /// The moments' decay rates (0.9, 0.999).
     pub betas: (f64, f64),
+    /// Added to the denominator (1e-8).
     pub eps: f64,
+    /// L2 penalty (Adam) or decoupled decay (AdamW).
     pub weight_decay: f64,
     /// AdamW: weight decay applied to the parameter, not added to the gradient.
     pub decoupled: bool,
@@ -17,6 +21,7 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// Adam over `params` with learning rate `lr` and PyTorch's defaults.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Self> {
         check_params("Adam", &params)?;
         let n = params.len();
@@ -43,16 +48,19 @@ impl Adam {
         Ok(a)
     }
 
+    /// Sets the weight decay, checked as `torch.optim.Adam` checks it.
     pub fn weight_decay(mut self, weight_decay: f64) -> Result<Self> {
         self.weight_decay = weight_decay;
         self.check().map(|()| self)
     }
 
+    /// Sets the betas, checked as `torch.optim.Adam` checks them.
     pub fn betas(mut self, beta1: f64, beta2: f64) -> Result<Self> {
         self.betas = (beta1, beta2);
         self.check().map(|()| self)
     }
 
+    /// Sets eps, checked as `torch.optim.Adam` checks it.
     pub fn eps(mut self, eps: f64) -> Result<Self> {
         self.eps = eps;
         self.check().map(|()| self)

@@ -8,15 +8,21 @@ use crate::kernels::{sgd_multi_immediates, sgd_multi_slots};
 /// Stochastic gradient descent, PyTorch's formulas.
 pub struct Sgd {
     params: Vec<Tensor>,
+    /// The learning rate.
     pub lr: f64,
+    /// The momentum factor (0: none).
     pub momentum: f64,
+    /// Dampening of the momentum.
     pub dampening: f64,
+    /// L2 penalty.
     pub weight_decay: f64,
+    /// Nesterov momentum.
     pub nesterov: bool,
     buffers: Vec<Option<Tensor>>,
 }
 
 impl Sgd {
+    /// SGD over `params` with learning rate `lr` and no momentum.
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Self> {
         check_params("SGD", &params)?;
         let n = params.len();
@@ -40,16 +46,19 @@ impl Sgd {
         self.check().map(|()| self)
     }
 
+    /// Sets the dampening, checked as `torch.optim.SGD` checks it.
     pub fn dampening(mut self, dampening: f64) -> Result<Self> {
         self.dampening = dampening;
         self.check().map(|()| self)
     }
 
+    /// Sets Nesterov momentum (which needs momentum and no dampening, as in PyTorch).
     pub fn nesterov(mut self, nesterov: bool) -> Result<Self> {
         self.nesterov = nesterov;
         self.check().map(|()| self)
     }
 
+    /// Sets the weight decay, checked as `torch.optim.SGD` checks it.
     pub fn weight_decay(mut self, weight_decay: f64) -> Result<Self> {
         self.weight_decay = weight_decay;
         self.check().map(|()| self)

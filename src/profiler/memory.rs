@@ -13,10 +13,13 @@ use std::path::Path;
 /// One change of a device's categorised memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MemoryRecord {
+    /// Index of the device in the profile.
     pub device: usize,
     /// Microseconds since the Unix epoch (PyTorch's timeline is in microseconds too).
     pub time_us: i64,
+    /// Bytes allocated (positive) or freed (negative).
     pub bytes: i64,
+    /// What the memory holds.
     pub category: MemoryCategory,
 }
 

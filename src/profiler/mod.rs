@@ -28,6 +28,7 @@ pub struct RecordFunction {
 }
 
 impl RecordFunction {
+    /// Opens a scope named `name` until the guard is dropped (`torch.profiler.record_function`).
     #[track_caller]
     pub fn new(name: &str) -> RecordFunction {
         let at = std::panic::Location::caller();
@@ -55,13 +56,16 @@ pub struct ProfileOptions {
     pub profile_memory: bool,
 }
 
+/// What an event is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     /// kiln's op, backward op, module or optimizer scope.
     Scope,
     /// The user's `record_function` scope.
     UserScope,
+    /// A compute kernel.
     Kernel,
+    /// A copy between buffers or with host memory.
     Copy,
     /// An allocation (`bytes > 0`) or free (`bytes < 0`).
     Memory,
@@ -70,25 +74,37 @@ pub enum EventKind {
 /// One recorded event, with what is attributed to it.
 #[derive(Clone, Debug)]
 pub struct ProfEvent {
+    /// The scope's, kernel's or copy's name.
     pub name: String,
+    /// What it is.
     pub kind: EventKind,
     /// Index into `Profile::devices` (kernels, copies, memory).
     pub device: Option<usize>,
+    /// The host thread.
     pub thread: u64,
     /// Microseconds since the profile started.
     pub cpu_start_us: f64,
+    /// CPU time from its start to its end, in microseconds.
     pub cpu_dur_us: f64,
     /// GPU start on the CPU's time axis (aligned so no kernel starts before its launch).
     pub gpu_start_us: Option<f64>,
+    /// CPU time outside its child scopes.
     pub self_cpu_us: f64,
+    /// GPU time of its own kernels.
     pub self_gpu_us: f64,
+    /// GPU time of its kernels and its children's.
     pub gpu_total_us: f64,
+    /// Host memory allocated in it, children excluded.
     pub self_cpu_mem: i64,
+    /// Host memory allocated in it.
     pub cpu_mem: i64,
+    /// Device memory allocated in it, children excluded.
     pub self_gpu_mem: i64,
+    /// Device memory allocated in it.
     pub gpu_mem: i64,
     /// Bytes copied (copies) or allocated / freed (memory).
     pub bytes: i64,
+    /// Input shapes (op scopes).
     pub shapes: String,
 }
 
@@ -117,6 +133,7 @@ impl ProfEvent {
 
 /// The result of `profile`.
 pub struct Profile {
+    /// Every event, in order of their start.
     pub events: Vec<ProfEvent>,
     /// Names of the profiled devices.
     pub devices: Vec<String>,

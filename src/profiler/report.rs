@@ -8,16 +8,27 @@ use std::collections::BTreeMap;
 /// Totals of one name over all its calls.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Averages {
+    /// The key (the event's name).
     pub name: String,
+    /// How many events share it.
     pub calls: usize,
+    /// CPU time outside child scopes, in microseconds.
     pub self_cpu_us: f64,
+    /// CPU time in all.
     pub cpu_total_us: f64,
+    /// GPU time of its own kernels.
     pub self_gpu_us: f64,
+    /// GPU time in all.
     pub gpu_total_us: f64,
+    /// Host memory, children excluded.
     pub self_cpu_mem: i64,
+    /// Host memory.
     pub cpu_mem: i64,
+    /// Device memory, children excluded.
     pub self_gpu_mem: i64,
+    /// Device memory.
     pub gpu_mem: i64,
+    /// Input shapes, when grouped by them.
     pub shapes: String,
     /// A kernel or copy (whose GPU times make the GPU total), not a scope.
     pub on_device: bool,
@@ -25,6 +36,7 @@ pub struct Averages {
 
 /// `prof.key_averages()`.
 pub struct KeyAverages {
+    /// One row per key, as the table prints them.
     pub rows: Vec<Averages>,
     /// Whether GPU times come from timestamp queries (else they are not measured).
     pub gpu_measured: bool,
@@ -161,6 +173,7 @@ impl Profile {
         json!({"traceEvents": ev, "displayTimeUnit": "ms"})
     }
 
+    /// `export_chrome_trace`'s JSON, as a string.
     pub fn chrome_trace_json(&self) -> String {
         serde_json::to_string(&self.chrome_trace()).expect("plain data")
     }

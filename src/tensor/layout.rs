@@ -7,8 +7,10 @@ use crate::{Error, Result};
 /// Dimensions the GPU kernels index directly; more are coalesced or refused.
 pub const MAX_KERNEL_RANK: usize = 6;
 
+/// A view of storage: shape, strides in elements, and an offset in elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// The size of each dim.
     pub shape: Vec<usize>,
     /// Strides in elements (not bytes). A stride of 0 repeats an element (broadcast).
     pub strides: Vec<usize>,
@@ -131,6 +133,7 @@ pub(crate) fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Re
 }
 
 impl Layout {
+    /// The row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {
         Layout {
             shape: shape.to_vec(),
@@ -139,10 +142,12 @@ impl Layout {
         }
     }
 
+    /// The number of dims.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
 
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }

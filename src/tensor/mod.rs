@@ -137,6 +137,7 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A tensor of `shape` on `device` holding `data` (as `from_slice`).
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
         Self::from_slice(&data, shape, device)
     }
@@ -152,22 +153,27 @@ impl Tensor {
         Ok(t)
     }
 
+    /// `torch.zeros`.
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Self::full(shape, 0.0, dtype, device)
     }
 
+    /// `torch.ones`.
     pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Self::full(shape, 1.0, dtype, device)
     }
 
+    /// `torch.zeros_like`.
     pub fn zeros_like(&self) -> Result<Tensor> {
         Self::zeros(self.shape(), self.dtype, self.device())
     }
 
+    /// `torch.ones_like`.
     pub fn ones_like(&self) -> Result<Tensor> {
         Self::ones(self.shape(), self.dtype, self.device())
     }
 
+    /// `torch.full_like`.
     pub fn full_like(&self, value: f64) -> Result<Tensor> {
         Self::full(self.shape(), value, self.dtype, self.device())
     }
@@ -231,27 +237,35 @@ impl Tensor {
         }
     }
 
+    /// The size of each dim.
     pub fn shape(&self) -> &[usize] {
         &self.layout.shape
     }
+    /// Strides in elements (not bytes).
     pub fn strides(&self) -> &[usize] {
         &self.layout.strides
     }
+    /// Shape, strides and offset.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// The number of dims.
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         self.layout.numel()
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The device the storage lives on.
     pub fn device(&self) -> &Device {
         self.storage.block.device()
     }
+    /// Whether the elements are laid out row-major without gaps (views may not be).
     pub fn is_contiguous(&self) -> bool {
         self.layout.is_contiguous()
     }

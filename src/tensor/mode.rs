@@ -13,6 +13,7 @@ pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
 }
 
+/// `torch.set_grad_enabled`: turns graph recording on or off on this thread.
 pub fn set_grad_enabled(enabled: bool) {
     GRAD_ENABLED.with(|g| g.set(enabled));
 }
@@ -29,6 +30,7 @@ pub struct GradModeGuard {
 }
 
 impl GradModeGuard {
+    /// Sets grad mode to `enabled` until dropped.
     pub fn new(enabled: bool) -> GradModeGuard {
         let previous = is_grad_enabled();
         set_grad_enabled(enabled);
@@ -55,6 +57,7 @@ pub struct InferenceModeGuard {
 }
 
 impl InferenceModeGuard {
+    /// Inference mode until dropped.
     pub fn new() -> InferenceModeGuard {
         let previous = is_inference_mode_enabled();
         INFERENCE.with(|g| g.set(true));
@@ -79,6 +82,17 @@ impl Drop for InferenceModeGuard {
 }
 
 /// Runs `f` without recording a graph.
+///
+/// ```
+/// use kiln::{no_grad, DType, Device, Tensor};
+/// # fn main() -> kiln::Result<()> {
+/// let dev = Device::cpu()?;
+/// let w = Tensor::ones(&[4], DType::F32, &dev)?.requires_grad_(true)?;
+/// let y = no_grad(|| w.mul_scalar(2.0))?; // evaluation: no graph, nothing saved
+/// assert!(!y.requires_grad());
+/// # Ok(())
+/// # }
+/// ```
 pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
     let _guard = GradModeGuard::new(false);
     f()

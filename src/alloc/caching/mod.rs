@@ -141,6 +141,7 @@ pub struct BlockRef<H> {
     pub size: u64,
     /// The caller's size.
     pub requested_size: u64,
+    /// The source's handle of the segment the block lies in.
     pub segment: H,
 }
 
@@ -174,6 +175,7 @@ fn pool_of(size: u64) -> PoolKind {
 }
 
 impl<S: SegmentSource> CachingAllocator<S> {
+    /// An allocator over `source` with `config`, holding no memory yet.
     pub fn new(source: S, config: AllocatorConfig) -> Self {
         let stats = DeviceStats {
             max_split_size: if config.max_split_size == u64::MAX {
@@ -201,6 +203,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// The settings in force (`KILN_ALLOC_CONF` or `set_allocator_settings`).
     pub fn config(&self) -> &AllocatorConfig {
         &self.config
     }
@@ -230,14 +233,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
         config
     }
 
+    /// PyTorch's `DeviceStats`, behind `memory_stats`.
     pub fn stats(&self) -> &DeviceStats {
         &self.stats
     }
 
+    /// The segment source (a wgpu device's buffers, host memory, or sizes only).
     pub fn source(&self) -> &S {
         &self.source
     }
 
+    /// The segment source, mutably.
     pub fn source_mut(&mut self) -> &mut S {
         &mut self.source
     }
@@ -293,7 +299,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Allocates `size` bytes on `stream` (0 = the device's queue). `Ok(None)` for 0 bytes,
-    /// as PyTorch hands out a null pointer. The cascade: cached block, else [gc], else a new
+    /// as PyTorch hands out a null pointer. The cascade: cached block, else \[gc\], else a new
     /// segment, else release oversize cached blocks and retry, else release the whole cache and
     /// retry, else out of memory.
     pub fn malloc(&mut self, size: u64, stream: u64) -> Result<Option<BlockRef<S::Handle>>> {
@@ -756,18 +762,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Ok(())
     }
 
+    /// The fraction of the device's capacity the allocator may reserve (`set_per_process_memory_fraction`).
     pub fn memory_fraction(&self) -> f64 {
         self.fraction
     }
 
+    /// The cap on reserved bytes in force, if any (a memory limit, or the fraction of a known capacity).
     pub fn memory_limit(&self) -> Option<u64> {
         self.limit
     }
 
+    /// `reset_peak_memory_stats`: every peak set to its current value.
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
     }
 
+    /// `reset_accumulated_memory_stats`: the allocated and freed counters and the event counts set to zero.
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
     }
