@@ -107,6 +107,7 @@ def table(adapter, rows, meta, reference):
         + f"; measured {meta['date']} at kiln `{meta['commit']}`"
         + (f" on {machine['host']}" if machine.get("host") else "")
         + "."
+        + (f" Bound by {machine['bound']}." if machine.get("bound") else "")
     )
     stale = {}
     for suite in sorted({r["suite"] for r in rows}):
