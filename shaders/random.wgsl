@@ -19,25 +19,7 @@ var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> out: array<{{T}}>;
 
-// "lowbias32" (Wellons): a 32-bit integer hash with strong avalanche.
-fn lowbias32(v: u32) -> u32 {
-    var x = v;
-    x ^= x >> 16u;
-    x *= 0x7feb352du;
-    x ^= x >> 15u;
-    x *= 0x846ca68bu;
-    x ^= x >> 16u;
-    return x;
-}
-
-fn bits(counter: u32) -> u32 {
-    return lowbias32(lowbias32(counter + p.seed_lo * 0x9e3779b9u) ^ p.seed_hi);
-}
-
-// Uniform in [0, 1) with 24 random bits: exact in f32.
-fn uniform(counter: u32) -> f32 {
-    return f32(bits(counter) >> 8u) * 5.9604644775390625e-8;
-}
+{{RANDOM_BITS}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {

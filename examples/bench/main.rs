@@ -11,13 +11,14 @@
 //! anchor times 50 launches between two CUDA events): the per-launch figure includes kiln's
 //! amortised dispatch cost, which is what a user sees.
 
+mod attention;
 mod checks;
 mod host;
 
 use kiln::{DType, Device, Tensor};
 use std::time::Instant;
 
-struct Row {
+pub(crate) struct Row {
     adapter: String,
     suite: &'static str,
     case: String,
@@ -136,7 +137,7 @@ fn alloc_suite(dev: &Device, rows: &mut Vec<Row>) {
 /// Seconds per call of `f`: GPU time from timestamp queries around `iters` calls where the
 /// adapter has them, else wall-clock time between two synchronisations; best of three.
 /// Returns the time and whether it came from timestamps.
-fn gpu_time(
+pub(crate) fn gpu_time(
     dev: &Device,
     iters: u32,
     mut f: impl FnMut() -> kiln::Result<Tensor>,
@@ -304,7 +305,7 @@ fn ops_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 /// The f32 products of the big MLP step, by operand layout (GPU time): TFLOP/s.
 /// A software adapter (lavapipe, llvmpipe) or the CPU device: suites shrink their problems
 /// there, whose figures are for relative checks only.
-fn is_software(dev: &Device) -> bool {
+pub(crate) fn is_software(dev: &Device) -> bool {
     dev.adapter_info()
         .is_none_or(|a| a.device_type == wgpu::DeviceType::Cpu)
 }
@@ -668,8 +669,9 @@ fn autotune_rows(dev: &Device, rows: &mut Vec<Row>) {
 }
 
 /// The suites `--suite` takes.
-const SUITES: [&str; 10] = [
+const SUITES: [&str; 11] = [
     "all",
+    "attention",
     "ops",
     "matmul",
     "alloc",
@@ -844,6 +846,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "loader" {
             host::loader_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "attention" {
+            attention::attention_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "checkpoint" {
             checkpoint_suite(dev, &mut rows)?;

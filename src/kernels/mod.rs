@@ -79,6 +79,12 @@
 //!   cores (`ConvCoop`, `conv_coop.rs`: `matmul_coop.rs`'s generator with the NHWC gather in A's
 //!   loads; NCHW epilogue). Pooling and its input gradient (max pooling's window indices from the
 //!   forward kernel, then a gather per input element, `pool2d_backward.wgsl`).
+//! - **Flash attention** (`attention.rs`, `flash_attn_{common,fwd,dq,dkdv}.wgsl`):
+//!   FlashAttention-2's forward pass (one query row an invocation, key and value tiles staged in
+//!   workgroup memory, an online max and sum, the output and one log-sum-exp per row written)
+//!   and its two backward passes (the query gradient with each row's `dO . O`, then the key and
+//!   value gradients), specialised by head-dim class; masks, causality (skipped tiles) and
+//!   dropout replayed from the generator's counters (`random_bits.wgsl`, shared with `random`).
 //! - **Batch normalisation** (`batch_norm.rs`, `batch_norm_*.wgsl`): three fused passes each way
 //!   (per-channel partial sums, per-channel finalize, elementwise apply), each sweeping pass also
 //!   with a ReLU fused in (`ops::batch_norm_relu`).
@@ -103,6 +109,7 @@
 //! column-major copy of A (`tile128_vec4_col_a`, which runs the compiled-in `ColRow` kernel).
 
 mod amp;
+mod attention;
 mod batch_norm;
 mod conv_coop;
 mod conv_gemm;
@@ -120,6 +127,7 @@ pub mod tune;
 
 pub use crate::base::CmpOp;
 pub use amp::AMP_MULTI;
+pub use attention::{FlashAttnKernel, FlashPass, FLASH_HEAD_DIMS};
 pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
@@ -222,6 +230,8 @@ pub enum Kernel {
     AmpUnscaleMulti,
     /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`), f32.
     BatchNorm(BatchNormPass),
+    /// One pass of flash attention (`shaders/flash_attn_*.wgsl`).
+    FlashAttn(FlashAttnKernel),
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
@@ -350,6 +360,7 @@ impl Kernel {
                     .flat_map(|i| [DType::F32, DType::F16].map(move |o| Kernel::ColumnSum(i, o))),
             )
             .chain(BatchNormPass::all().into_iter().map(Kernel::BatchNorm))
+            .chain(FlashAttnKernel::all().into_iter().map(Kernel::FlashAttn))
             .chain([
                 Kernel::CastVec4(DType::F32, DType::F16),
                 Kernel::CastVec4(DType::F16, DType::F32),
@@ -493,7 +504,7 @@ impl Kernel {
             ),
             Kernel::Gather(d) => per_dtype(include_str!("../../shaders/gather.wgsl"), *d),
             Kernel::ArgReduce(d) => per_dtype(include_str!("../../shaders/argreduce.wgsl"), *d),
-            Kernel::Random(d) => per_dtype(include_str!("../../shaders/random.wgsl"), *d),
+            Kernel::Random(d) => per_dtype(&random_source(include_str!("../../shaders/random.wgsl")), *d),
             Kernel::MatmulWide(w) => Cow::Owned(w.source(concat!(
                 include_str!("../../shaders/matmul_params.wgsl"),
                 include_str!("../../shaders/matmul_store_row.wgsl")
@@ -530,6 +541,7 @@ impl Kernel {
             )),
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
+            Kernel::FlashAttn(k) => Cow::Owned(k.source()),
             Kernel::CastVec4(from, to) => {
                 let f16 = *from == DType::F16 || *to == DType::F16;
                 Cow::Owned(
@@ -606,6 +618,7 @@ impl Kernel {
             Kernel::SgdMulti(d, n) => Cow::Owned(format!("optim_sgd_multi{n}_{d}_vec4")),
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
+            Kernel::FlashAttn(k) => Cow::Owned(k.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
             Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_name()),
             Kernel::Nll(d, backward) => Cow::Owned(format!(
@@ -670,6 +683,7 @@ impl Kernel {
             // Five blocks, and the forward's assert flag.
             Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
             Kernel::SoftmaxBackward(..) => 3,
+            Kernel::FlashAttn(k) => k.bindings(),
         }
     }
 
@@ -743,6 +757,7 @@ impl Kernel {
             Kernel::ColumnSum(..) => 32,
             Kernel::ConvGemm(_) => 128,
             Kernel::BatchNorm(_) => 48,
+            Kernel::FlashAttn(_) => 128,
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
             Kernel::Nll(..) | Kernel::CrossEntropy(..) => 48,
@@ -804,6 +819,14 @@ fn float_io(src: &str, d: DType, vec4: bool) -> Cow<'static, str> {
         false => ("{{T}}", "f32"),
     };
     per_dtype(&src.replace("{{E}}", e).replace("{{W}}", w), d)
+}
+
+/// A kernel that draws from the device generator: `{{RANDOM_BITS}}` replaced by the shared hash.
+pub(crate) fn random_source(src: &str) -> String {
+    src.replace(
+        "{{RANDOM_BITS}}",
+        include_str!("../../shaders/random_bits.wgsl"),
+    )
 }
 
 /// Parses and validates a kernel's WGSL with naga, as wgpu will.

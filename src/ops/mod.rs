@@ -21,6 +21,7 @@
 //! - `view.rs`: views, which record autograd nodes (`contiguous` copies);
 //! - `transfer.rs`: reading tensors back, copies between devices, pinned tensors.
 
+mod attention;
 pub(crate) mod autocast;
 mod batch_norm;
 mod composite;
@@ -50,6 +51,7 @@ pub(crate) use view::isize_shape;
 pub use crate::base::CmpOp;
 pub use crate::base::Conv2dParams;
 pub use crate::base::{BinaryOp, UnaryOp};
+pub use attention::scaled_dot_product_attention;
 pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};

@@ -27,9 +27,29 @@ fn draw(
         || if normal { "normal_" } else { "uniform_" }.into(),
         "kiln",
     );
+    // An overflowing shape draws nothing here; `draw_at`'s allocation reports it.
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .unwrap_or(0);
+    let (seed, offset) = device.advance_rng(if normal { 2 * n as u64 } else { n as u64 });
+    draw_at(shape, dtype, device, normal, (a, b), (seed, offset))
+}
+
+/// The draw of `shape` at the generator state `(seed, offset)`, which it does not advance:
+/// element e is counter `offset + e` (`2e`, `2e + 1` for normal numbers). Dropout inside a
+/// fused kernel draws the same counters, so a composite reference can replay its mask.
+pub(crate) fn draw_at(
+    shape: &[usize],
+    dtype: DType,
+    device: &Device,
+    normal: bool,
+    (a, b): (f64, f64),
+    (seed, offset): (u64, u64),
+) -> Result<Tensor> {
+    let op = if normal { "randn" } else { "rand" };
     let out = Tensor::empty(shape, dtype, device)?;
     let n = out.numel();
-    let (seed, offset) = device.advance_rng(if normal { 2 * n as u64 } else { n as u64 });
     if n == 0 {
         return Ok(out);
     }

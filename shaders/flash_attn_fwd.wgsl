@@ -1,0 +1,94 @@
+// Flash attention's forward pass (FlashAttention-2's loop, one query row per invocation):
+// a workgroup takes 64 query rows of one (b, h), stages BT keys and values at a time in
+// workgroup memory and keeps, per row, the running max, the running sum and the unnormalised
+// output in registers, rescaled once per tile. Only the output and one log-sum-exp per row
+// are written; no score matrix exists. Under causality the key tiles past the workgroup's last
+// query are never loaded. A row whose every key is masked gives zeros (PyTorch's safe softmax)
+// and a log-sum-exp of MASKED.
+{{COMMON}}
+
+@group(0) @binding(0) var<storage, read_write> q: array<{{T}}>;
+@group(0) @binding(1) var<storage, read_write> k: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> v: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> mask: array<f32>;
+@group(0) @binding(4) var<storage, read_write> o: array<{{T}}>;
+// The log-sum-exp of row (n, i) at n * lq + i (the backward's deltas follow it).
+@group(0) @binding(5) var<storage, read_write> stats: array<f32>;
+
+var<workgroup> kt: array<f32, BT * DP>;
+var<workgroup> vt: array<f32, BT * DP>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = wid.y;
+    let row0 = wid.x * WG;
+    let i = row0 + li;
+    var qr: array<f32, DP>;
+    var acc: array<f32, DP>;
+    let qb = row_q(n, i);
+    for (var d = 0u; d < DP; d++) {
+        qr[d] = select(0.0, f32(q[qb + min(d, p.d - 1u)]) * p.scale, d < p.d);
+        acc[d] = 0.0;
+    }
+    var m = MASKED;
+    var l = 0.0;
+    var kend = p.lk;
+    if (p.flags & 1u) != 0u {
+        kend = min(p.lk, row0 + WG);
+    }
+    for (var j0 = 0u; j0 < kend; j0 += BT) {
+        workgroupBarrier();
+        for (var e = li; e < BT * DP; e += WG) {
+            let r = e / DP;
+            let c = e % DP;
+            let j = j0 + r;
+            kt[e] = select(0.0, f32(k[row_k(n, j) + min(c, p.d - 1u)]), j < p.lk && c < p.d);
+            vt[e] = select(0.0, f32(v[row_v(n, j) + min(c, p.dv - 1u)]), j < p.lk && c < p.dv);
+        }
+        workgroupBarrier();
+        var s: array<f32, BT>;
+        var tile_max = MASKED;
+        for (var r = 0u; r < BT; r++) {
+            let j = j0 + r;
+            var x = 0.0;
+            for (var d = 0u; d < DP; d++) {
+                x = fma(qr[d], kt[r * DP + d], x);
+            }
+            x = max(x + mask_at(n, i, j), MASKED);
+            if !visible(i, j) {
+                x = MASKED;
+            }
+            s[r] = x;
+            tile_max = max(tile_max, x);
+        }
+        let m_new = max(m, tile_max);
+        if m_new > DEAD {
+            let alpha = exp(m - m_new);
+            l *= alpha;
+            for (var d = 0u; d < DP; d++) {
+                acc[d] *= alpha;
+            }
+            for (var r = 0u; r < BT; r++) {
+                let pr = exp(s[r] - m_new);
+                l += pr;
+                let pd = pr * keep(n, i, j0 + r);
+                if pd != 0.0 {
+                    for (var d = 0u; d < DP; d++) {
+                        acc[d] = fma(pd, vt[r * DP + d], acc[d]);
+                    }
+                }
+            }
+            m = m_new;
+        }
+    }
+    if i < p.lq {
+        let inv = select(0.0, 1.0 / l, l > 0.0 && m > DEAD);
+        let ob = (n * p.lq + i) * p.dv;
+        for (var d = 0u; d < DP; d++) {
+            if d < p.dv {
+                o[ob + d] = {{T}}(acc[d] * inv);
+            }
+        }
+        stats[n * p.lq + i] = select(MASKED, m + log(l), l > 0.0 && m > DEAD);
+    }
+}

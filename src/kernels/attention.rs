@@ -1,0 +1,100 @@
+//! The flash-attention kernels (`shaders/flash_attn_*.wgsl`): the forward pass and the two
+//! backward passes, specialised per storage dtype and head-dim class. A class is the head dim
+//! rounded up to 16, 32, 64 or 128 (`DP`): the per-row registers and the staged tiles are that
+//! wide, and the tiles at most 32 rows deep, so that the two staged tiles take at most 16 KiB
+//! of workgroup memory (lavapipe has 32 KiB).
+
+use crate::base::DType;
+
+/// Which of the three passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashPass {
+    /// The output and one log-sum-exp per query row.
+    Forward,
+    /// The query gradient, and each row's `delta = dO . O` for the next pass.
+    BackwardDq,
+    /// The key and value gradients.
+    BackwardDkDv,
+}
+
+/// One flash-attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashAttnKernel {
+    /// The pass.
+    pub pass: FlashPass,
+    /// The storage dtype of q, k, v and the outputs (f32 or f16; f32 arithmetic).
+    pub dtype: DType,
+    /// The head-dim class: 16, 32, 64 or 128.
+    pub dp: u32,
+}
+
+/// The head-dim classes, smallest first.
+pub const FLASH_HEAD_DIMS: [u32; 4] = [16, 32, 64, 128];
+
+impl FlashAttnKernel {
+    /// The kernel for head dims `d` (queries and keys) and `dv` (values), if one takes them.
+    pub fn for_dims(pass: FlashPass, dtype: DType, d: usize, dv: usize) -> Option<Self> {
+        let need = d.max(dv);
+        FLASH_HEAD_DIMS
+            .into_iter()
+            .find(|&dp| need <= dp as usize)
+            .map(|dp| FlashAttnKernel { pass, dtype, dp })
+    }
+
+    /// Every variant, for validation.
+    pub fn all() -> Vec<FlashAttnKernel> {
+        let passes = [
+            FlashPass::Forward,
+            FlashPass::BackwardDq,
+            FlashPass::BackwardDkDv,
+        ];
+        passes
+            .into_iter()
+            .flat_map(|pass| {
+                [DType::F32, DType::F16].into_iter().flat_map(move |dtype| {
+                    FLASH_HEAD_DIMS.map(|dp| FlashAttnKernel { pass, dtype, dp })
+                })
+            })
+            .collect()
+    }
+
+    /// Rows of a staged tile: 32, or 16 for the widest heads, so that the two staged tiles
+    /// take at most 16 KiB (the per-row score array is this long, and llvmpipe's compile time
+    /// grows with it: 128 rows took minutes cold).
+    pub fn tile_rows(&self) -> u32 {
+        (2048 / self.dp).min(32)
+    }
+
+    /// The kernel's name, as the profiler and tuner print it.
+    pub fn name(&self) -> String {
+        let pass = match self.pass {
+            FlashPass::Forward => "fwd",
+            FlashPass::BackwardDq => "dq",
+            FlashPass::BackwardDkDv => "dkdv",
+        };
+        format!("flash_attn_{pass}_{}_d{}", self.dtype, self.dp)
+    }
+
+    /// Storage buffers the kernel binds.
+    pub fn bindings(&self) -> u32 {
+        match self.pass {
+            FlashPass::Forward => 6,
+            FlashPass::BackwardDq | FlashPass::BackwardDkDv => 8,
+        }
+    }
+
+    /// The kernel's WGSL.
+    pub fn source(&self) -> String {
+        let body = match self.pass {
+            FlashPass::Forward => include_str!("../../shaders/flash_attn_fwd.wgsl"),
+            FlashPass::BackwardDq => include_str!("../../shaders/flash_attn_dq.wgsl"),
+            FlashPass::BackwardDkDv => include_str!("../../shaders/flash_attn_dkdv.wgsl"),
+        };
+        let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
+        let src = body
+            .replace("{{COMMON}}", &common)
+            .replace("{{DP}}", &self.dp.to_string())
+            .replace("{{BT}}", &self.tile_rows().to_string());
+        super::per_dtype(&src, self.dtype).into_owned()
+    }
+}

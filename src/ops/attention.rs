@@ -1,0 +1,575 @@
+//! `scaled_dot_product_attention` with PyTorch's semantics: q `[..., L, E]`, k `[..., S, E]`,
+//! v `[..., S, Ev]` with the same leading dims, an optional mask broadcastable to
+//! `[..., L, S]` (bool: `true` attends; float: added to the scores), `is_causal` (query i sees
+//! keys j <= i), dropout on the probabilities from the device generator, and `scale` (default
+//! `1 / sqrt(E)`). A row whose every key is masked gives zeros, as PyTorch's safe softmax does.
+//!
+//! On a GPU, head dims up to 128 run the flash-attention kernels (`kernels/attention.rs`):
+//! the forward pass saves only the output and one log-sum-exp per row, and the backward pass
+//! recomputes the probabilities tile by tile, so no `L x S` matrix is ever allocated. The
+//! dropout mask is a pure function of (seed, offset, position) and is replayed, not stored.
+//! Everything else (the CPU device, wider heads) takes the composite: the scores, a safe
+//! softmax, dropout drawn at the same counters, and the product with v, through autograd.
+//! The composite on the CPU device is the reference the kernels are tested against.
+
+use super::u32_of;
+use crate::kernels::{launch_groups, FlashAttnKernel, FlashPass};
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+
+const OP: &str = "scaled_dot_product_attention";
+const WG_ROWS: usize = 64;
+
+/// What the checks settle about one call.
+struct Plan {
+    lead: Vec<usize>,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    dv: usize,
+    scale: f64,
+    causal: bool,
+    dropout: f64,
+}
+
+/// `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+/// scale)`. Returns `[..., L, Ev]` in q's dtype. Under autocast it runs in the autocast dtype,
+/// as PyTorch's lower-precision ops do. A float mask gets no gradient.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    if let Some(cast) = super::autocast::lower(OP, &[q, k, v])? {
+        return super::autocast::suspended(|| {
+            attention(
+                &cast[0], &cast[1], &cast[2], attn_mask, dropout_p, is_causal, scale,
+            )
+        });
+    }
+    attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
+}
+
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let plan = check(q, k, v, attn_mask, dropout_p, is_causal, scale)?;
+    let mask = attn_mask.map(additive_mask).transpose()?;
+    let rows: usize = plan.lead.iter().product();
+    if rows * plan.lq == 0 || plan.lk == 0 {
+        // No queries, or no keys to attend (every row fully masked): zeros, as PyTorch.
+        let mut shape = plan.lead.clone();
+        shape.extend([plan.lq, plan.dv]);
+        return Tensor::zeros(&shape, q.dtype(), q.device());
+    }
+    // Dropout's counters: one per score, drawn now, replayed by backward.
+    let rng =
+        (plan.dropout > 0.0).then(|| q.device().advance_rng((rows * plan.lq * plan.lk) as u64));
+    match flash_fits(q, k, v, &plan) {
+        true => flash(q, k, v, mask.as_ref(), &plan, rng),
+        false => composite(q, k, v, mask.as_ref(), &plan, rng),
+    }
+}
+
+/// PyTorch's checks, with its wording where it has one.
+fn check(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Plan> {
+    for (name, t) in [("key", k), ("value", v)] {
+        if t.dtype() != q.dtype() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!(
+                    "Expected query, key, and value to have the same dtype, but got query.dtype: \
+                     {} {name}.dtype: {} instead.",
+                    q.dtype(),
+                    t.dtype()
+                ),
+            });
+        }
+        if t.device().spec() != q.device().spec() {
+            return Err(Error::DeviceMismatch {
+                op: OP,
+                expected: q.device().spec().into(),
+                got: t.device().spec().into(),
+            });
+        }
+    }
+    if !q.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: q.dtype(),
+            why: "(query, key and value must be floating point)".into(),
+        });
+    }
+    if q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!(
+                "expected query, key and value of one rank, at least 2, got {:?}, {:?} and {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        });
+    }
+    let r = q.rank();
+    let lead = q.shape()[..r - 2].to_vec();
+    let (lq, d) = (q.shape()[r - 2], q.shape()[r - 1]);
+    let (lk, dk) = (k.shape()[r - 2], k.shape()[r - 1]);
+    let (lv, dv) = (v.shape()[r - 2], v.shape()[r - 1]);
+    if k.shape()[..r - 2] != lead[..] || v.shape()[..r - 2] != lead[..] || dk != d || lv != lk {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: q.shape().to_vec(),
+            rhs: if dk != d || k.shape()[..r - 2] != lead[..] {
+                k.shape().to_vec()
+            } else {
+                v.shape().to_vec()
+            },
+        });
+    }
+    if !(0.0..1.0).contains(&dropout_p) {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("dropout probability has to be between 0 and 1, but got {dropout_p}"),
+        });
+    }
+    if let Some(m) = mask {
+        if is_causal {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: "_scaled_dot_product_attention: Explicit attn_mask should not be set when \
+                      is_causal=True"
+                    .into(),
+            });
+        }
+        if m.dtype() != DType::Bool && m.dtype() != q.dtype() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!(
+                    "Expected attn_mask dtype to be bool or float or to match query dtype, but \
+                     got attn_mask.dtype: {} and query.dtype: {} instead.",
+                    m.dtype(),
+                    q.dtype()
+                ),
+            });
+        }
+        if m.device().spec() != q.device().spec() {
+            return Err(Error::DeviceMismatch {
+                op: OP,
+                expected: q.device().spec().into(),
+                got: m.device().spec().into(),
+            });
+        }
+        let mut full = lead.clone();
+        full.extend([lq, lk]);
+        if m.broadcast_to(&full).is_err() {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: m.shape().to_vec(),
+                rhs: full,
+            });
+        }
+    }
+    let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            msg: format!("scale must be finite, got {scale}"),
+        });
+    }
+    Ok(Plan {
+        lead,
+        lq,
+        lk,
+        d,
+        dv,
+        scale,
+        causal: is_causal,
+        dropout: dropout_p,
+    })
+}
+
+/// The mask as f32 scores to add: a bool mask's `false` becomes -inf. Its shape is the
+/// mask's own (broadcast dims stay 1), so nothing `L x S`-sized is made that was not there.
+fn additive_mask(m: &Tensor) -> Result<Tensor> {
+    if m.dtype() == DType::Bool {
+        let zero = Tensor::zeros(&[], DType::F32, m.device())?;
+        let neg = Tensor::full(&[], f64::NEG_INFINITY, DType::F32, m.device())?;
+        return super::where_(m, &zero, &neg);
+    }
+    m.detach().to_dtype(DType::F32)
+}
+
+/// The composite: scores, safe softmax, dropout at the same counters as the kernels, product.
+/// Every step records autograd, so its gradient is autograd's.
+fn composite(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    plan: &Plan,
+    rng: Option<(u64, u64)>,
+) -> Result<Tensor> {
+    let dev = q.device();
+    let r = q.rank() as isize;
+    let mut s = q
+        .matmul(&k.transpose(r - 2, r - 1)?)?
+        .mul_scalar(plan.scale)?;
+    if let Some(m) = mask {
+        s = s.add(&m.to_dtype(s.dtype())?)?;
+    }
+    if plan.causal {
+        let (lq, lk) = (plan.lq, plan.lk);
+        let above: Vec<f32> = (0..lq * lk)
+            .map(|e| {
+                if e % lk > e / lk {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let causal = Tensor::from_slice(&above, &[lq, lk], dev)?.to_dtype(s.dtype())?;
+        s = s.add(&causal)?;
+    }
+    // Safe softmax: a row of -inf scores gives zeros, not NaN (and a zero gradient).
+    let dead = s.detach().amax(&[-1], true)?.eq_scalar(f64::NEG_INFINITY)?;
+    let probs = s
+        .masked_fill(&dead, 0.0)?
+        .softmax(-1)?
+        .masked_fill(&dead, 0.0)?;
+    let probs = match rng {
+        Some(state) => {
+            let shape = probs.shape().to_vec();
+            let u = super::random::draw_at(&shape, DType::F32, dev, false, (0.0, 1.0), state)?;
+            let keep = u
+                .ge_scalar(plan.dropout)?
+                .to_dtype(probs.dtype())?
+                .mul_scalar(1.0 / (1.0 - plan.dropout))?;
+            probs.mul(&keep)?
+        }
+        None => probs,
+    };
+    probs.matmul(v)
+}
+
+/// Whether the flash kernels take this call: a GPU whose workgroups and immediates they fit,
+/// head dims up to 128, f32 or f16, and every index within 32 bits. Not on wgpu's GL backend:
+/// its llvmpipe takes about 50 s to compile each of these kernels cold (lavapipe, the same
+/// LLVM through Vulkan, about 1 s), so GL runs the composite, as it does without the 128-tile
+/// products.
+fn flash_fits(q: &Tensor, k: &Tensor, v: &Tensor, plan: &Plan) -> bool {
+    let Some(info) = q.device().adapter_info() else {
+        return false;
+    };
+    let rows: usize = plan.lead.iter().product();
+    let counters = rows
+        .checked_mul(plan.lq)
+        .and_then(|n| n.checked_mul(plan.lk));
+    info.backend != wgpu::Backend::Gl
+        && FlashAttnKernel::for_dims(FlashPass::Forward, q.dtype(), plan.d, plan.dv).is_some()
+        && matches!(q.dtype(), DType::F32 | DType::F16)
+        && info.limits.max_immediate_size >= 128
+        && info.limits.max_storage_buffers_per_shader_stage >= 8
+        && info.limits.max_compute_workgroup_storage_size >= 17 * 1024
+        && rows <= info.limits.max_compute_workgroups_per_dimension as usize
+        && counters.is_some_and(|c| c <= u32::MAX as usize)
+        && [q, k, v]
+            .iter()
+            .all(|t| t.storage.block.block_size() / 2 <= u32::MAX as u64)
+}
+
+/// A tensor's leading strides as (b, h) of the flattened rows `n = b * heads + h`, for a
+/// `[lead..., rows, cols]` view with up to two leading dims.
+fn lead_strides(t: &Tensor, lead: usize) -> (usize, usize) {
+    let s = t.strides();
+    match lead {
+        0 => (0, 0),
+        1 => (s[0], 0),
+        _ => (s[0], s[1]),
+    }
+}
+
+/// q, k and v (and the mask) as the kernels read them: at most two leading dims (more are
+/// flattened into the first, by a view where the strides allow, else a copy) and a unit-stride
+/// last dim (else a copy).
+fn kernel_view(t: &Tensor, lead: &[usize]) -> Result<Tensor> {
+    let r = t.rank();
+    let t = if lead.len() > 2 {
+        let outer: usize = lead[..lead.len() - 1].iter().product();
+        let mut shape = vec![outer as isize, lead[lead.len() - 1] as isize];
+        shape.extend(t.shape()[r - 2..].iter().map(|&n| n as isize));
+        t.reshape(&shape)?
+    } else {
+        t.clone()
+    };
+    match t.strides().last() == Some(&1) || t.shape().last() == Some(&1) {
+        true => Ok(t),
+        false => t.contiguous(),
+    }
+}
+
+/// The immediates every pass shares (`shaders/flash_attn_common.wgsl`'s `Params`).
+fn params(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    mask: Option<&Tensor>,
+    plan: &Plan,
+    rng: Option<(u64, u64)>,
+) -> Result<Vec<u32>> {
+    let lead = q.rank() - 2;
+    let rows: usize = q.shape()[..lead].iter().product();
+    let heads = if lead == 2 { q.shape()[1] } else { 1 };
+    let mut imm = vec![
+        u32_of(OP, rows)?,
+        u32_of(OP, heads)?,
+        u32_of(OP, plan.lq)?,
+        u32_of(OP, plan.lk)?,
+        u32_of(OP, plan.d)?,
+        u32_of(OP, plan.dv)?,
+    ];
+    for t in [q, k, v] {
+        let (sb, sh) = lead_strides(t, lead);
+        imm.extend([
+            u32_of(OP, sb)?,
+            u32_of(OP, sh)?,
+            u32_of(OP, t.strides()[lead])?,
+        ]);
+    }
+    for t in [q, k, v] {
+        imm.push(u32_of(OP, t.layout.offset)?);
+    }
+    let mut flags = plan.causal as u32;
+    match mask {
+        Some(m) => {
+            let (sb, sh) = lead_strides(m, lead);
+            let st = m.strides();
+            for x in [sb, sh, st[lead], st[lead + 1], m.layout.offset] {
+                imm.push(u32_of(OP, x)?);
+            }
+            flags |= 2;
+        }
+        None => imm.extend([0; 5]),
+    }
+    let (seed, offset) = rng.unwrap_or((0, 0));
+    if rng.is_some() {
+        flags |= 4;
+    }
+    imm.extend([
+        flags,
+        (plan.scale as f32).to_bits(),
+        (plan.dropout as f32).to_bits(),
+        seed as u32,
+        (seed >> 32) as u32,
+        offset as u32,
+        0,
+        0,
+        0,
+    ]);
+    Ok(imm)
+}
+
+/// The fused path: one forward launch, and a node whose backward runs the two backward passes.
+fn flash(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    plan: &Plan,
+    rng: Option<(u64, u64)>,
+) -> Result<Tensor> {
+    let stats_cell = std::cell::RefCell::new(None);
+    let forward = || -> Result<Tensor> {
+        let (o, stats) = flash_forward(q, k, v, mask, plan, rng)?;
+        *stats_cell.borrow_mut() = Some(stats);
+        Ok(o)
+    };
+    crate::graph::record(
+        "ScaledDotProductFlashAttentionBackward0",
+        &[q, k, v],
+        forward,
+        |out| {
+            let saved: Vec<_> = [q, k, v]
+                .iter()
+                .map(|t| crate::graph::save(t))
+                .collect::<Result<_>>()?;
+            let o = crate::graph::save_output(out, "ScaledDotProductFlashAttentionBackward0")?;
+            let stats = stats_cell.borrow_mut().take().ok_or(Error::Autograd {
+                op: OP,
+                msg: "the forward pass left no log-sum-exps".into(),
+            })?;
+            let stats = crate::graph::save(&stats)?;
+            let mask = mask.cloned();
+            let plan = Plan {
+                lead: plan.lead.clone(),
+                ..*plan
+            };
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let (q, k, v) = (saved[0].get()?, saved[1].get()?, saved[2].get()?);
+                let grads = flash_backward(
+                    (&q, &k, &v),
+                    (&o.get()?, g, &stats.get()?),
+                    mask.as_ref(),
+                    &plan,
+                    rng,
+                )?;
+                Ok(grads
+                    .into_iter()
+                    .zip(needs)
+                    .map(|(g, &need)| need.then_some(g))
+                    .collect())
+            }))
+        },
+    )
+}
+
+fn flash_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    plan: &Plan,
+    rng: Option<(u64, u64)>,
+) -> Result<(Tensor, Tensor)> {
+    let (qv, kv, vv) = (
+        kernel_view(q, &plan.lead)?,
+        kernel_view(k, &plan.lead)?,
+        kernel_view(v, &plan.lead)?,
+    );
+    let mv = mask.map(|m| full_mask(m, plan, &qv)).transpose()?;
+    let rows: usize = plan.lead.iter().product();
+    let o = Tensor::empty(&[rows, plan.lq, plan.dv], q.dtype(), q.device())?;
+    let stats = Tensor::empty(&[2, rows, plan.lq], DType::F32, q.device())?;
+    let imm = params((&qv, &kv, &vv), mv.as_ref(), plan, rng)?;
+    let dummy;
+    let mask_block = match &mv {
+        Some(m) => &m.storage.block,
+        None => {
+            dummy = Tensor::zeros(&[1], DType::F32, q.device())?;
+            &dummy.storage.block
+        }
+    };
+    let kernel = FlashAttnKernel::for_dims(FlashPass::Forward, q.dtype(), plan.d, plan.dv).ok_or(
+        Error::InvalidArgument {
+            op: OP,
+            msg: "no flash kernel for these head dims".into(),
+        },
+    )?;
+    let blocks = [
+        &qv.storage.block,
+        &kv.storage.block,
+        &vv.storage.block,
+        mask_block,
+        &o.storage.block,
+        &stats.storage.block,
+    ];
+    let groups = (u32_of(OP, plan.lq.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
+    launch_groups(
+        crate::kernels::Kernel::FlashAttn(kernel),
+        &blocks,
+        &imm,
+        groups,
+    )?;
+    let mut shape: Vec<isize> = plan.lead.iter().map(|&n| n as isize).collect();
+    shape.extend([plan.lq as isize, plan.dv as isize]);
+    Ok((o.reshape(&shape)?, stats))
+}
+
+/// The additive mask broadcast to the kernels' `[lead..., L, S]` (stride 0 where it repeats),
+/// flattened as q's view is.
+fn full_mask(m: &Tensor, plan: &Plan, qv: &Tensor) -> Result<Tensor> {
+    let mut full = plan.lead.clone();
+    full.extend([plan.lq, plan.lk]);
+    let b = m.broadcast_to(&full)?;
+    if plan.lead.len() <= 2 {
+        return Ok(b);
+    }
+    let mut shape: Vec<isize> = qv.shape()[..2].iter().map(|&n| n as isize).collect();
+    shape.extend([plan.lq as isize, plan.lk as isize]);
+    b.reshape(&shape)
+}
+
+fn flash_backward(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (o, g, stats): (&Tensor, &Tensor, &Tensor),
+    mask: Option<&Tensor>,
+    plan: &Plan,
+    rng: Option<(u64, u64)>,
+) -> Result<Vec<Tensor>> {
+    let (qv, kv, vv) = (
+        kernel_view(q, &plan.lead)?,
+        kernel_view(k, &plan.lead)?,
+        kernel_view(v, &plan.lead)?,
+    );
+    let mv = mask.map(|m| full_mask(m, plan, &qv)).transpose()?;
+    let g = g.to_dtype(q.dtype())?.contiguous()?;
+    let o = o.contiguous()?;
+    let rows: usize = plan.lead.iter().product();
+    let dev = q.device();
+    let dq = Tensor::empty(&[rows, plan.lq, plan.d], q.dtype(), dev)?;
+    let dk = Tensor::empty(&[rows, plan.lk, plan.d], q.dtype(), dev)?;
+    let dv = Tensor::empty(&[rows, plan.lk, plan.dv], q.dtype(), dev)?;
+    let imm = params((&qv, &kv, &vv), mv.as_ref(), plan, rng)?;
+    let dummy;
+    let mask_block = match &mv {
+        Some(m) => &m.storage.block,
+        None => {
+            dummy = Tensor::zeros(&[1], DType::F32, dev)?;
+            &dummy.storage.block
+        }
+    };
+    let kernel = |pass| {
+        FlashAttnKernel::for_dims(pass, q.dtype(), plan.d, plan.dv)
+            .map(crate::kernels::Kernel::FlashAttn)
+            .ok_or(Error::InvalidArgument {
+                op: OP,
+                msg: "no flash kernel for these head dims".into(),
+            })
+    };
+    let (qb, kb, vb) = (&qv.storage.block, &kv.storage.block, &vv.storage.block);
+    let blocks = [
+        qb,
+        kb,
+        vb,
+        mask_block,
+        &o.storage.block,
+        &g.storage.block,
+        &stats.storage.block,
+        &dq.storage.block,
+    ];
+    let groups = (u32_of(OP, plan.lq.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
+    launch_groups(kernel(FlashPass::BackwardDq)?, &blocks, &imm, groups)?;
+    let blocks = [
+        qb,
+        kb,
+        vb,
+        mask_block,
+        &g.storage.block,
+        &stats.storage.block,
+        &dk.storage.block,
+        &dv.storage.block,
+    ];
+    let groups = (u32_of(OP, plan.lk.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
+    launch_groups(kernel(FlashPass::BackwardDkDv)?, &blocks, &imm, groups)?;
+    let shaped = |t: Tensor, like: &Tensor| {
+        t.reshape(&like.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+    };
+    Ok(vec![shaped(dq, q)?, shaped(dk, k)?, shaped(dv, v)?])
+}
