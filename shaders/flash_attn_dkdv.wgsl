@@ -15,27 +15,35 @@
 @group(0) @binding(6) var<storage, read_write> dk: array<{{T}}>;
 @group(0) @binding(7) var<storage, read_write> dv: array<{{T}}>;
 
-var<workgroup> qt: array<f32, BT * DP>;
-var<workgroup> go: array<f32, BT * DP>;
+var<workgroup> qt: array<vec4<f32>, BT * DP4>;
+var<workgroup> go: array<vec4<f32>, BT * DP4>;
 var<workgroup> lt: array<f32, BT>;
 var<workgroup> dt: array<f32, BT>;
+
+// Elements 4 c4 .. 4 c4 + 3 of the output gradient's row i (zeros past lq and dv).
+fn dout4(n: u32, i: u32, c4: u32) -> vec4<f32> {
+    let b = (n * p.lq + min(i, p.lq - 1u)) * p.dv;
+    let c = c4 * 4u;
+    let hi = p.dv - 1u;
+    let x = vec4<f32>(f32(dout[b + min(c, hi)]), f32(dout[b + min(c + 1u, hi)]),
+        f32(dout[b + min(c + 2u, hi)]), f32(dout[b + min(c + 3u, hi)]));
+    return select(vec4<f32>(0.0), x, quad(c4, p.dv) & vec4<bool>(i < p.lq));
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = wid.y;
     let col0 = wid.x * WG;
     let j = col0 + li;
-    var kr: array<f32, DP>;
-    var vr: array<f32, DP>;
-    var dka: array<f32, DP>;
-    var dva: array<f32, DP>;
-    let kb = row_k(n, j);
-    let vb = row_v(n, j);
-    for (var d = 0u; d < DP; d++) {
-        kr[d] = select(0.0, f32(k[kb + min(d, p.d - 1u)]), d < p.d);
-        vr[d] = select(0.0, f32(v[vb + min(d, p.dv - 1u)]), d < p.dv);
-        dka[d] = 0.0;
-        dva[d] = 0.0;
+    var kr: array<vec4<f32>, DP4>;
+    var vr: array<vec4<f32>, DP4>;
+    var dka: array<vec4<f32>, DP4>;
+    var dva: array<vec4<f32>, DP4>;
+    for (var c = 0u; c < DP4; c++) {
+        kr[c] = k4(n, j, c);
+        vr[c] = v4(n, j, c);
+        dka[c] = vec4<f32>(0.0);
+        dva[c] = vec4<f32>(0.0);
     }
     var i_start = 0u;
     if (p.flags & 1u) != 0u {
@@ -43,13 +51,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var i0 = i_start; i0 < p.lq; i0 += BT) {
         workgroupBarrier();
-        for (var e = li; e < BT * DP; e += WG) {
-            let r = e / DP;
-            let c = e % DP;
-            let i = i0 + r;
-            let ic = min(i, p.lq - 1u);
-            qt[e] = select(0.0, f32(q[row_q(n, i) + min(c, p.d - 1u)]) * p.scale, i < p.lq && c < p.d);
-            go[e] = select(0.0, f32(dout[(n * p.lq + ic) * p.dv + min(c, p.dv - 1u)]), i < p.lq && c < p.dv);
+        for (var e = li; e < BT * DP4; e += WG) {
+            let i = i0 + e / DP4;
+            qt[e] = select(vec4<f32>(0.0), q4(n, i, e % DP4) * p.scale, vec4<bool>(i < p.lq));
+            go[e] = dout4(n, i, e % DP4);
         }
         for (var r = li; r < BT; r += WG) {
             let ic = min(i0 + r, p.lq - 1u);
@@ -60,30 +65,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < BT; r++) {
             let i = i0 + r;
             if visible(i, j) && lt[r] > DEAD {
-                var x = 0.0;
-                var dp = 0.0;
-                for (var d = 0u; d < DP; d++) {
-                    x = fma(qt[r * DP + d], kr[d], x);
-                    dp = fma(go[r * DP + d], vr[d], dp);
+                var x4 = vec4<f32>(0.0);
+                var dp4 = vec4<f32>(0.0);
+                for (var c = 0u; c < DP4; c++) {
+                    x4 = fma(qt[r * DP4 + c], kr[c], x4);
+                    dp4 = fma(go[r * DP4 + c], vr[c], dp4);
                 }
-                let pr = exp(x + mask_at(n, i, j) - lt[r]);
+                let pr = exp(hsum(x4) + mask_at(n, i, j) - lt[r]);
                 let z = keep(n, i, j);
-                let pz = pr * z;
-                let ds = pr * (dp * z - dt[r]);
-                for (var d = 0u; d < DP; d++) {
-                    dva[d] = fma(pz, go[r * DP + d], dva[d]);
-                    dka[d] = fma(ds, qt[r * DP + d], dka[d]);
+                let pz = vec4<f32>(pr * z);
+                let ds = vec4<f32>(pr * (hsum(dp4) * z - dt[r]));
+                for (var c = 0u; c < DP4; c++) {
+                    dva[c] = fma(pz, go[r * DP4 + c], dva[c]);
+                    dka[c] = fma(ds, qt[r * DP4 + c], dka[c]);
                 }
             }
         }
     }
     if j < p.lk {
-        for (var d = 0u; d < DP; d++) {
-            if d < p.d {
-                dk[(n * p.lk + j) * p.d + d] = {{T}}(dka[d]);
-            }
-            if d < p.dv {
-                dv[(n * p.lk + j) * p.dv + d] = {{T}}(dva[d]);
+        for (var c = 0u; c < DP4; c++) {
+            for (var e = 0u; e < 4u; e++) {
+                let d = c * 4u + e;
+                if d < p.d {
+                    dk[(n * p.lk + j) * p.d + d] = {{T}}(dka[c][e]);
+                }
+                if d < p.dv {
+                    dv[(n * p.lk + j) * p.dv + d] = {{T}}(dva[c][e]);
+                }
             }
         }
     }

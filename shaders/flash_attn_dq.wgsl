@@ -16,8 +16,25 @@
 @group(0) @binding(6) var<storage, read_write> stats: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dq: array<{{T}}>;
 
-var<workgroup> kt: array<f32, BT * DP>;
-var<workgroup> vt: array<f32, BT * DP>;
+var<workgroup> kt: array<vec4<f32>, BT * DP4>;
+var<workgroup> vt: array<vec4<f32>, BT * DP4>;
+
+// Elements 4 c4 .. 4 c4 + 3 at `b` of a contiguous row of dv elements (o or dout).
+fn o4(b: u32, c4: u32) -> vec4<f32> {
+    let c = c4 * 4u;
+    let hi = p.dv - 1u;
+    let x = vec4<f32>(f32(o[b + min(c, hi)]), f32(o[b + min(c + 1u, hi)]),
+        f32(o[b + min(c + 2u, hi)]), f32(o[b + min(c + 3u, hi)]));
+    return select(vec4<f32>(0.0), x, quad(c4, p.dv));
+}
+
+fn dout4(b: u32, c4: u32) -> vec4<f32> {
+    let c = c4 * 4u;
+    let hi = p.dv - 1u;
+    let x = vec4<f32>(f32(dout[b + min(c, hi)]), f32(dout[b + min(c + 1u, hi)]),
+        f32(dout[b + min(c + 2u, hi)]), f32(dout[b + min(c + 3u, hi)]));
+    return select(vec4<f32>(0.0), x, quad(c4, p.dv));
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -25,19 +42,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row0 = wid.x * WG;
     let i = row0 + li;
     let ic = min(i, p.lq - 1u);
-    var qr: array<f32, DP>;
-    var dor: array<f32, DP>;
-    var dqa: array<f32, DP>;
-    let qb = row_q(n, i);
+    var qr: array<vec4<f32>, DP4>;
+    var dor: array<vec4<f32>, DP4>;
+    var dqa: array<vec4<f32>, DP4>;
     let ob = (n * p.lq + ic) * p.dv;
-    var delta = 0.0;
-    for (var d = 0u; d < DP; d++) {
-        qr[d] = select(0.0, f32(q[qb + min(d, p.d - 1u)]) * p.scale, d < p.d);
-        let dd = min(d, p.dv - 1u);
-        dor[d] = select(0.0, f32(dout[ob + dd]), d < p.dv);
-        delta = fma(dor[d], select(0.0, f32(o[ob + dd]), d < p.dv), delta);
-        dqa[d] = 0.0;
+    var delta4 = vec4<f32>(0.0);
+    for (var c = 0u; c < DP4; c++) {
+        qr[c] = q4(n, i, c) * p.scale;
+        dor[c] = dout4(ob, c);
+        delta4 = fma(dor[c], o4(ob, c), delta4);
+        dqa[c] = vec4<f32>(0.0);
     }
+    let delta = hsum(delta4);
     let lse = stats[n * p.lq + ic];
     if i < p.lq {
         stats[p.n * p.lq + n * p.lq + i] = delta;
@@ -48,36 +64,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var j0 = 0u; j0 < kend; j0 += BT) {
         workgroupBarrier();
-        for (var e = li; e < BT * DP; e += WG) {
-            let r = e / DP;
-            let c = e % DP;
-            let j = j0 + r;
-            kt[e] = select(0.0, f32(k[row_k(n, j) + min(c, p.d - 1u)]), j < p.lk && c < p.d);
-            vt[e] = select(0.0, f32(v[row_v(n, j) + min(c, p.dv - 1u)]), j < p.lk && c < p.dv);
+        for (var e = li; e < BT * DP4; e += WG) {
+            kt[e] = k4(n, j0 + e / DP4, e % DP4);
+            vt[e] = v4(n, j0 + e / DP4, e % DP4);
         }
         workgroupBarrier();
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
             if visible(i, j) && lse > DEAD {
-                var x = 0.0;
-                var dp = 0.0;
-                for (var d = 0u; d < DP; d++) {
-                    x = fma(qr[d], kt[r * DP + d], x);
-                    dp = fma(dor[d], vt[r * DP + d], dp);
+                var x4 = vec4<f32>(0.0);
+                var dp4 = vec4<f32>(0.0);
+                for (var c = 0u; c < DP4; c++) {
+                    x4 = fma(qr[c], kt[r * DP4 + c], x4);
+                    dp4 = fma(dor[c], vt[r * DP4 + c], dp4);
                 }
-                let pr = exp(x + mask_at(n, i, j) - lse);
-                let ds = pr * (dp * keep(n, i, j) - delta);
-                for (var d = 0u; d < DP; d++) {
-                    dqa[d] = fma(ds, kt[r * DP + d], dqa[d]);
+                let pr = exp(hsum(x4) + mask_at(n, i, j) - lse);
+                let ds = vec4<f32>(pr * (hsum(dp4) * keep(n, i, j) - delta));
+                for (var c = 0u; c < DP4; c++) {
+                    dqa[c] = fma(ds, kt[r * DP4 + c], dqa[c]);
                 }
             }
         }
     }
     if i < p.lq {
         let gb = (n * p.lq + i) * p.d;
-        for (var d = 0u; d < DP; d++) {
-            if d < p.d {
-                dq[gb + d] = {{T}}(dqa[d] * p.scale);
+        for (var c = 0u; c < DP4; c++) {
+            let val = dqa[c] * p.scale;
+            for (var e = 0u; e < 4u; e++) {
+                if c * 4u + e < p.d {
+                    dq[gb + c * 4u + e] = {{T}}(val[e]);
+                }
             }
         }
     }

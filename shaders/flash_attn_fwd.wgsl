@@ -15,20 +15,19 @@
 // The log-sum-exp of row (n, i) at n * lq + i (the backward's deltas follow it).
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>;
 
-var<workgroup> kt: array<f32, BT * DP>;
-var<workgroup> vt: array<f32, BT * DP>;
+var<workgroup> kt: array<vec4<f32>, BT * DP4>;
+var<workgroup> vt: array<vec4<f32>, BT * DP4>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = wid.y;
     let row0 = wid.x * WG;
     let i = row0 + li;
-    var qr: array<f32, DP>;
-    var acc: array<f32, DP>;
-    let qb = row_q(n, i);
-    for (var d = 0u; d < DP; d++) {
-        qr[d] = select(0.0, f32(q[qb + min(d, p.d - 1u)]) * p.scale, d < p.d);
-        acc[d] = 0.0;
+    var qr: array<vec4<f32>, DP4>;
+    var acc: array<vec4<f32>, DP4>;
+    for (var c = 0u; c < DP4; c++) {
+        qr[c] = q4(n, i, c) * p.scale;
+        acc[c] = vec4<f32>(0.0);
     }
     var m = MASKED;
     var l = 0.0;
@@ -38,23 +37,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var j0 = 0u; j0 < kend; j0 += BT) {
         workgroupBarrier();
-        for (var e = li; e < BT * DP; e += WG) {
-            let r = e / DP;
-            let c = e % DP;
-            let j = j0 + r;
-            kt[e] = select(0.0, f32(k[row_k(n, j) + min(c, p.d - 1u)]), j < p.lk && c < p.d);
-            vt[e] = select(0.0, f32(v[row_v(n, j) + min(c, p.dv - 1u)]), j < p.lk && c < p.dv);
+        for (var e = li; e < BT * DP4; e += WG) {
+            kt[e] = k4(n, j0 + e / DP4, e % DP4);
+            vt[e] = v4(n, j0 + e / DP4, e % DP4);
         }
         workgroupBarrier();
         var s: array<f32, BT>;
         var tile_max = MASKED;
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
-            var x = 0.0;
-            for (var d = 0u; d < DP; d++) {
-                x = fma(qr[d], kt[r * DP + d], x);
+            var x4 = vec4<f32>(0.0);
+            for (var c = 0u; c < DP4; c++) {
+                x4 = fma(qr[c], kt[r * DP4 + c], x4);
             }
-            x = max(x + mask_at(n, i, j), MASKED);
+            var x = max(hsum(x4) + mask_at(n, i, j), MASKED);
             if !visible(i, j) {
                 x = MASKED;
             }
@@ -65,16 +61,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if m_new > DEAD {
             let alpha = exp(m - m_new);
             l *= alpha;
-            for (var d = 0u; d < DP; d++) {
-                acc[d] *= alpha;
+            for (var c = 0u; c < DP4; c++) {
+                acc[c] *= alpha;
             }
             for (var r = 0u; r < BT; r++) {
                 let pr = exp(s[r] - m_new);
                 l += pr;
                 let pd = pr * keep(n, i, j0 + r);
                 if pd != 0.0 {
-                    for (var d = 0u; d < DP; d++) {
-                        acc[d] = fma(pd, vt[r * DP + d], acc[d]);
+                    for (var c = 0u; c < DP4; c++) {
+                        acc[c] = fma(vec4<f32>(pd), vt[r * DP4 + c], acc[c]);
                     }
                 }
             }
@@ -84,9 +80,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if i < p.lq {
         let inv = select(0.0, 1.0 / l, l > 0.0 && m > DEAD);
         let ob = (n * p.lq + i) * p.dv;
-        for (var d = 0u; d < DP; d++) {
-            if d < p.dv {
-                o[ob + d] = {{T}}(acc[d] * inv);
+        for (var c = 0u; c < DP4; c++) {
+            let val = acc[c] * inv;
+            for (var e = 0u; e < 4u; e++) {
+                if c * 4u + e < p.dv {
+                    o[ob + c * 4u + e] = {{T}}(val[e]);
+                }
             }
         }
         stats[n * p.lq + i] = select(MASKED, m + log(l), l > 0.0 && m > DEAD);

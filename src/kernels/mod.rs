@@ -721,6 +721,7 @@ impl Kernel {
                 | Kernel::Matmul128Vec4(..)
                 | Kernel::ConvGemm(_)
                 | Kernel::Reduce(_)
+                | Kernel::FlashAttn(_)
         ) || (matches!(self, Kernel::MatmulCoop(..) | Kernel::ConvCoop(_))
             && std::env::var("KILN_COOP_CHECKED").is_err())
     }
