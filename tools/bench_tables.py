@@ -117,9 +117,13 @@ def table(adapter, rows, meta, reference):
         elif files:
             stale[suite] = f"the code has changed since, in {len(files)} file(s) such as `{files[0]}`"
     if stale:
+        by_reason = {}
+        for suite, why in sorted(stale.items()):
+            by_reason.setdefault(why, []).append(f"`{suite}`")
         out.append("")
-        out.append("Figures older than their code: " + "; ".join(
-            f"`{s}` ({why})" for s, why in sorted(stale.items())) + ".")
+        out.append("Older than their code: " + "; ".join(
+            f"{', '.join(suites)} ({why})" for why, suites in by_reason.items())
+            + ". Rerun `bench` for current figures.")
     out += ["", "| suite | case | kiln | PyTorch | Burn | kiln ahead by | of ceiling | bound by |",
             "|---|---|---|---|---|---|---|---|"]
     peers = machine.get("peers", {})
@@ -160,8 +164,9 @@ def table(adapter, rows, meta, reference):
 
 def render():
     reference = json.loads((ROOT / "benches/reference.json").read_text())
-    lines = [BEGIN, ""]
-    tables = []
+    order = reference.get("order", [])
+    # One heading per machine; a machine measured by several files gets a table from each.
+    machines = {}
     for path in sorted((ROOT / "benches/results").glob("*.json")):
         data = json.loads(path.read_text())
         meta = data["meta"]
@@ -178,10 +183,13 @@ def render():
                         + (f", which also lists the {tuned} kernel choices autotuning made." if tuned else "."))
             text.append("")
             key, _ = machine_of(adapter, reference)
-            order = reference.get("order", [])
-            tables.append((order.index(key) if key in order else len(order), text))
-    for _, text in sorted(tables, key=lambda t: t[0]):
-        lines += text
+            rank = order.index(key) if key in order else len(order)
+            machines.setdefault((rank, key or adapter), []).append(text)
+    lines = [BEGIN, ""]
+    for _, texts in sorted(machines.items(), key=lambda kv: kv[0]):
+        for n, text in enumerate(texts):
+            # The heading once per machine.
+            lines += text if n == 0 else text[2:]
     lines.append(END)
     return "\n".join(lines)
 

@@ -17,6 +17,8 @@
 //! - `batch_norm.rs` (the fused GPU path for f32, the composite formula as the CPU reference);
 //!   convolution (`conv.rs`; `conv_gemm.rs` picks the implicit GEMM on Vulkan, Metal and DX12
 //!   GPUs and lays out its weight copies and K splits) with pooling, and `conv_grad.rs`;
+//! - `attention.rs`: `scaled_dot_product_attention` (the flash kernels' launches and backward
+//!   node, and the composite that is the CPU reference and the fallback);
 //! - `loss.rs`: nll_loss and the fused cross_entropy;
 //! - `view.rs`: views, which record autograd nodes (`contiguous` copies);
 //! - `transfer.rs`: reading tensors back, copies between devices, pinned tensors.
