@@ -110,30 +110,27 @@ fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 
+// The indices of elements 4 c4 .. 4 c4 + 3 of a row at `b` with `len` elements, clamped into
+// the row (the loads past it are discarded by `quad`).
+fn at4(b: u32, c4: u32, len: u32) -> vec4<u32> {
+    return b + min(vec4<u32>(c4 * 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(len - 1u));
+}
+
 // Elements 4 c4 .. 4 c4 + 3 of row `i` of q (of k, v: row `j`), zeros past the head dim.
 fn q4(n: u32, i: u32, c4: u32) -> vec4<f32> {
-    let b = row_q(n, i);
-    let c = c4 * 4u;
-    let hi = p.d - 1u;
-    let x = vec4<f32>(f32(q[b + min(c, hi)]), f32(q[b + min(c + 1u, hi)]),
-        f32(q[b + min(c + 2u, hi)]), f32(q[b + min(c + 3u, hi)]));
+    let a = at4(row_q(n, i), c4, p.d);
+    let x = vec4<f32>(f32(q[a.x]), f32(q[a.y]), f32(q[a.z]), f32(q[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.d));
 }
 
 fn k4(n: u32, j: u32, c4: u32) -> vec4<f32> {
-    let b = row_k(n, j);
-    let c = c4 * 4u;
-    let hi = p.d - 1u;
-    let x = vec4<f32>(f32(k[b + min(c, hi)]), f32(k[b + min(c + 1u, hi)]),
-        f32(k[b + min(c + 2u, hi)]), f32(k[b + min(c + 3u, hi)]));
+    let a = at4(row_k(n, j), c4, p.d);
+    let x = vec4<f32>(f32(k[a.x]), f32(k[a.y]), f32(k[a.z]), f32(k[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.d) & vec4<bool>(j < p.lk));
 }
 
 fn v4(n: u32, j: u32, c4: u32) -> vec4<f32> {
-    let b = row_v(n, j);
-    let c = c4 * 4u;
-    let hi = p.dv - 1u;
-    let x = vec4<f32>(f32(v[b + min(c, hi)]), f32(v[b + min(c + 1u, hi)]),
-        f32(v[b + min(c + 2u, hi)]), f32(v[b + min(c + 3u, hi)]));
+    let a = at4(row_v(n, j), c4, p.dv);
+    let x = vec4<f32>(f32(v[a.x]), f32(v[a.y]), f32(v[a.z]), f32(v[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.dv) & vec4<bool>(j < p.lk));
 }

@@ -22,11 +22,8 @@ var<workgroup> dt: array<f32, BT>;
 
 // Elements 4 c4 .. 4 c4 + 3 of the output gradient's row i (zeros past lq and dv).
 fn dout4(n: u32, i: u32, c4: u32) -> vec4<f32> {
-    let b = (n * p.lq + min(i, p.lq - 1u)) * p.dv;
-    let c = c4 * 4u;
-    let hi = p.dv - 1u;
-    let x = vec4<f32>(f32(dout[b + min(c, hi)]), f32(dout[b + min(c + 1u, hi)]),
-        f32(dout[b + min(c + 2u, hi)]), f32(dout[b + min(c + 3u, hi)]));
+    let a = at4((n * p.lq + min(i, p.lq - 1u)) * p.dv, c4, p.dv);
+    let x = vec4<f32>(f32(dout[a.x]), f32(dout[a.y]), f32(dout[a.z]), f32(dout[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.dv) & vec4<bool>(i < p.lq));
 }
 

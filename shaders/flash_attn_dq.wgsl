@@ -16,23 +16,18 @@
 @group(0) @binding(6) var<storage, read_write> stats: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dq: array<{{T}}>;
 
-var<workgroup> kt: array<vec4<f32>, BT * DP4>;
-var<workgroup> vt: array<vec4<f32>, BT * DP4>;
+{{KV_TILES}}
 
-// Elements 4 c4 .. 4 c4 + 3 at `b` of a contiguous row of dv elements (o or dout).
+// Elements 4 c4 .. 4 c4 + 3 of the contiguous rows at `b` of o and of dout (dv elements).
 fn o4(b: u32, c4: u32) -> vec4<f32> {
-    let c = c4 * 4u;
-    let hi = p.dv - 1u;
-    let x = vec4<f32>(f32(o[b + min(c, hi)]), f32(o[b + min(c + 1u, hi)]),
-        f32(o[b + min(c + 2u, hi)]), f32(o[b + min(c + 3u, hi)]));
+    let a = at4(b, c4, p.dv);
+    let x = vec4<f32>(f32(o[a.x]), f32(o[a.y]), f32(o[a.z]), f32(o[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.dv));
 }
 
 fn dout4(b: u32, c4: u32) -> vec4<f32> {
-    let c = c4 * 4u;
-    let hi = p.dv - 1u;
-    let x = vec4<f32>(f32(dout[b + min(c, hi)]), f32(dout[b + min(c + 1u, hi)]),
-        f32(dout[b + min(c + 2u, hi)]), f32(dout[b + min(c + 3u, hi)]));
+    let a = at4(b, c4, p.dv);
+    let x = vec4<f32>(f32(dout[a.x]), f32(dout[a.y]), f32(dout[a.z]), f32(dout[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.dv));
 }
 
@@ -58,17 +53,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if i < p.lq {
         stats[p.n * p.lq + n * p.lq + i] = delta;
     }
-    var kend = p.lk;
-    if (p.flags & 1u) != 0u {
-        kend = min(p.lk, row0 + WG);
-    }
-    for (var j0 = 0u; j0 < kend; j0 += BT) {
-        workgroupBarrier();
-        for (var e = li; e < BT * DP4; e += WG) {
-            kt[e] = k4(n, j0 + e / DP4, e % DP4);
-            vt[e] = v4(n, j0 + e / DP4, e % DP4);
-        }
-        workgroupBarrier();
+    for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
+        stage_kv(n, j0, li);
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
             if visible(i, j) && lse > DEAD {

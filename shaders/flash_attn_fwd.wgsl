@@ -15,8 +15,7 @@
 // The log-sum-exp of row (n, i) at n * lq + i (the backward's deltas follow it).
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>;
 
-var<workgroup> kt: array<vec4<f32>, BT * DP4>;
-var<workgroup> vt: array<vec4<f32>, BT * DP4>;
+{{KV_TILES}}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -31,17 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var m = MASKED;
     var l = 0.0;
-    var kend = p.lk;
-    if (p.flags & 1u) != 0u {
-        kend = min(p.lk, row0 + WG);
-    }
-    for (var j0 = 0u; j0 < kend; j0 += BT) {
-        workgroupBarrier();
-        for (var e = li; e < BT * DP4; e += WG) {
-            kt[e] = k4(n, j0 + e / DP4, e % DP4);
-            vt[e] = v4(n, j0 + e / DP4, e % DP4);
-        }
-        workgroupBarrier();
+    for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
+        stage_kv(n, j0, li);
         var s: array<f32, BT>;
         var tile_max = MASKED;
         for (var r = 0u; r < BT; r++) {

@@ -93,6 +93,10 @@ impl FlashAttnKernel {
         let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
         let src = body
             .replace("{{COMMON}}", &common)
+            .replace(
+                "{{KV_TILES}}",
+                include_str!("../../shaders/flash_attn_kv_tiles.wgsl"),
+            )
             .replace("{{DP}}", &self.dp.to_string())
             .replace("{{BT}}", &self.tile_rows().to_string());
         super::per_dtype(&src, self.dtype).into_owned()

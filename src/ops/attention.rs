@@ -13,7 +13,8 @@
 //! The composite on the CPU device is the reference the kernels are tested against.
 
 use super::u32_of;
-use crate::kernels::{launch_groups, FlashAttnKernel, FlashPass};
+use crate::device::DeviceBlock;
+use crate::kernels::{launch_groups, FlashAttnKernel, FlashPass, Kernel};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -21,6 +22,7 @@ const OP: &str = "scaled_dot_product_attention";
 const WG_ROWS: usize = 64;
 
 /// What the checks settle about one call.
+#[derive(Clone)]
 struct Plan {
     lead: Vec<usize>,
     lq: usize,
@@ -75,9 +77,10 @@ fn attention(
     // Dropout's counters: one per score, drawn now, replayed by backward.
     let rng =
         (plan.dropout > 0.0).then(|| q.device().advance_rng((rows * plan.lq * plan.lk) as u64));
-    match flash_fits(q, k, v, &plan) {
-        true => flash(q, k, v, mask.as_ref(), &plan, rng),
-        false => composite(q, k, v, mask.as_ref(), &plan, rng),
+    if flash_fits(q, k, v, &plan) {
+        flash(q, k, v, mask.as_ref(), &plan, rng)
+    } else {
+        composite(q, k, v, mask.as_ref(), &plan, rng)
     }
 }
 
@@ -103,13 +106,7 @@ fn check(
                 ),
             });
         }
-        if t.device().spec() != q.device().spec() {
-            return Err(Error::DeviceMismatch {
-                op: OP,
-                expected: q.device().spec().into(),
-                got: t.device().spec().into(),
-            });
-        }
+        same_device(q, t)?;
     }
     if !q.dtype().is_float() {
         return Err(Error::UnsupportedDType {
@@ -171,13 +168,7 @@ fn check(
                 ),
             });
         }
-        if m.device().spec() != q.device().spec() {
-            return Err(Error::DeviceMismatch {
-                op: OP,
-                expected: q.device().spec().into(),
-                got: m.device().spec().into(),
-            });
-        }
+        same_device(q, m)?;
         let mut full = lead.clone();
         full.extend([lq, lk]);
         if m.broadcast_to(&full).is_err() {
@@ -205,6 +196,17 @@ fn check(
         causal: is_causal,
         dropout: dropout_p,
     })
+}
+
+fn same_device(q: &Tensor, t: &Tensor) -> Result<()> {
+    match t.device().spec() == q.device().spec() {
+        true => Ok(()),
+        false => Err(Error::DeviceMismatch {
+            op: OP,
+            expected: q.device().spec().into(),
+            got: t.device().spec().into(),
+        }),
+    }
 }
 
 /// The mask as f32 scores to add: a bool mask's `false` becomes -inf. Its shape is the
@@ -417,10 +419,7 @@ fn flash(
             })?;
             let stats = crate::graph::save(&stats)?;
             let mask = mask.cloned();
-            let plan = Plan {
-                lead: plan.lead.clone(),
-                ..*plan
-            };
+            let plan = plan.clone();
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let (q, k, v) = (saved[0].get()?, saved[1].get()?, saved[2].get()?);
                 let grads = flash_backward(
@@ -440,6 +439,74 @@ fn flash(
     )
 }
 
+/// q, k, v and the mask as the kernels read them, and the immediates every pass shares.
+struct Bound {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Option<Tensor>,
+    imm: Vec<u32>,
+    rows: usize,
+}
+
+impl Bound {
+    fn new(
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        mask: Option<&Tensor>,
+        plan: &Plan,
+        rng: Option<(u64, u64)>,
+    ) -> Result<Bound> {
+        let (q, k, v) = (
+            kernel_view(q, &plan.lead)?,
+            kernel_view(k, &plan.lead)?,
+            kernel_view(v, &plan.lead)?,
+        );
+        let mask = mask.map(|m| full_mask(m, plan, &q)).transpose()?;
+        let imm = params((&q, &k, &v), mask.as_ref(), plan, rng)?;
+        let rows = plan.lead.iter().product();
+        Ok(Bound {
+            q,
+            k,
+            v,
+            mask,
+            imm,
+            rows,
+        })
+    }
+
+    /// Runs `pass` with q, k, v, the mask and then `outputs` bound, a workgroup per 64 of
+    /// `along` rows and per (b, h). Without a mask q's block takes the mask's binding: the
+    /// kernels read it only under the mask's flag.
+    fn launch(
+        &self,
+        pass: FlashPass,
+        plan: &Plan,
+        outputs: &[&DeviceBlock],
+        along: usize,
+    ) -> Result<()> {
+        let kernel = FlashAttnKernel::for_dims(pass, self.q.dtype(), plan.d, plan.dv).ok_or(
+            Error::InvalidArgument {
+                op: OP,
+                msg: "no flash kernel for these head dims".into(),
+            },
+        )?;
+        let mask = self.mask.as_ref().unwrap_or(&self.q);
+        let mut blocks = vec![
+            &self.q.storage.block,
+            &self.k.storage.block,
+            &self.v.storage.block,
+            &mask.storage.block,
+        ];
+        blocks.extend_from_slice(outputs);
+        let groups = (
+            u32_of(OP, along.div_ceil(WG_ROWS))?,
+            u32_of(OP, self.rows)?,
+            1,
+        );
+        launch_groups(Kernel::FlashAttn(kernel), &blocks, &self.imm, groups)
+    }
+}
+
 fn flash_forward(
     q: &Tensor,
     k: &Tensor,
@@ -448,45 +515,11 @@ fn flash_forward(
     plan: &Plan,
     rng: Option<(u64, u64)>,
 ) -> Result<(Tensor, Tensor)> {
-    let (qv, kv, vv) = (
-        kernel_view(q, &plan.lead)?,
-        kernel_view(k, &plan.lead)?,
-        kernel_view(v, &plan.lead)?,
-    );
-    let mv = mask.map(|m| full_mask(m, plan, &qv)).transpose()?;
-    let rows: usize = plan.lead.iter().product();
-    let o = Tensor::empty(&[rows, plan.lq, plan.dv], q.dtype(), q.device())?;
-    let stats = Tensor::empty(&[2, rows, plan.lq], DType::F32, q.device())?;
-    let imm = params((&qv, &kv, &vv), mv.as_ref(), plan, rng)?;
-    let dummy;
-    let mask_block = match &mv {
-        Some(m) => &m.storage.block,
-        None => {
-            dummy = Tensor::zeros(&[1], DType::F32, q.device())?;
-            &dummy.storage.block
-        }
-    };
-    let kernel = FlashAttnKernel::for_dims(FlashPass::Forward, q.dtype(), plan.d, plan.dv).ok_or(
-        Error::InvalidArgument {
-            op: OP,
-            msg: "no flash kernel for these head dims".into(),
-        },
-    )?;
-    let blocks = [
-        &qv.storage.block,
-        &kv.storage.block,
-        &vv.storage.block,
-        mask_block,
-        &o.storage.block,
-        &stats.storage.block,
-    ];
-    let groups = (u32_of(OP, plan.lq.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
-    launch_groups(
-        crate::kernels::Kernel::FlashAttn(kernel),
-        &blocks,
-        &imm,
-        groups,
-    )?;
+    let bound = Bound::new((q, k, v), mask, plan, rng)?;
+    let o = Tensor::empty(&[bound.rows, plan.lq, plan.dv], q.dtype(), q.device())?;
+    let stats = Tensor::empty(&[2, bound.rows, plan.lq], DType::F32, q.device())?;
+    let outputs = [&o.storage.block, &stats.storage.block];
+    bound.launch(FlashPass::Forward, plan, &outputs, plan.lq)?;
     let mut shape: Vec<isize> = plan.lead.iter().map(|&n| n as isize).collect();
     shape.extend([plan.lq as isize, plan.dv as isize]);
     Ok((o.reshape(&shape)?, stats))
@@ -513,61 +546,18 @@ fn flash_backward(
     plan: &Plan,
     rng: Option<(u64, u64)>,
 ) -> Result<Vec<Tensor>> {
-    let (qv, kv, vv) = (
-        kernel_view(q, &plan.lead)?,
-        kernel_view(k, &plan.lead)?,
-        kernel_view(v, &plan.lead)?,
-    );
-    let mv = mask.map(|m| full_mask(m, plan, &qv)).transpose()?;
+    let bound = Bound::new((q, k, v), mask, plan, rng)?;
     let g = g.to_dtype(q.dtype())?.contiguous()?;
     let o = o.contiguous()?;
-    let rows: usize = plan.lead.iter().product();
-    let dev = q.device();
+    let (rows, dev) = (bound.rows, q.device());
     let dq = Tensor::empty(&[rows, plan.lq, plan.d], q.dtype(), dev)?;
     let dk = Tensor::empty(&[rows, plan.lk, plan.d], q.dtype(), dev)?;
     let dv = Tensor::empty(&[rows, plan.lk, plan.dv], q.dtype(), dev)?;
-    let imm = params((&qv, &kv, &vv), mv.as_ref(), plan, rng)?;
-    let dummy;
-    let mask_block = match &mv {
-        Some(m) => &m.storage.block,
-        None => {
-            dummy = Tensor::zeros(&[1], DType::F32, dev)?;
-            &dummy.storage.block
-        }
-    };
-    let kernel = |pass| {
-        FlashAttnKernel::for_dims(pass, q.dtype(), plan.d, plan.dv)
-            .map(crate::kernels::Kernel::FlashAttn)
-            .ok_or(Error::InvalidArgument {
-                op: OP,
-                msg: "no flash kernel for these head dims".into(),
-            })
-    };
-    let (qb, kb, vb) = (&qv.storage.block, &kv.storage.block, &vv.storage.block);
-    let blocks = [
-        qb,
-        kb,
-        vb,
-        mask_block,
-        &o.storage.block,
-        &g.storage.block,
-        &stats.storage.block,
-        &dq.storage.block,
-    ];
-    let groups = (u32_of(OP, plan.lq.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
-    launch_groups(kernel(FlashPass::BackwardDq)?, &blocks, &imm, groups)?;
-    let blocks = [
-        qb,
-        kb,
-        vb,
-        mask_block,
-        &g.storage.block,
-        &stats.storage.block,
-        &dk.storage.block,
-        &dv.storage.block,
-    ];
-    let groups = (u32_of(OP, plan.lk.div_ceil(WG_ROWS))?, u32_of(OP, rows)?, 1);
-    launch_groups(kernel(FlashPass::BackwardDkDv)?, &blocks, &imm, groups)?;
+    let (gb, sb) = (&g.storage.block, &stats.storage.block);
+    let outputs = [&o.storage.block, gb, sb, &dq.storage.block];
+    bound.launch(FlashPass::BackwardDq, plan, &outputs, plan.lq)?;
+    let outputs = [gb, sb, &dk.storage.block, &dv.storage.block];
+    bound.launch(FlashPass::BackwardDkDv, plan, &outputs, plan.lk)?;
     let shaped = |t: Tensor, like: &Tensor| {
         t.reshape(&like.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
     };
