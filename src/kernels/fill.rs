@@ -17,7 +17,7 @@ impl DeviceBlock {
         // Whole words: a block is at least 512 bytes, so the last partial word is its own.
         let words = self.len_bytes().div_ceil(4);
         g.check("fill_u32")?;
-        let kernel = lock(pipelines(g)).get(&g.device, g.gl, Kernel::Fill);
+        let kernel = lock(pipelines(g)).get(g, Kernel::Fill);
         let limits = &g.info.limits;
         // Bind at most the largest aligned range a binding may cover; loop over chunks.
         let align = limits.min_storage_buffer_offset_alignment as u64;

@@ -5,7 +5,6 @@
 
 use super::{tune, CoopTile, Kernel, WORKGROUP};
 use crate::device::gpu::GpuDevice;
-use crate::device::serial::GlSerial;
 use crate::device::DeviceBlock;
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -76,18 +75,19 @@ pub(crate) struct KernelCache {
 impl KernelCache {
     /// The kernel's pipeline, compiled on first use (on GL under the GL lock: the driver
     /// compiles and links there).
-    pub fn get(&mut self, device: &wgpu::Device, gl: GlSerial, kernel: Kernel) -> Arc<Compiled> {
+    pub fn get(&mut self, g: &GpuDevice, kernel: Kernel) -> Arc<Compiled> {
+        let software = g.info.device_type == wgpu::DeviceType::Cpu;
         self.compiled
             .entry(kernel)
             .or_insert_with(|| {
-                let _gl = gl.guard();
-                Arc::new(compile(device, &kernel))
+                let _gl = g.gl.guard();
+                Arc::new(compile(&g.device, &kernel, kernel.trusted(software)))
             })
             .clone()
     }
 }
 
-fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
+fn compile(device: &wgpu::Device, kernel: &Kernel, trusted: bool) -> Compiled {
     let name = kernel.name();
     let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..kernel.bindings())
         .map(|binding| wgpu::BindGroupLayoutEntry {
@@ -120,7 +120,7 @@ fn compile(device: &wgpu::Device, kernel: &Kernel) -> Compiled {
         label: Some(&name),
         source: wgpu::ShaderSource::Wgsl(kernel.source()),
     };
-    let module = if kernel.trusted() {
+    let module = if trusted {
         // SAFETY: a trusted kernel guards every index itself (tests cover ragged edges); the
         // driver's robustBufferAccess still bounds storage accesses. Without naga's clamps and
         // loop-bounding counters the compiler unrolls the inner loops into registers.
@@ -286,7 +286,7 @@ fn launch_bound(
             pending.push(kernel.op_name());
         }
     }
-    let compiled = crate::device::lock(pipelines(g)).get(&g.device, g.gl, kernel);
+    let compiled = crate::device::lock(pipelines(g)).get(g, kernel);
     let bind_group =
         crate::device::lock(&g.bind_groups).get_or_create(&g.device, &compiled.layout, &bindings);
     let mut timer = g.kernel_timer();
