@@ -11,6 +11,7 @@ mod conv_gemm;
 mod elementwise;
 mod fill;
 mod launch;
+mod layer_norm;
 mod matmul128;
 mod matmul_coop;
 mod matmul_wide;
@@ -31,6 +32,7 @@ pub(crate) use launch::{
     coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines,
     UNIFORM_SCRATCH,
 };
+pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
 pub use matmul128::{Epilogue, Operands, Vec4Layout};
 pub use matmul_coop::{CoopLayout, CoopTile};
 pub use matmul_wide::{MatmulWide, UboWindows};
@@ -127,6 +129,8 @@ pub enum Kernel {
     BatchNorm(BatchNormPass),
     /// One pass of flash attention (`shaders/flash_attn_*.wgsl`).
     FlashAttn(FlashAttnKernel),
+    /// One pass of the fused layer norm (`shaders/layer_norm_*.wgsl`).
+    LayerNorm(LayerNormKernel),
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
@@ -256,6 +260,7 @@ impl Kernel {
             )
             .chain(BatchNormPass::all().into_iter().map(Kernel::BatchNorm))
             .chain(FlashAttnKernel::all().into_iter().map(Kernel::FlashAttn))
+            .chain(LayerNormKernel::all().into_iter().map(Kernel::LayerNorm))
             .chain([
                 Kernel::CastVec4(DType::F32, DType::F16),
                 Kernel::CastVec4(DType::F16, DType::F32),
@@ -437,6 +442,7 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.source()),
             Kernel::BatchNorm(b) => Cow::Owned(b.source()),
             Kernel::FlashAttn(k) => Cow::Owned(k.source()),
+            Kernel::LayerNorm(k) => Cow::Owned(k.source()),
             Kernel::CastVec4(from, to) => {
                 let f16 = *from == DType::F16 || *to == DType::F16;
                 Cow::Owned(
@@ -514,6 +520,7 @@ impl Kernel {
             Kernel::ConvGemm(c) => Cow::Owned(c.name()),
             Kernel::BatchNorm(b) => Cow::Owned(b.name()),
             Kernel::FlashAttn(k) => Cow::Owned(k.name()),
+            Kernel::LayerNorm(k) => Cow::Owned(k.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
             Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_name()),
             Kernel::Nll(d, backward) => Cow::Owned(format!(
@@ -579,6 +586,7 @@ impl Kernel {
             Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
             Kernel::SoftmaxBackward(..) => 3,
             Kernel::FlashAttn(k) => k.bindings(),
+            Kernel::LayerNorm(_) => 5,
         }
     }
 
@@ -660,6 +668,7 @@ impl Kernel {
             Kernel::ConvGemm(_) => 128,
             Kernel::BatchNorm(_) => 48,
             Kernel::FlashAttn(_) => 128,
+            Kernel::LayerNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
             Kernel::Nll(..) | Kernel::CrossEntropy(..) => 48,

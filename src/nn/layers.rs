@@ -276,23 +276,48 @@ impl Module for BatchNorm {
     }
 }
 
-/// Layer normalisation over the last dim, with an affine weight and bias.
+/// `nn.LayerNorm`: normalisation over the trailing `normalized_shape` dims on the fused kernel
+/// (`ops::layer_norm`), with an elementwise affine weight (ones) and bias (zeros) by default.
 pub struct LayerNorm {
-    /// The scale, initialised to ones.
-    pub weight: Tensor,
-    /// The shift, initialised to zeros.
-    pub bias: Tensor,
+    /// The dims normalised over, last dims of the input.
+    pub normalized_shape: Vec<usize>,
+    /// The scale, initialised to ones (`None` without `elementwise_affine`).
+    pub weight: Option<Tensor>,
+    /// The shift, initialised to zeros (`None` without `elementwise_affine` or `bias`).
+    pub bias: Option<Tensor>,
     /// Added to the variance before the square root (1e-5).
     pub eps: f64,
 }
 
 impl LayerNorm {
-    /// Layer normalisation over a last dim of `features`.
+    /// `nn.LayerNorm(features)`: over a last dim of `features`, with weight and bias.
     pub fn new(features: usize, device: &Device) -> Result<Self> {
+        LayerNorm::with_options(&[features], 1e-5, true, true, device)
+    }
+
+    /// `nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias)`.
+    pub fn with_options(
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+        bias: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let (weight, bias) = match elementwise_affine {
+            true => (
+                Some(param(Tensor::ones(normalized_shape, DType::F32, device)?)?),
+                match bias {
+                    true => Some(param(Tensor::zeros(normalized_shape, DType::F32, device)?)?),
+                    false => None,
+                },
+            ),
+            false => (None, None),
+        };
         Ok(LayerNorm {
-            weight: param(Tensor::ones(&[features], DType::F32, device)?)?,
-            bias: param(Tensor::zeros(&[features], DType::F32, device)?)?,
-            eps: 1e-5,
+            normalized_shape: normalized_shape.to_vec(),
+            weight,
+            bias,
+            eps,
         })
     }
 }
@@ -300,26 +325,25 @@ impl LayerNorm {
 impl Module for LayerNorm {
     /// In f32 under autocast, as PyTorch's layer_norm.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::ops::autocast::fp32_unary(x, |x| {
-            let mean = x.mean(&[-1], true)?;
-            let var = x.var(&[-1], 0, true)?;
-            x.sub(&mean)?
-                .mul(&var.add_scalar(self.eps)?.rsqrt()?)?
-                .mul(&self.weight)?
-                .add(&self.bias)
-        })
+        crate::ops::layer_norm(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        [("weight", &self.weight), ("bias", &self.bias)]
+            .into_iter()
+            .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t.clone())))
+            .collect()
     }
     fn tensors_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        vec![
-            ("weight".into(), &mut self.weight),
-            ("bias".into(), &mut self.bias),
-        ]
+        [("weight", &mut self.weight), ("bias", &mut self.bias)]
+            .into_iter()
+            .filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t)))
+            .collect()
     }
 }
 

@@ -21,8 +21,9 @@ mod recurrent;
 mod state;
 mod utils;
 
-/// `torch.nn.functional.scaled_dot_product_attention`, where PyTorch users look for it.
-pub use crate::ops::scaled_dot_product_attention;
+/// `torch.nn.functional.scaled_dot_product_attention` and `layer_norm`, where PyTorch users
+/// look for them.
+pub use crate::ops::{layer_norm, scaled_dot_product_attention};
 pub use layers::{
     AdaptiveAvgPool2d, BatchNorm, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu,
     LayerNorm, Linear, MaxPool2d, Relu, ReluInplace, Sequential, Sigmoid, Silu, Tanh,

@@ -17,6 +17,8 @@
 //! - `batch_norm.rs` (the fused GPU path for f32, the composite formula as the CPU reference);
 //!   convolution (`conv.rs`; `conv_gemm.rs` picks the implicit GEMM on Vulkan, Metal and DX12
 //!   GPUs and lays out its weight copies and K splits) with pooling, and `conv_grad.rs`;
+//! - `layer_norm.rs`: the fused layer norm (one launch forward, one per backward gradient) and
+//!   its composite, the CPU reference;
 //! - `attention.rs`: `scaled_dot_product_attention` (the flash kernels' launches and backward
 //!   node, and the composite that is the CPU reference and the fallback);
 //! - `loss.rs`: nll_loss and the fused cross_entropy;
@@ -33,6 +35,7 @@ mod conv_grad;
 mod grad;
 mod index;
 mod inplace;
+mod layer_norm;
 mod linear;
 pub(crate) mod loss;
 mod matmul;
@@ -58,6 +61,7 @@ pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
+pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_relu};
 pub use matmul::matmul;
 pub use matmul_choice::force_matmul_tile;
