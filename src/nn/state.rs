@@ -82,7 +82,7 @@ impl StateDict {
     /// Reads a safetensors file (tensors onto `device`, metadata as written). A file that is
     /// truncated or corrupted is an `InvalidFile` error; nothing is allocated for it.
     pub fn load(path: &Path, device: &Device) -> Result<StateDict> {
-        let (host, metadata) = read_safetensors(path)?;
+        let (host, metadata) = read_safetensors(path, &|_| true)?;
         let tensors = host
             .into_iter()
             .map(|(name, h)| Ok((name, h.upload(device)?)))
@@ -196,7 +196,7 @@ fn write_safetensors(
 /// A file's tensors in host memory, with its metadata.
 type HostFile = (Vec<(String, HostTensor)>, BTreeMap<String, String>);
 
-fn read_safetensors(path: &Path) -> Result<HostFile> {
+fn read_safetensors(path: &Path, keep: &dyn Fn(&str) -> bool) -> Result<HostFile> {
     const OP: &str = "load_safetensors";
     let buffer = std::fs::read(path).map_err(|e| io_error(OP, path, e))?;
     // One parse of the header: it validates offsets, shapes and the buffer's length, and holds
@@ -213,6 +213,7 @@ fn read_safetensors(path: &Path) -> Result<HostFile> {
     let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> =
         header.tensors().into_iter().collect();
     infos.sort_by(|a, b| a.0.cmp(&b.0));
+    infos.retain(|(name, _)| keep(name));
     let mut out = Vec::with_capacity(infos.len());
     for (name, info) in infos {
         let raw = &data[info.data_offsets.0..info.data_offsets.1];
@@ -234,6 +235,16 @@ fn read_safetensors(path: &Path) -> Result<HostFile> {
                 DType::I32,
                 narrow.iter().flat_map(|v| v.to_le_bytes()).collect(),
             )
+        } else if info.dtype == Dtype::BF16 {
+            // How most published weights ship. kiln has no bf16 dtype: each value widens to
+            // f32 exactly (its 16 bits become the high half), and loading into a model converts
+            // to the parameter's dtype as for any other source.
+            crate::tensor::checked_numel(OP, &info.shape)?;
+            let wide = raw
+                .chunks_exact(2)
+                .flat_map(|c| ((u16::from_le_bytes([c[0], c[1]]) as u32) << 16).to_le_bytes())
+                .collect();
+            (DType::F32, wide)
         } else {
             let dtype = from_st(info.dtype).ok_or_else(|| {
                 st_error(
@@ -263,9 +274,24 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()>
     write_safetensors(path, tensors, &BTreeMap::new())
 }
 
-/// Reads every tensor of a safetensors file onto `device`, in the file's order of names.
+/// Reads every tensor of a safetensors file onto `device`, in the file's order of names. BF16
+/// tensors arrive as f32 (exactly); `load_state_dict` then converts to each parameter's dtype.
 pub fn load_safetensors(path: &Path, device: &Device) -> Result<Vec<(String, Tensor)>> {
     Ok(StateDict::load(path, device)?.tensors)
+}
+
+/// `load_safetensors` of the tensors whose names `keep` accepts; the others are neither
+/// converted nor uploaded (a checkpoint's buffers of dtypes kiln lacks, such as GPT-2's u8
+/// attention masks).
+pub(crate) fn load_safetensors_where(
+    path: &Path,
+    device: &Device,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, Tensor)>> {
+    let (host, _) = read_safetensors(path, keep)?;
+    host.into_iter()
+        .map(|(name, h)| Ok((name, h.upload(device)?)))
+        .collect()
 }
 
 /// `model.state_dict()`: parameters and buffers by path (detached handles).

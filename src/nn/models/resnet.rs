@@ -5,7 +5,7 @@
 //! initialisation (convolutions Kaiming-normal on fan_out for ReLU, BatchNorm weight 1 and
 //! bias 0, `fc` as `Linear`'s default).
 
-use super::{
+use crate::nn::{
     prefixed, AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Linear, MaxPool2d, Module, ReluInplace,
 };
 use crate::ops::Conv2dParams;
@@ -240,7 +240,7 @@ impl ResNet {
             children.push(child(&format!("layer{}", i + 1), Named(layer)));
         }
         children.push(child("avgpool", AdaptiveAvgPool2d::new((1, 1))));
-        children.push(child("flatten", super::Flatten));
+        children.push(child("flatten", crate::nn::Flatten));
         children.push(child(
             "fc",
             Linear::new(512 * expansion, num_classes, true, device)?,
