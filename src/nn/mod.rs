@@ -13,6 +13,7 @@
 //! - `state.rs`: state dicts and `StateDict` (tensors plus string metadata) in safetensors files,
 //!   read and validated in host memory before anything is allocated, written atomically.
 
+mod attention;
 pub mod init;
 mod layers;
 mod loss;
@@ -24,6 +25,7 @@ mod utils;
 /// `torch.nn.functional.scaled_dot_product_attention` and `layer_norm`, where PyTorch users
 /// look for them.
 pub use crate::ops::{layer_norm, scaled_dot_product_attention};
+pub use attention::MultiheadAttention;
 pub use layers::{
     AdaptiveAvgPool2d, BatchNorm, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu,
     LayerNorm, Linear, MaxPool2d, Relu, ReluInplace, Sequential, Sigmoid, Silu, Tanh,
