@@ -24,16 +24,24 @@ struct Params {
 
 var<immediate> p: Params;
 
-const WG: u32 = 128u;
+// A workgroup of 128 invocations per row (`tree`: sums merged in workgroup memory), or one
+// invocation per row and 64 rows per workgroup (`serial`: no barriers, which CPU adapters run
+// far faster). WG is the stride of a row's loop: 128, or 1.
+const WG: u32 = {{WG}}u;
 
 // The sum of a unit's lanes.
 fn lanes(v: {{W}}) -> f32 {
     {{LANES}}
 }
 
-// The row of workgroup `wid` (grids past 65535 rows fold into y).
-fn row_of(wid: vec3<u32>, nw: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nw.x;
+// The row of invocation `lid` of workgroup `wid` (grids past 65535 workgroups fold into y).
+fn row_of(wid: vec3<u32>, nw: vec3<u32>, lid: u32) -> u32 {
+    {{ROW}}
+}
+
+// The invocation's first unit of its row.
+fn lane_of(lid: u32) -> u32 {
+    {{LANE}}
 }
 
 fn weight_at(u: u32) -> {{W}} {
@@ -43,19 +51,9 @@ fn weight_at(u: u32) -> {{W}} {
     return {{W}}(w[p.w_off + u]);
 }
 
-var<workgroup> red: array<vec2<f32>, WG>;
+var<workgroup> red: array<vec2<f32>, 128>;
 
-// The workgroup's sums of (a, b), in every invocation; called by the whole workgroup.
+// The row's sums of (a, b), in every invocation of the row; called by the whole workgroup.
 fn sum2(a: f32, b: f32, li: u32) -> vec2<f32> {
-    red[li] = vec2<f32>(a, b);
-    for (var s = WG / 2u; s > 0u; s /= 2u) {
-        workgroupBarrier();
-        if li < s {
-            red[li] += red[li + s];
-        }
-    }
-    workgroupBarrier();
-    let total = red[0];
-    workgroupBarrier();
-    return total;
+    {{SUM2}}
 }

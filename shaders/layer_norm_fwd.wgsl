@@ -17,13 +17,14 @@ fn bias_at(u: u32) -> {{W}} {
     return {{W}}(b[p.b_off + u]);
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size({{WG_SIZE}})
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nw: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
+    @builtin(local_invocation_index) lid: u32,
 ) {
-    let row = row_of(wid, nw);
+    let row = row_of(wid, nw, lid);
+    let li = lane_of(lid);
     if row >= p.rows {
         return;
     }

@@ -86,20 +86,26 @@ fn fused_kernels_match_the_cpu_composite() {
         (&[3, 1000], &[1000]),
         (&[130, 12], &[12]),
     ];
-    for dev in devices() {
-        for (shape, normalized) in cases {
-            for affine in [(true, true), (true, false), (false, false)] {
-                let x = tensor(shape, 3, &cpu).mul_scalar(2.0).unwrap();
-                let want = run(&x, normalized, affine, DType::F32);
-                let got = run(&x.to_device(&dev).unwrap(), normalized, affine, DType::F32);
-                let what = format!("{dev:?} {shape:?} {affine:?}");
-                assert_close(&format!("{what} y"), &got.0, &want.0, 1e-5);
-                for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
-                    assert_close(&format!("{what} grad {i}"), g, w, 1e-4);
+    // Both kernel forms on every adapter: a workgroup per row (GPUs) and a row per invocation
+    // (CPU adapters).
+    for form in ["tree", "serial"] {
+        std::env::set_var("KILN_LAYER_NORM_FORM", form);
+        for dev in devices() {
+            for (shape, normalized) in cases {
+                for affine in [(true, true), (true, false), (false, false)] {
+                    let x = tensor(shape, 3, &cpu).mul_scalar(2.0).unwrap();
+                    let want = run(&x, normalized, affine, DType::F32);
+                    let got = run(&x.to_device(&dev).unwrap(), normalized, affine, DType::F32);
+                    let what = format!("{form} {dev:?} {shape:?} {affine:?}");
+                    assert_close(&format!("{what} y"), &got.0, &want.0, 1e-5);
+                    for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
+                        assert_close(&format!("{what} grad {i}"), g, w, 1e-4);
+                    }
                 }
             }
         }
     }
+    std::env::remove_var("KILN_LAYER_NORM_FORM");
 }
 
 #[test]

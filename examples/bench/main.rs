@@ -13,6 +13,7 @@
 
 mod attention;
 mod checks;
+mod gpt;
 mod host;
 
 use kiln::{DType, Device, Tensor};
@@ -669,9 +670,10 @@ fn autotune_rows(dev: &Device, rows: &mut Vec<Row>) {
 }
 
 /// The suites `--suite` takes.
-const SUITES: [&str; 11] = [
+const SUITES: [&str; 12] = [
     "all",
     "attention",
+    "gpt",
     "ops",
     "matmul",
     "alloc",
@@ -849,6 +851,9 @@ fn main() -> kiln::Result<()> {
         }
         if suite == "all" || suite == "attention" {
             attention::attention_suite(dev, &mut rows)?;
+        }
+        if suite == "all" || suite == "gpt" {
+            gpt::gpt_suite(dev, &mut rows)?;
         }
         if suite == "all" || suite == "checkpoint" {
             checkpoint_suite(dev, &mut rows)?;

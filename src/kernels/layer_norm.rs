@@ -24,10 +24,26 @@ pub struct LayerNormKernel {
     pub dtype: DType,
     /// Rows of whole vec4s at vec4-aligned offsets, read and written a vec4 at a time.
     pub vec4: bool,
+    /// One invocation per row, 64 rows a workgroup, no barriers (CPU adapters), instead of a
+    /// workgroup of `LAYER_NORM_WG` per row. (The weight-gradient pass has one form.)
+    pub serial: bool,
 }
 
 /// Invocations of a forward or input-gradient workgroup (one row each).
 pub const LAYER_NORM_WG: u32 = 128;
+
+/// `sum2` of the workgroup-per-row form: a tree over workgroup memory.
+const TREE_SUM2: &str = "red[li] = vec2<f32>(a, b);
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        workgroupBarrier();
+        if li < s {
+            red[li] += red[li + s];
+        }
+    }
+    workgroupBarrier();
+    let total = red[0];
+    workgroupBarrier();
+    return total;";
 
 impl LayerNormKernel {
     /// Every variant, for validation.
@@ -41,7 +57,14 @@ impl LayerNormKernel {
             .into_iter()
             .flat_map(|pass| {
                 [DType::F32, DType::F16].into_iter().flat_map(move |dtype| {
-                    [false, true].map(|vec4| LayerNormKernel { pass, dtype, vec4 })
+                    [(false, false), (true, false), (false, true), (true, true)].map(
+                        |(vec4, serial)| LayerNormKernel {
+                            pass,
+                            dtype,
+                            vec4,
+                            serial,
+                        },
+                    )
                 })
             })
             .collect()
@@ -55,7 +78,8 @@ impl LayerNormKernel {
             LayerNormPass::BackwardParams => "wgrad",
         };
         let unit = if self.vec4 { "_vec4" } else { "" };
-        format!("layer_norm_{pass}_{}{unit}", self.dtype)
+        let form = if self.serial { "_serial" } else { "" };
+        format!("layer_norm_{pass}_{}{unit}{form}", self.dtype)
     }
 
     /// The kernel's WGSL.
@@ -75,6 +99,30 @@ impl LayerNormKernel {
                 include_str!("../../shaders/layer_norm_common.wgsl"),
             )
             .replace("{{LANES}}", lanes)
+            .replace("{{WG}}", if self.serial { "1" } else { "128" })
+            .replace("{{WG_SIZE}}", if self.serial { "64" } else { "128" })
+            .replace(
+                "{{ROW}}",
+                match self.serial {
+                    true => "return (wid.x + wid.y * nw.x) * 64u + lid;",
+                    false => "return wid.x + wid.y * nw.x;",
+                },
+            )
+            .replace(
+                "{{LANE}}",
+                if self.serial {
+                    "return 0u;"
+                } else {
+                    "return lid;"
+                },
+            )
+            .replace(
+                "{{SUM2}}",
+                match self.serial {
+                    true => "return vec2<f32>(a, b);",
+                    false => TREE_SUM2,
+                },
+            )
             .replace("{{FIRST}}", first);
         super::float_io(&src, self.dtype, self.vec4).into_owned()
     }

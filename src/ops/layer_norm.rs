@@ -163,6 +163,9 @@ struct Rows {
     n: usize,
     vec4: bool,
     eps: f32,
+    /// A row per invocation (CPU adapters: lavapipe ran the workgroup-per-row form at 17 ms
+    /// for 1280 rows of 64, its barriers being coroutine switches there).
+    serial: bool,
 }
 
 impl Rows {
@@ -174,7 +177,14 @@ impl Rows {
             |t: &Option<Tensor>| t.as_ref().is_none_or(|t| t.layout.offset.is_multiple_of(4));
         let vec4 =
             n.is_multiple_of(4) && x.layout.offset.is_multiple_of(4) && aligned(&w) && aligned(&b);
+        // `KILN_LAYER_NORM_FORM=tree|serial` overrides (the tests run both forms on lavapipe).
+        let serial = match std::env::var("KILN_LAYER_NORM_FORM").as_deref() {
+            Ok("tree") => false,
+            Ok("serial") => true,
+            _ => crate::kernels::tune::on_cpu_adapter(x.device()),
+        };
         Ok(Rows {
+            serial,
             rows: x.numel() / n,
             x,
             w,
@@ -198,6 +208,7 @@ impl Rows {
             pass,
             dtype: self.x.dtype(),
             vec4: self.vec4,
+            serial: self.serial && pass != LayerNormPass::BackwardParams,
         })
     }
 
@@ -229,8 +240,13 @@ impl Rows {
         blocks: &[&crate::device::DeviceBlock],
     ) -> Result<()> {
         let imm = self.immediates(0)?;
-        let threads = self.rows as u64 * LAYER_NORM_WG as u64;
-        launch_wg(self.kernel(pass), blocks, &imm, threads, LAYER_NORM_WG)
+        match self.serial {
+            true => launch_wg(self.kernel(pass), blocks, &imm, self.rows as u64, 64),
+            false => {
+                let threads = self.rows as u64 * LAYER_NORM_WG as u64;
+                launch_wg(self.kernel(pass), blocks, &imm, threads, LAYER_NORM_WG)
+            }
+        }
     }
 
     /// y and the `[2, rows]` f32 means and rstds.
@@ -317,7 +333,7 @@ fn fused(
             msg: "the forward pass left no statistics".into(),
         })?;
         let stats = crate::graph::save(&stats)?;
-        let (n, vec4, eps) = (rows.n, rows.vec4, rows.eps);
+        let (n, vec4, eps, serial) = (rows.n, rows.vec4, rows.eps, rows.serial);
         Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
             let rows = Rows {
                 x: x.get()?,
@@ -327,6 +343,7 @@ fn fused(
                 n,
                 vec4,
                 eps,
+                serial,
             };
             let rows = Rows {
                 rows: rows.x.numel() / n,
