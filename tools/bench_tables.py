@@ -42,7 +42,7 @@ SUITE_TITLES = {
     "alloc": "caching allocator", "transfer": "host-device copies", "loader": "DataLoader",
     "ckpt": "checkpoints",
 }
-HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "x"}
+HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "x", "tok/s"}
 
 
 def git(*args):

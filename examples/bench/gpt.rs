@@ -189,7 +189,7 @@ fn varying_rows(
             (
                 "peak reserved / peak allocated",
                 reserved / alloc.max(1.0),
-                "x",
+                "ratio",
             ),
             ("peak allocated", alloc / MIB, "MiB"),
             ("peak reserved", reserved / MIB, "MiB"),

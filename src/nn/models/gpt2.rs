@@ -519,3 +519,42 @@ impl Module for Gpt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::MultiheadAttention;
+
+    /// A block's attention (q, k, v as strided views of one projection) against
+    /// `MultiheadAttention` (separate projections, checked against PyTorch's definition) with the
+    /// same weights, causal.
+    #[test]
+    fn block_attention_matches_multihead_attention() {
+        let dev = Device::cpu().unwrap();
+        let c = GptConfig {
+            n_embd: 16,
+            n_head: 4,
+            ..GptConfig::tiny(10)
+        };
+        let mut block = GptBlock::new(&c, &dev).unwrap();
+        block.c_attn.bias = Tensor::randn(&[48], DType::F32, &dev).unwrap();
+        let mut mha = MultiheadAttention::with_options(16, 4, 0.0, true, true, &dev).unwrap();
+        mha.in_proj_weight = block.c_attn.weight.t().unwrap().contiguous().unwrap();
+        mha.in_proj_bias = Some(block.c_attn.bias.clone());
+        mha.out_proj.weight = block.attn_proj.weight.t().unwrap().contiguous().unwrap();
+        mha.out_proj.bias = Some(block.attn_proj.bias.clone());
+        let x = Tensor::randn(&[2, 7, 16], DType::F32, &dev).unwrap();
+        let got = block.attn(&x, None).unwrap().to_vec::<f32>().unwrap();
+        let want = mha
+            .attend(&x, &x, &x, None, true)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{worst}");
+    }
+}
