@@ -59,11 +59,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             dt[r] = stats[p.n * p.lq + n * p.lq + ic];
         }
         workgroupBarrier();
-        // Keys past lk (the last workgroup's) and, under causality, tiles wholly before the key
-        // skip the arithmetic.
-        if j >= p.lk || ((p.flags & 1u) != 0u && i0 + BT <= j) {
-            continue;
-        }
         for (var r = 0u; r < BT; r++) {
             let i = i0 + r;
             if visible(i, j) && lt[r] > DEAD {

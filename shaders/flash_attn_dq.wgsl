@@ -53,12 +53,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if i < p.lq {
         stats[p.n * p.lq + n * p.lq + i] = delta;
     }
-    let live = i < p.lq && lse > DEAD;
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         stage_kv(n, j0, li);
-        if !live || ((p.flags & 1u) != 0u && j0 > i) {
-            continue;
-        }
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
             if visible(i, j) && lse > DEAD {

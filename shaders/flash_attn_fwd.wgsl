@@ -30,14 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var m = MASKED;
     var l = 0.0;
-    // Rows past lq (the last workgroup's) and, under causality, tiles wholly after the row
-    // skip the arithmetic but still stage their share of each tile.
-    let live = i < p.lq;
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         stage_kv(n, j0, li);
-        if !live || ((p.flags & 1u) != 0u && j0 > i) {
-            continue;
-        }
         var s: array<f32, BT>;
         var tile_max = MASKED;
         for (var r = 0u; r < BT; r++) {

@@ -277,3 +277,37 @@ fn bad_inputs_get_typed_errors() {
         assert!(dev.memory_allocated() <= before, "{dev:?}");
     }
 }
+
+/// The `gpt` example's loop (AdamW with weight decay 0.1, gradients clipped at norm 1) for a few
+/// steps from the same weights and batches: every adapter's losses follow the CPU device's.
+#[test]
+fn training_steps_follow_the_cpu_device() {
+    let cpu = Device::cpu().unwrap();
+    let reference = gpt2(tiny(), &cpu).unwrap();
+    let losses = |m: &Gpt, dev: &Device| -> Vec<f32> {
+        let mut opt = Adam::adamw(m.parameters(), 1e-2).unwrap();
+        opt.weight_decay = 0.1;
+        (0..5)
+            .map(|step| {
+                let (x, y) = (ids(4, 12, step, 40, dev), ids(4, 12, step + 9, 40, dev));
+                opt.zero_grad(true).unwrap();
+                let loss = m.loss(&x, &y).unwrap();
+                loss.backward().unwrap();
+                kiln::nn::clip_grad_norm_(&m.parameters(), 1.0, 2.0).unwrap();
+                opt.step().unwrap();
+                host(&loss)[0]
+            })
+            .collect()
+    };
+    let want = losses(&copy_to(&reference, &cpu), &cpu);
+    assert!(want[4] < want[0], "{want:?}");
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let got = losses(&copy_to(&reference, &dev), &dev);
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() < 1e-3 * (1.0 + w.abs()),
+                "{dev:?}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
