@@ -53,7 +53,24 @@ fn weight_at(u: u32) -> {{W}} {
 
 var<workgroup> red: array<vec2<f32>, 128>;
 
-// The row's sums of (a, b), in every invocation of the row; called by the whole workgroup.
+// The workgroup's sums of (a, b) by a tree in workgroup memory, in every invocation; called
+// by the whole workgroup (the workgroup-per-row form).
+fn sum2_tree(a: f32, b: f32, li: u32) -> vec2<f32> {
+    red[li] = vec2<f32>(a, b);
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        workgroupBarrier();
+        if li < s {
+            red[li] += red[li + s];
+        }
+    }
+    workgroupBarrier();
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// The row's sums of (a, b), in every invocation of the row: the tree, or, a row per
+// invocation, (a, b) themselves.
 fn sum2(a: f32, b: f32, li: u32) -> vec2<f32> {
     {{SUM2}}
 }

@@ -88,8 +88,8 @@ fn fused_kernels_match_the_cpu_composite() {
     ];
     // Both kernel forms on every adapter: a workgroup per row (GPUs) and a row per invocation
     // (CPU adapters).
-    for form in ["tree", "serial"] {
-        std::env::set_var("KILN_LAYER_NORM_FORM", form);
+    for (form, serial) in [("tree", false), ("serial", true)] {
+        kiln::ops::force_layer_norm_serial(Some(serial));
         for dev in devices() {
             for (shape, normalized) in cases {
                 for affine in [(true, true), (true, false), (false, false)] {
@@ -105,7 +105,7 @@ fn fused_kernels_match_the_cpu_composite() {
             }
         }
     }
-    std::env::remove_var("KILN_LAYER_NORM_FORM");
+    kiln::ops::force_layer_norm_serial(None);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use crate::{is_software, Row};
 use kiln::amp::{autocast, DeviceType, GradScaler};
-use kiln::nn::models::{gpt2, GptConfig};
+use kiln::nn::models::{gpt2, Gpt, GptConfig};
 use kiln::nn::Module;
 use kiln::optim::{Adam, Optimizer};
 use kiln::{DType, Device, Tensor};
@@ -94,6 +94,50 @@ pub fn gpt_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
+/// A fresh model with its AdamW and GradScaler, made after the cache is emptied.
+struct Run {
+    model: Gpt,
+    opt: Adam,
+    scaler: GradScaler,
+    amp: bool,
+}
+
+impl Run {
+    fn new(
+        dev: &Device,
+        config: &GptConfig,
+        seed: u64,
+        weight_decay: f64,
+        amp: bool,
+    ) -> kiln::Result<Run> {
+        dev.synchronize()?;
+        dev.empty_cache();
+        dev.manual_seed(seed);
+        let model = gpt2(config.clone(), dev)?;
+        let mut opt = Adam::adamw(model.parameters(), 3e-4)?;
+        opt.weight_decay = weight_decay;
+        Ok(Run {
+            model,
+            opt,
+            scaler: GradScaler::new().enabled(amp),
+            amp,
+        })
+    }
+
+    /// One step as PyTorch's anchor takes it: zero_grad, forward and loss under autocast, the
+    /// scaled backward, the scaler's step and update.
+    fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
+        self.opt.zero_grad(true)?;
+        let loss = {
+            let _amp = autocast(DeviceType::Gpu, DType::F16, self.amp)?;
+            self.model.loss(x, y)?
+        };
+        self.scaler.scale(&loss)?.backward()?;
+        self.scaler.step(&mut self.opt)?;
+        self.scaler.update(None)
+    }
+}
+
 /// Seconds per step, peak allocated over the timed steps and reserved after them.
 fn step_figures(
     dev: &Device,
@@ -102,27 +146,12 @@ fn step_figures(
     amp: bool,
     steps: usize,
 ) -> kiln::Result<(f64, u64, u64)> {
-    dev.synchronize()?;
-    dev.empty_cache();
-    dev.manual_seed(0);
-    let model = gpt2(config.clone(), dev)?;
-    let mut opt = Adam::adamw(model.parameters(), 3e-4)?;
-    opt.weight_decay = 0.1;
-    let mut scaler = GradScaler::new().enabled(amp);
+    let mut run = Run::new(dev, config, 0, 0.1, amp)?;
     let (x, y) = (
         ids(b, t, config.vocab_size, 1, dev)?,
         ids(b, t, config.vocab_size, 2, dev)?,
     );
-    let mut step = || -> kiln::Result<()> {
-        opt.zero_grad(true)?;
-        let loss = {
-            let _amp = autocast(DeviceType::Gpu, DType::F16, amp)?;
-            model.loss(&x, &y)?
-        };
-        scaler.scale(&loss)?.backward()?;
-        scaler.step(&mut opt)?;
-        scaler.update(None)
-    };
+    let mut step = || run.step(&x, &y);
     for _ in 0..3 {
         step()?;
     }
@@ -150,11 +179,7 @@ fn varying_rows(
         dev.synchronize()?;
         dev.empty_cache();
         dev.set_allocator_settings(conf)?;
-        dev.manual_seed(1);
-        let model = gpt2(config.clone(), dev)?;
-        let mut opt = Adam::adamw(model.parameters(), 3e-4)?;
-        opt.weight_decay = 0.0;
-        let mut scaler = GradScaler::new();
+        let mut run = Run::new(dev, config, 1, 0.0, true)?;
         dev.reset_peak_memory_stats();
         let mut s: u64 = 1;
         let started = Instant::now();
@@ -164,14 +189,7 @@ fn varying_rows(
                 .wrapping_add(1442695040888963407);
             let t = low + ((s >> 33) as usize) % (config.block_size - low + 1);
             let x = ids(b, t, config.vocab_size, i as u64, dev)?;
-            opt.zero_grad(true)?;
-            let loss = {
-                let _amp = autocast(DeviceType::Gpu, DType::F16, true)?;
-                model.loss(&x, &x)?
-            };
-            scaler.scale(&loss)?.backward()?;
-            scaler.step(&mut opt)?;
-            scaler.update(None)?;
+            run.step(&x, &x)?;
         }
         dev.synchronize()?;
         let secs = started.elapsed().as_secs_f64() / steps as f64;
@@ -203,7 +221,7 @@ fn varying_rows(
                 unit,
             });
         }
-        drop(model);
+        drop(run);
     }
     dev.synchronize()?;
     dev.empty_cache();

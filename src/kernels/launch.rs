@@ -76,11 +76,11 @@ impl KernelCache {
     /// The kernel's pipeline, compiled on first use (on GL under the GL lock: the driver
     /// compiles and links there).
     pub fn get(&mut self, g: &GpuDevice, kernel: Kernel) -> Arc<Compiled> {
-        let software = g.info.device_type == wgpu::DeviceType::Cpu;
         self.compiled
             .entry(kernel)
             .or_insert_with(|| {
                 let _gl = g.gl.guard();
+                let software = g.info.device_type == wgpu::DeviceType::Cpu;
                 Arc::new(compile(&g.device, &kernel, kernel.trusted(software)))
             })
             .clone()

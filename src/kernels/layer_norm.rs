@@ -32,19 +32,6 @@ pub struct LayerNormKernel {
 /// Invocations of a forward or input-gradient workgroup (one row each).
 pub const LAYER_NORM_WG: u32 = 128;
 
-/// `sum2` of the workgroup-per-row form: a tree over workgroup memory.
-const TREE_SUM2: &str = "red[li] = vec2<f32>(a, b);
-    for (var s = WG / 2u; s > 0u; s /= 2u) {
-        workgroupBarrier();
-        if li < s {
-            red[li] += red[li + s];
-        }
-    }
-    workgroupBarrier();
-    let total = red[0];
-    workgroupBarrier();
-    return total;";
-
 impl LayerNormKernel {
     /// Every variant, for validation.
     pub fn all() -> Vec<LayerNormKernel> {
@@ -120,7 +107,7 @@ impl LayerNormKernel {
                 "{{SUM2}}",
                 match self.serial {
                     true => "return vec2<f32>(a, b);",
-                    false => TREE_SUM2,
+                    false => "return sum2_tree(a, b, li);",
                 },
             )
             .replace("{{FIRST}}", first);

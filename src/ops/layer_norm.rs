@@ -10,6 +10,7 @@ use crate::kernels::{
 };
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 const OP: &str = "layer_norm";
 
@@ -154,12 +155,41 @@ fn fused_fits(x: &Tensor, n: usize) -> bool {
         && info.limits.max_compute_workgroup_storage_size >= 4096
 }
 
+/// The kernel form forced by `force_layer_norm_serial` or `KILN_LAYER_NORM_FORM=tree|serial`
+/// (read once): 0 unread, 1 by the adapter, 2 tree, 3 serial.
+static FORCED_FORM: AtomicU8 = AtomicU8::new(0);
+
+fn forced_form() -> Option<bool> {
+    let mut f = FORCED_FORM.load(Ordering::Relaxed);
+    if f == 0 {
+        f = match std::env::var("KILN_LAYER_NORM_FORM").as_deref() {
+            Ok("tree") => 2,
+            Ok("serial") => 3,
+            _ => 1,
+        };
+        FORCED_FORM.store(f, Ordering::Relaxed);
+    }
+    (f >= 2).then_some(f == 3)
+}
+
+/// Forces the kernels' form: a row per invocation (`Some(true)`), a workgroup per row
+/// (`Some(false)`), or by the adapter (`None`: serial on CPU adapters), for tests and
+/// benchmarks.
+#[doc(hidden)]
+pub fn force_layer_norm_serial(serial: Option<bool>) {
+    let f = match serial {
+        None => 1,
+        Some(false) => 2,
+        Some(true) => 3,
+    };
+    FORCED_FORM.store(f, Ordering::Relaxed);
+}
+
 /// x as rows, the immediates of every pass and the kernels' unit.
 struct Rows {
     x: Tensor,
     w: Option<Tensor>,
     b: Option<Tensor>,
-    rows: usize,
     n: usize,
     vec4: bool,
     eps: f32,
@@ -177,15 +207,10 @@ impl Rows {
             |t: &Option<Tensor>| t.as_ref().is_none_or(|t| t.layout.offset.is_multiple_of(4));
         let vec4 =
             n.is_multiple_of(4) && x.layout.offset.is_multiple_of(4) && aligned(&w) && aligned(&b);
-        // `KILN_LAYER_NORM_FORM=tree|serial` overrides (the tests run both forms on lavapipe).
-        let serial = match std::env::var("KILN_LAYER_NORM_FORM").as_deref() {
-            Ok("tree") => false,
-            Ok("serial") => true,
-            _ => crate::kernels::tune::on_cpu_adapter(x.device()),
-        };
+        let serial =
+            forced_form().unwrap_or_else(|| crate::kernels::tune::on_cpu_adapter(x.device()));
         Ok(Rows {
             serial,
-            rows: x.numel() / n,
             x,
             w,
             b,
@@ -193,6 +218,10 @@ impl Rows {
             vec4,
             eps: eps as f32,
         })
+    }
+
+    fn rows(&self) -> usize {
+        self.x.numel() / self.n
     }
 
     fn unit(&self) -> usize {
@@ -218,7 +247,7 @@ impl Rows {
         let off = |t: &Option<Tensor>| t.as_ref().map_or(0, |t| t.layout.offset / u);
         let flags = self.w.is_some() as u32 | (self.b.is_some() as u32) << 1;
         Ok(vec![
-            u32_of(OP, self.rows)?,
+            u32_of(OP, self.rows())?,
             u32_of(OP, self.n / u)?,
             u32_of(OP, self.n)?,
             u32_of(OP, self.x.layout.offset / u)?,
@@ -241,9 +270,9 @@ impl Rows {
     ) -> Result<()> {
         let imm = self.immediates(0)?;
         match self.serial {
-            true => launch_wg(self.kernel(pass), blocks, &imm, self.rows as u64, 64),
+            true => launch_wg(self.kernel(pass), blocks, &imm, self.rows() as u64, 64),
             false => {
-                let threads = self.rows as u64 * LAYER_NORM_WG as u64;
+                let threads = self.rows() as u64 * LAYER_NORM_WG as u64;
                 launch_wg(self.kernel(pass), blocks, &imm, threads, LAYER_NORM_WG)
             }
         }
@@ -252,7 +281,7 @@ impl Rows {
     /// y and the `[2, rows]` f32 means and rstds.
     fn forward(&self) -> Result<(Tensor, Tensor)> {
         let y = Tensor::empty(self.x.shape(), self.x.dtype(), self.x.device())?;
-        let stats = Tensor::empty(&[2, self.rows], DType::F32, self.x.device())?;
+        let stats = Tensor::empty(&[2, self.rows()], DType::F32, self.x.device())?;
         let xb = &self.x.storage.block;
         let w = self.w.as_ref().map_or(xb, |t| &t.storage.block);
         let b = self.b.as_ref().map_or(xb, |t| &t.storage.block);
@@ -279,8 +308,8 @@ impl Rows {
     /// The weight's and the bias's gradients (`[n]` each, f32): per-chunk partial sums of 64
     /// rows or more (at most 1024 chunks), summed over the chunks.
     fn param_grads(&self, dy: &Tensor, stats: &Tensor) -> Result<(Tensor, Tensor)> {
-        let chunks = self.rows.div_ceil(64).min(1024);
-        let chunk_len = self.rows.div_ceil(chunks);
+        let chunks = self.rows().div_ceil(64).min(1024);
+        let chunk_len = self.rows().div_ceil(chunks);
         let part = Tensor::empty(&[2, chunks, self.n], DType::F32, self.x.device())?;
         let xb = &self.x.storage.block;
         let blocks = [
@@ -339,15 +368,10 @@ fn fused(
                 x: x.get()?,
                 w: w.as_ref().map(|w| w.get()).transpose()?,
                 b: None,
-                rows: 0,
                 n,
                 vec4,
                 eps,
                 serial,
-            };
-            let rows = Rows {
-                rows: rows.x.numel() / n,
-                ..rows
             };
             let (dy, stats) = (g.contiguous()?, stats.get()?);
             let mut grads = vec![None; needs.len()];

@@ -61,7 +61,7 @@ pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
 pub use inplace::{binary_, binary_scalar_, unary_};
-pub use layer_norm::layer_norm;
+pub use layer_norm::{force_layer_norm_serial, layer_norm};
 pub use linear::{linear, linear_relu};
 pub use matmul::matmul;
 pub use matmul_choice::force_matmul_tile;

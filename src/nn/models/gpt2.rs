@@ -7,7 +7,7 @@
 //! approximation; initialisation as GPT-2's (normal 0.02, the residual projections 0.02 /
 //! sqrt(2 n_layer), biases zero).
 
-use crate::nn::{prefixed, Dropout, Embedding, LayerNorm, Module};
+use crate::nn::{prefixed, Dropout, Embedding, Module};
 use crate::tensor::{DType, Tensor};
 use crate::{Device, Error, Result};
 use std::path::Path;
@@ -95,6 +95,21 @@ fn normal(shape: &[usize], std: f64, device: &Device) -> Result<Tensor> {
     Tensor::normal(shape, 0.0, std, DType::F32, device)?.requires_grad_(true)
 }
 
+/// A layer's `weight` and `bias`, named as the checkpoints name them.
+fn weight_and_bias(weight: &Tensor, bias: &Tensor) -> Vec<(String, Tensor)> {
+    vec![
+        ("weight".into(), weight.clone()),
+        ("bias".into(), bias.clone()),
+    ]
+}
+
+fn weight_and_bias_mut<'a>(
+    weight: &'a mut Tensor,
+    bias: &'a mut Tensor,
+) -> Vec<(String, &'a mut Tensor)> {
+    vec![("weight".into(), weight), ("bias".into(), bias)]
+}
+
 /// GPT-2's `Conv1D`: `x W + b` with `W` stored `[in, out]`, as the checkpoints store it.
 #[derive(Clone)]
 pub(super) struct Conv1D {
@@ -129,17 +144,11 @@ impl Conv1D {
     }
 
     fn named(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        weight_and_bias(&self.weight, &self.bias)
     }
 
     fn named_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        vec![
-            ("weight".into(), &mut self.weight),
-            ("bias".into(), &mut self.bias),
-        ]
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
 }
 
@@ -167,11 +176,19 @@ pub(super) struct LnParams {
 
 impl LnParams {
     fn new(n: usize, eps: f64, device: &Device) -> Result<LnParams> {
-        let ln = LayerNorm::with_options(&[n], eps, true, true, device)?;
-        match (ln.weight, ln.bias) {
-            (Some(weight), Some(bias)) => Ok(LnParams { weight, bias, eps }),
-            _ => Err(crate::graph::no_node("gpt2")),
-        }
+        Ok(LnParams {
+            weight: Tensor::ones(&[n], DType::F32, device)?.requires_grad_(true)?,
+            bias: Tensor::zeros(&[n], DType::F32, device)?.requires_grad_(true)?,
+            eps,
+        })
+    }
+
+    fn named(&self) -> Vec<(String, Tensor)> {
+        weight_and_bias(&self.weight, &self.bias)
+    }
+
+    fn named_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -235,12 +252,12 @@ impl GptBlock {
                 })?;
                 let end = slot.pos + t;
                 let (ks, vs) = (slot.k.narrow(2, 0, end)?, slot.v.narrow(2, 0, end)?);
-                let mask = match (slot.pos, t) {
-                    (_, 1) => None,
-                    (0, _) => None,
-                    _ => Some(cached_mask(slot.pos, t, x.device())?),
-                };
+                // A prompt from position 0 is causal as it stands, a single new token sees every
+                // cached key, and new tokens after cached ones need the shifted mask.
                 let causal = slot.pos == 0 && t > 1;
+                let mask = (slot.pos > 0 && t > 1)
+                    .then(|| cached_mask(slot.pos, t, x.device()))
+                    .transpose()?;
                 crate::ops::scaled_dot_product_attention(
                     &q,
                     &ks,
@@ -269,17 +286,11 @@ impl GptBlock {
     }
 
     fn named(&self) -> Vec<(String, Tensor)> {
-        let ln = |l: &LnParams| {
-            vec![
-                ("weight".to_string(), l.weight.clone()),
-                ("bias".to_string(), l.bias.clone()),
-            ]
-        };
         [
-            prefixed("ln_1", ln(&self.ln_1)),
+            prefixed("ln_1", self.ln_1.named()),
             prefixed("attn.c_attn", self.c_attn.named()),
             prefixed("attn.c_proj", self.attn_proj.named()),
-            prefixed("ln_2", ln(&self.ln_2)),
+            prefixed("ln_2", self.ln_2.named()),
             prefixed("mlp.c_fc", self.c_fc.named()),
             prefixed("mlp.c_proj", self.mlp_proj.named()),
         ]
@@ -287,28 +298,17 @@ impl GptBlock {
     }
 
     fn named_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let GptBlock {
-            ln_1,
-            c_attn,
-            attn_proj,
-            ln_2,
-            c_fc,
-            mlp_proj,
-            ..
-        } = self;
-        fn ln(l: &mut LnParams) -> Vec<(String, &mut Tensor)> {
-            vec![
-                ("weight".to_string(), &mut l.weight),
-                ("bias".to_string(), &mut l.bias),
-            ]
-        }
-        let mut out = prefixed("ln_1", ln(ln_1));
-        out.extend(prefixed("attn.c_attn", c_attn.named_mut()));
-        out.extend(prefixed("attn.c_proj", attn_proj.named_mut()));
-        out.extend(prefixed("ln_2", ln(ln_2)));
-        out.extend(prefixed("mlp.c_fc", c_fc.named_mut()));
-        out.extend(prefixed("mlp.c_proj", mlp_proj.named_mut()));
-        out
+        [
+            prefixed("ln_1", self.ln_1.named_mut()),
+            prefixed("attn.c_attn", self.c_attn.named_mut()),
+            prefixed("attn.c_proj", self.attn_proj.named_mut()),
+            prefixed("ln_2", self.ln_2.named_mut()),
+            prefixed("mlp.c_fc", self.c_fc.named_mut()),
+            prefixed("mlp.c_proj", self.mlp_proj.named_mut()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -494,8 +494,7 @@ impl Module for Gpt {
         for (i, b) in self.blocks.iter().enumerate() {
             out.extend(prefixed(&format!("transformer.h.{i}"), b.named()));
         }
-        out.push(("transformer.ln_f.weight".into(), self.ln_f.weight.clone()));
-        out.push(("transformer.ln_f.bias".into(), self.ln_f.bias.clone()));
+        out.extend(prefixed("transformer.ln_f", self.ln_f.named()));
         out
     }
 
@@ -507,8 +506,7 @@ impl Module for Gpt {
         for (i, b) in self.blocks.iter_mut().enumerate() {
             out.extend(prefixed(&format!("transformer.h.{i}"), b.named_mut()));
         }
-        out.push(("transformer.ln_f.weight".into(), &mut self.ln_f.weight));
-        out.push(("transformer.ln_f.bias".into(), &mut self.ln_f.bias));
+        out.extend(prefixed("transformer.ln_f", self.ln_f.named_mut()));
         out
     }
 
