@@ -202,7 +202,26 @@ fn f16_kernels_match_the_cpu_composite_in_f32() {
         if !dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
             continue;
         }
-        for case in cases().iter().take(3) {
+        // Where f16 runs on cooperative matrices, every case and longer causal ones (several
+        // workgroups of 64 rows and tiles of 32 keys, GPT-2's head dim, a ragged end).
+        let coop = dev
+            .adapter_info()
+            .is_some_and(|a| a.features.cooperative_matrix);
+        let mut all = cases();
+        if coop {
+            for (t, d) in [(200, 64), (131, 32), (96, 16)] {
+                let mut long = Case::new(&[2, 3, t, d], &[2, 3, t, d], &[2, 3, t, d]);
+                long.causal = t != 96;
+                all.push(long);
+            }
+            let mut masked = Case::new(&[1, 2, 150, 64], &[1, 2, 170, 64], &[1, 2, 170, 64]);
+            masked.mask = Some((vec![1, 2, 150, 170], false));
+            masked.dropout = 0.2;
+            all.push(masked);
+        } else {
+            all.truncate(3);
+        }
+        for case in &all {
             let want = run(case, DType::F32, &cpu);
             let got = run(case, DType::F16, &dev);
             for (what, (g, w)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {

@@ -26,19 +26,40 @@ pub struct FlashAttnKernel {
     pub dtype: DType,
     /// The head-dim class: 16, 32, 64 or 128.
     pub dp: u32,
+    /// On cooperative matrices (`attention_coop.rs`): f16 only, head-dim classes up to 64.
+    pub coop: bool,
 }
 
 /// The head-dim classes, smallest first.
 pub const FLASH_HEAD_DIMS: [u32; 4] = [16, 32, 64, 128];
 
+/// The widest head-dim class on cooperative matrices: at 128 the forward's workgroup memory
+/// (staged rows and a patch as wide as the head) passes the 48 KiB NVIDIA's Vulkan offers.
+const COOP_MAX_DP: u32 = 64;
+
 impl FlashAttnKernel {
-    /// The kernel for head dims `d` (queries and keys) and `dv` (values), if one takes them.
+    /// The SIMT kernel for head dims `d` (queries and keys) and `dv` (values), if one takes
+    /// them.
     pub fn for_dims(pass: FlashPass, dtype: DType, d: usize, dv: usize) -> Option<Self> {
         let need = d.max(dv);
         FLASH_HEAD_DIMS
             .into_iter()
             .find(|&dp| need <= dp as usize)
-            .map(|dp| FlashAttnKernel { pass, dtype, dp })
+            .map(|dp| FlashAttnKernel {
+                pass,
+                dtype,
+                dp,
+                coop: false,
+            })
+    }
+
+    /// The same pass on cooperative matrices, where one exists (f16, head-dim classes up to
+    /// 64) and its workgroup memory fits `shared_limit` bytes.
+    pub fn on_coop(self, shared_limit: u32) -> Option<Self> {
+        (self.dtype == DType::F16
+            && self.dp <= COOP_MAX_DP
+            && super::attention_coop::shared_bytes(self.dp) <= shared_limit)
+            .then_some(FlashAttnKernel { coop: true, ..self })
     }
 
     /// Every variant, for validation.
@@ -52,9 +73,16 @@ impl FlashAttnKernel {
             .into_iter()
             .flat_map(|pass| {
                 [DType::F32, DType::F16].into_iter().flat_map(move |dtype| {
-                    FLASH_HEAD_DIMS.map(|dp| FlashAttnKernel { pass, dtype, dp })
+                    FLASH_HEAD_DIMS.map(|dp| FlashAttnKernel {
+                        pass,
+                        dtype,
+                        dp,
+                        coop: false,
+                    })
                 })
             })
+            .flat_map(|k| [Some(k), k.on_coop(u32::MAX)])
+            .flatten()
             .collect()
     }
 
@@ -62,6 +90,9 @@ impl FlashAttnKernel {
     /// take at most 16 KiB (the per-row score array is this long, and llvmpipe's compile time
     /// grows with it: 128 rows took minutes cold).
     pub fn tile_rows(&self) -> u32 {
+        if self.coop {
+            return super::attention_coop::COOP_BT;
+        }
         (2048 / self.dp).min(32)
     }
 
@@ -72,7 +103,8 @@ impl FlashAttnKernel {
             FlashPass::BackwardDq => "dq",
             FlashPass::BackwardDkDv => "dkdv",
         };
-        format!("flash_attn_{pass}_{}_d{}", self.dtype, self.dp)
+        let coop = if self.coop { "coop_" } else { "" };
+        format!("flash_attn_{pass}_{coop}{}_d{}", self.dtype, self.dp)
     }
 
     /// Storage buffers the kernel binds.
@@ -85,12 +117,16 @@ impl FlashAttnKernel {
 
     /// The kernel's WGSL.
     pub fn source(&self) -> String {
+        if self.coop {
+            return super::attention_coop::source(self);
+        }
         let body = match self.pass {
             FlashPass::Forward => include_str!("../../shaders/flash_attn_fwd.wgsl"),
             FlashPass::BackwardDq => include_str!("../../shaders/flash_attn_dq.wgsl"),
             FlashPass::BackwardDkDv => include_str!("../../shaders/flash_attn_dkdv.wgsl"),
         };
-        let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
+        let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"))
+            + include_str!("../../shaders/flash_attn_rows.wgsl");
         let src = body
             .replace("{{COMMON}}", &common)
             .replace(

@@ -5,6 +5,7 @@
 
 mod amp;
 mod attention;
+mod attention_coop;
 mod batch_norm;
 mod conv_coop;
 mod conv_gemm;

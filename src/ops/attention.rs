@@ -447,6 +447,8 @@ struct Bound {
     mask: Option<Tensor>,
     imm: Vec<u32>,
     rows: usize,
+    /// The workgroup memory of a device whose f16 passes may run on cooperative matrices.
+    coop_limit: Option<u32>,
 }
 
 impl Bound {
@@ -464,6 +466,12 @@ impl Bound {
         let mask = mask.map(|m| full_mask(m, plan, &q)).transpose()?;
         let imm = params((&q, &k, &v), mask.as_ref(), plan, rng)?;
         let rows = plan.lead.iter().product();
+        let coop_limit = q
+            .device()
+            .gpu()
+            .filter(|g| crate::kernels::coop_f16(g) && !simt_forced())
+            .filter(|_| rows_of_eight((&q, &k, &v), plan))
+            .map(|g| g.info.limits.max_compute_workgroup_storage_size);
         Ok(Bound {
             q,
             k,
@@ -471,6 +479,7 @@ impl Bound {
             mask,
             imm,
             rows,
+            coop_limit,
         })
     }
 
@@ -484,12 +493,16 @@ impl Bound {
         outputs: &[&DeviceBlock],
         along: usize,
     ) -> Result<()> {
-        let kernel = FlashAttnKernel::for_dims(pass, self.q.dtype(), plan.d, plan.dv).ok_or(
+        let simt = FlashAttnKernel::for_dims(pass, self.q.dtype(), plan.d, plan.dv).ok_or(
             Error::InvalidArgument {
                 op: OP,
                 msg: "no flash kernel for these head dims".into(),
             },
         )?;
+        let kernel = self
+            .coop_limit
+            .and_then(|limit| simt.on_coop(limit))
+            .unwrap_or(simt);
         let mask = self.mask.as_ref().unwrap_or(&self.q);
         let mut blocks = vec![
             &self.q.storage.block,
@@ -505,6 +518,27 @@ impl Bound {
         );
         launch_groups(Kernel::FlashAttn(kernel), &blocks, &self.imm, groups)
     }
+}
+
+/// Whether every row of q, k and v starts at a multiple of eight elements and the head dims are
+/// multiples of eight: the cooperative-matrix kernels read and write rows as 16-byte vectors.
+fn rows_of_eight((q, k, v): (&Tensor, &Tensor, &Tensor), plan: &Plan) -> bool {
+    let lead = q.rank() - 2;
+    plan.d % 8 == 0
+        && plan.dv % 8 == 0
+        && [q, k, v].iter().all(|t| {
+            let (sb, sh) = lead_strides(t, lead);
+            [sb, sh, t.strides()[lead], t.layout.offset]
+                .iter()
+                .all(|x| x % 8 == 0)
+        })
+}
+
+/// Whether `KILN_FLASH_SIMT` (read once) keeps f16 attention off cooperative matrices, for
+/// comparing the two kernels on one device.
+fn simt_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var_os("KILN_FLASH_SIMT").is_some())
 }
 
 fn flash_forward(

@@ -1,0 +1,102 @@
+// Flash attention's backward, second pass, on cooperative matrices: the key and value
+// gradients for 64 keys of one (b, h), 16 per subgroup, which holds its keys and values as
+// matrix operands. Per tile of BT queries (under causality from the first tile that sees the
+// workgroup's keys): the queries and output gradients are staged, S^T = k q^T and
+// dP^T = v dO^T leave through the subgroup's patches, the lanes (two per key) form
+// P^T * keep into `ps` and dS^T = P^T * (dP^T * keep - delta) into `ps2`, rounded to f16, and
+// the subgroup accumulates dV += (P * keep)^T dO and dK += dS^T q in f32 matrices.
+{{COMMON}}
+
+@group(0) @binding(0) var<storage, read_write> q: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> k: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> v: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> mask: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dout: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read_write> dv: array<vec4<u32>>;
+
+{{COOP_SHARED}}
+
+var<workgroup> res2: array<vec4<f32>, 64u * PW4>;
+var<workgroup> ps2: array<vec4<f16>, 64u * RP4>;
+// The tile's log-sum-exps and deltas.
+var<workgroup> lt: array<f32, BT>;
+var<workgroup> dt: array<f32, BT>;
+
+// Vector c8 of the output gradient's row i (zeros past lq and the head dim).
+fn dout8(n: u32, i: u32, c8: u32) -> vec4<u32> {
+    let x = dout[(n * p.lq + min(i, p.lq - 1u)) * (p.dv / 8u) + min(c8, p.dv / 8u - 1u)];
+    return select(vec4<u32>(0u), x, vec4<bool>(i < p.lq && c8 * 8u < p.dv));
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(local_invocation_index) li: u32) {
+    let n = wid.y;
+    let col0 = wid.x * 64u;
+    let kb = base8(p.k_off, p.k_sb, p.k_sh, n);
+    let vb = base8(p.v_off, p.v_sb, p.v_sh, n);
+    let qb = base8(p.q_off, p.q_sb, p.q_sh, n);
+    for (var e = li; e < 64u * DP8; e += 128u) {
+        put8((e / DP8) * RS4 + (e % DP8) * 2u, k8(kb, col0 + e / DP8, e % DP8));
+    }
+    workgroupBarrier();
+{{LOAD_KA}}
+    workgroupBarrier();
+    for (var e = li; e < 64u * DP8; e += 128u) {
+        put8((e / DP8) * RS4 + (e % DP8) * 2u, v8(vb, col0 + e / DP8, e % DP8));
+    }
+    workgroupBarrier();
+{{LOAD_VA}}
+    let r = lane / 2u;
+    let h = lane % 2u;
+    let j = col0 + sg * 16u + r;
+    let own = sg * 16u * PW4;
+    let mine = own + r * PW4;
+    let prow = (sg * 16u + r) * RP4 + h * BH4;
+{{ACC_INIT}}
+    var i_start = 0u;
+    if (p.flags & 1u) != 0u {
+        i_start = col0 / BT * BT;
+    }
+    for (var i0 = i_start; i0 < p.lq; i0 += BT) {
+        workgroupBarrier();
+        for (var e = li; e < BT * DP8; e += 128u) {
+            let rr = e / DP8;
+            let c = e % DP8;
+            put8(rr * RS4 + c * 2u, q8(qb, i0 + rr, c));
+            put8((BT + rr) * RS4 + c * 2u, dout8(n, i0 + rr, c));
+        }
+        for (var rr = li; rr < BT; rr += 128u) {
+            let ic = min(i0 + rr, p.lq - 1u);
+            lt[rr] = select(MASKED, stats[n * p.lq + ic], i0 + rr < p.lq);
+            dt[rr] = stats[p.n * p.lq + n * p.lq + ic];
+        }
+        workgroupBarrier();
+{{SCORES}}
+        workgroupBarrier();
+        for (var c = 0u; c < BH4; c++) {
+            let s4 = res[mine + h * BH4 + c];
+            let dp4 = res2[mine + h * BH4 + c];
+            var pz = vec4<f32>(0.0);
+            var ds = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e++) {
+                let ii = h * BH + c * 4u + e;
+                let i = i0 + ii;
+                if visible(i, j) && lt[ii] > DEAD {
+                    let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lt[ii]);
+                    let z = keep(n, i, j);
+                    pz[e] = pr * z;
+                    ds[e] = pr * (dp4[e] * z - dt[ii]);
+                }
+            }
+            ps[prow + c] = vec4<f16>(pz);
+            ps2[prow + c] = vec4<f16>(ds);
+        }
+        workgroupBarrier();
+{{ACCUMULATE}}
+    }
+{{EPILOGUE}}
+}

@@ -1,0 +1,256 @@
+//! Flash attention on cooperative matrices (tensor cores) for f16 storage
+//! (`shaders/flash_attn_coop_*.wgsl`): the same three passes, immediates and bindings as the
+//! SIMT kernels (`attention.rs`), with every product of a tile (`q k^T`, `dO v^T`, `P v`,
+//! `dS k`, `P^T dO`, `dS^T q`) on 16 x 16 x 16 matrices with f32 accumulators. A workgroup is
+//! four subgroups of 32, each owning 16 of the workgroup's 64 rows; tiles are 32 keys (or
+//! queries) deep. The elementwise work between products (softmax, masks, dropout, dS) is done
+//! by the lanes on the f32 results stored in workgroup memory, two lanes per row. This module
+//! writes the unrolled matrix code the templates leave as `{{...}}` (WGSL has no arrays of
+//! cooperative matrices).
+
+use super::attention::{FlashAttnKernel, FlashPass};
+use std::fmt::Write;
+
+/// Keys (or queries) of a tile.
+pub(super) const COOP_BT: u32 = 32;
+
+/// Workgroup memory the forward (the largest pass) needs for head-dim class `dp`, in bytes.
+pub(super) fn shared_bytes(dp: u32) -> u32 {
+    let l = Layout::new(dp, true);
+    // kv, ps, patch (the backward passes' extra patch and probabilities are smaller than the
+    // forward's wide patch for dp >= 32; counted anyway).
+    let fwd = 64 * l.rs4 * 8 + 64 * l.rp4 * 8 + 64 * l.pw4 * 16;
+    let b = Layout::new(dp, false);
+    let dkdv = 64 * b.rs4 * 8 + 2 * 64 * b.rp4 * 8 + 2 * 64 * b.pw4 * 16 + 2 * 4 * COOP_BT;
+    fwd.max(dkdv)
+}
+
+/// Row strides, in vectors: a staged row (vec4<f16>), a probabilities row (vec4<f16>), a patch
+/// row (vec4<f32>; the forward's holds a row of P v, the head dim wide, else a tile's scores).
+#[derive(Clone, Copy)]
+struct Layout {
+    dp: u32,
+    rs4: u32,
+    rp4: u32,
+    pw4: u32,
+}
+
+impl Layout {
+    fn new(dp: u32, wide_patch: bool) -> Layout {
+        let pw = if wide_patch { dp.max(COOP_BT) } else { COOP_BT };
+        Layout {
+            dp,
+            rs4: (dp + 8) / 4,
+            rp4: (COOP_BT + 8) / 4,
+            pw4: (pw + 4) / 4,
+        }
+    }
+
+    /// `let {name}{kk} = ...`: operand A of the 16 rows at `base` of `kv`, for each 16 columns
+    /// of the head dim.
+    fn load_a(&self, name: &str) -> String {
+        let mut s = format!("    let {name}_base = sg * 16u * RS4;\n");
+        for kk in 0..self.dp / 16 {
+            let _ = writeln!(
+                s,
+                "    let {name}{kk} = coopLoadT<coop_mat16x16<f16, A>>(&kv[{name}_base + {}u], {}u);",
+                kk * 4,
+                self.rs4
+            );
+        }
+        s
+    }
+
+    /// Products of a subgroup's operands `a{kk}` with the transposes of the tile's staged rows
+    /// from row `first` of `kv` (its keys or queries), stored row-major into `patch`.
+    fn scores(&self, a: &str, first: u32, patch: &str) -> String {
+        let mut s = String::new();
+        for t in 0..COOP_BT / 16 {
+            let _ = writeln!(
+                s,
+                "        {{\n            var x = coop_mat16x16<f32, C>();"
+            );
+            for kk in 0..self.dp / 16 {
+                let _ = writeln!(
+                    s,
+                    "            x = coopMultiplyAdd({a}{kk}, coopLoad<coop_mat16x16<f16, B>>(&kv[{}u], {}u), x);",
+                    (first + t * 16) * self.rs4 + kk * 4,
+                    self.rs4
+                );
+            }
+            let _ = writeln!(
+                s,
+                "            let at = own + {}u;\n            coopStoreT(x, &{patch}[at], {}u);\n        }}",
+                t * 4,
+                self.pw4
+            );
+        }
+        s
+    }
+
+    /// `let {name}{t} = ...`: a subgroup's 16 rows of f16 values from `buf` as operand A, per
+    /// 16 columns of the tile.
+    fn load_tile_a(&self, name: &str, buf: &str) -> String {
+        let mut s = format!("        let {name}_base = sg * 16u * RP4;\n");
+        for t in 0..COOP_BT / 16 {
+            let _ = writeln!(
+                s,
+                "        let {name}{t} = coopLoadT<coop_mat16x16<f16, A>>(&{buf}[{name}_base + {}u], {}u);",
+                t * 4,
+                self.rp4
+            );
+        }
+        s
+    }
+
+    /// `acc{c} += sum_t a{t} * rows(first + 16 t, 16 c)`: the tile's staged rows from `first`
+    /// as operand B, per 16 columns of the head dim.
+    fn accumulate(&self, a: &str, first: u32, acc: &str) -> String {
+        let mut s = String::new();
+        for c in 0..self.dp / 16 {
+            for t in 0..COOP_BT / 16 {
+                let _ = writeln!(
+                    s,
+                    "        {acc}{c} = coopMultiplyAdd({a}{t}, coopLoadT<coop_mat16x16<f16, B>>(&kv[{}u], {}u), {acc}{c});",
+                    (first + t * 16) * self.rs4 + c * 4,
+                    self.rs4
+                );
+            }
+        }
+        s
+    }
+
+    fn acc_init(&self, acc: &str) -> String {
+        (0..self.dp / 16)
+            .map(|c| format!("    var {acc}{c} = coop_mat16x16<f32, C>();\n"))
+            .collect()
+    }
+
+    /// Writes accumulators `acc{c}` times `factor` as f16 into `out` (rows of `width` for each
+    /// of the `len` rows of (b, h) `n`), a 16-column matrix at a time through the patch; lane
+    /// pair `row` writes its row, eight columns each.
+    fn epilogue(
+        &self,
+        acc: &str,
+        out: &str,
+        (row, len, width): (&str, &str, &str),
+        factor: &str,
+    ) -> String {
+        let mut s = String::new();
+        for c in 0..self.dp / 16 {
+            let _ = writeln!(
+                s,
+                "    workgroupBarrier();\n    {{\n        let at = own;\n        \
+                 coopStoreT({acc}{c}, &res[at], {pw4}u);\n    }}\n    workgroupBarrier();\n    \
+                 if {row} < {len} && {c16}u + h * 8u < {width} {{\n        \
+                 {out}[(n * {len} + {row}) * ({width} / 8u) + {c2}u + h] = \
+                 pack8(res[mine + h * 2u] * {factor}, res[mine + h * 2u + 1u] * {factor});\n    }}",
+                pw4 = self.pw4,
+                c16 = c * 16,
+                c2 = c * 2,
+            );
+        }
+        s
+    }
+}
+
+/// The WGSL of a cooperative-matrix pass.
+pub(super) fn source(k: &FlashAttnKernel) -> String {
+    let bt = COOP_BT;
+    let (body, l) = match k.pass {
+        FlashPass::Forward => (
+            include_str!("../../shaders/flash_attn_coop_fwd.wgsl"),
+            Layout::new(k.dp, true),
+        ),
+        FlashPass::BackwardDq => (
+            include_str!("../../shaders/flash_attn_coop_dq.wgsl"),
+            Layout::new(k.dp, false),
+        ),
+        FlashPass::BackwardDkDv => (
+            include_str!("../../shaders/flash_attn_coop_dkdv.wgsl"),
+            Layout::new(k.dp, false),
+        ),
+    };
+    let mut src = body.to_string();
+    let mut put = |key: &str, val: String| src = src.replace(&format!("{{{{{key}}}}}"), &val);
+    match k.pass {
+        FlashPass::Forward => {
+            put("LOAD_QA", l.load_a("qa"));
+            put("SCORES", l.scores("qa", 0, "res"));
+            let mut pv = l.load_tile_a("pa", "ps");
+            for c in 0..l.dp / 16 {
+                let _ = writeln!(
+                    pv,
+                    "        {{\n            var x = coop_mat16x16<f32, C>();"
+                );
+                for t in 0..bt / 16 {
+                    let _ = writeln!(
+                        pv,
+                        "            x = coopMultiplyAdd(pa{t}, coopLoadT<coop_mat16x16<f16, B>>(&kv[{}u], {}u), x);",
+                        (bt + t * 16) * l.rs4 + c * 4,
+                        l.rs4
+                    );
+                }
+                let _ = writeln!(
+                    pv,
+                    "            let at = own + {}u;\n            coopStoreT(x, &res[at], {}u);\n        }}",
+                    c * 4,
+                    l.pw4
+                );
+            }
+            put("PV", pv);
+        }
+        FlashPass::BackwardDq => {
+            put("LOAD_QA", l.load_a("qa"));
+            put("LOAD_DA", l.load_a("da"));
+            put("ACC_INIT", l.acc_init("dqa"));
+            put(
+                "SCORES",
+                l.scores("qa", 0, "res") + &l.scores("da", bt, "res2"),
+            );
+            put(
+                "ACCUMULATE",
+                l.load_tile_a("sa", "ps") + &l.accumulate("sa", 0, "dqa"),
+            );
+            put(
+                "EPILOGUE",
+                l.epilogue("dqa", "dq", ("i", "p.lq", "p.d"), "p.scale"),
+            );
+        }
+        FlashPass::BackwardDkDv => {
+            put("LOAD_KA", l.load_a("ka"));
+            put("LOAD_VA", l.load_a("va"));
+            put("ACC_INIT", l.acc_init("dka") + &l.acc_init("dva"));
+            put(
+                "SCORES",
+                l.scores("ka", 0, "res") + &l.scores("va", bt, "res2"),
+            );
+            put(
+                "ACCUMULATE",
+                l.load_tile_a("pa", "ps")
+                    + &l.accumulate("pa", bt, "dva")
+                    + &l.load_tile_a("sa", "ps2")
+                    + &l.accumulate("sa", 0, "dka"),
+            );
+            put(
+                "EPILOGUE",
+                l.epilogue("dka", "dk", ("j", "p.lk", "p.d"), "p.scale")
+                    + &l.epilogue("dva", "dv", ("j", "p.lk", "p.dv"), "1.0"),
+            );
+        }
+    }
+    let shared = include_str!("../../shaders/flash_attn_coop_common.wgsl")
+        .replace("{{RS4}}", &l.rs4.to_string())
+        .replace("{{RP4}}", &l.rp4.to_string())
+        .replace("{{PW4}}", &l.pw4.to_string());
+    let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
+    src.replace("{{COOP_SHARED}}", &shared)
+        .replace("{{COMMON}}", &common)
+        .replace(
+            "{{ENABLES}}",
+            "enable f16;\nenable wgpu_cooperative_matrix;",
+        )
+        .replace("{{DP}}", &k.dp.to_string())
+        .replace("{{BT}}", &bt.to_string())
+        .replace("{{T}}", "f16")
+}
