@@ -524,13 +524,13 @@ impl Bound {
 /// multiples of eight: the cooperative-matrix kernels read and write rows as 16-byte vectors.
 fn rows_of_eight((q, k, v): (&Tensor, &Tensor, &Tensor), plan: &Plan) -> bool {
     let lead = q.rank() - 2;
-    plan.d % 8 == 0
-        && plan.dv % 8 == 0
+    plan.d.is_multiple_of(8)
+        && plan.dv.is_multiple_of(8)
         && [q, k, v].iter().all(|t| {
             let (sb, sh) = lead_strides(t, lead);
             [sb, sh, t.strides()[lead], t.layout.offset]
                 .iter()
-                .all(|x| x % 8 == 0)
+                .all(|x| x.is_multiple_of(8))
         })
 }
 
