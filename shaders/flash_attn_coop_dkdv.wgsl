@@ -21,13 +21,24 @@
 var<workgroup> res2: array<vec4<f32>, 64u * PW4>;
 var<workgroup> ps2: array<vec4<f16>, 64u * RP4>;
 // The tile's log-sum-exps and deltas.
-var<workgroup> lt: array<f32, BT>;
-var<workgroup> dt: array<f32, BT>;
+var<workgroup> lt: array<vec4<f32>, BT / 4u>;
+var<workgroup> dt: array<vec4<f32>, BT / 4u>;
 
 // Vector c8 of the output gradient's row i (zeros past lq and the head dim).
 fn dout8(n: u32, i: u32, c8: u32) -> vec4<u32> {
     let x = dout[(n * p.lq + min(i, p.lq - 1u)) * (p.dv / 8u) + min(c8, p.dv / 8u - 1u)];
     return select(vec4<u32>(0u), x, vec4<bool>(i < p.lq && c8 * 8u < p.dv));
+}
+
+// Queries i0 .. i0 + BT of (b, h) `n` (from q's base `qb`) and their output gradients.
+fn load_qo(n: u32, qb: u32, i0: u32, li: u32) -> Tile {
+    var t: Tile;
+    for (var s = 0u; s < NPT; s++) {
+        let e = min(li + s * 128u, BT * DP8 - 1u);
+        t.a[s] = q8(qb, i0 + e / DP8, e % DP8);
+        t.b[s] = dout8(n, i0 + e / DP8, e % DP8);
+    }
+    return t;
 }
 
 @compute @workgroup_size(128)
@@ -61,35 +72,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     if (p.flags & 1u) != 0u {
         i_start = col0 / BT * BT;
     }
+    var next = load_qo(n, qb, i_start, li);
     for (var i0 = i_start; i0 < p.lq; i0 += BT) {
         workgroupBarrier();
-        for (var e = li; e < BT * DP8; e += 128u) {
-            let rr = e / DP8;
-            let c = e % DP8;
-            put8(rr * RS4 + c * 2u, q8(qb, i0 + rr, c));
-            put8((BT + rr) * RS4 + c * 2u, dout8(n, i0 + rr, c));
-        }
+        put_tile(next, li);
         for (var rr = li; rr < BT; rr += 128u) {
             let ic = min(i0 + rr, p.lq - 1u);
-            lt[rr] = select(MASKED, stats[n * p.lq + ic], i0 + rr < p.lq);
-            dt[rr] = stats[p.n * p.lq + n * p.lq + ic];
+            lt[rr / 4u][rr % 4u] = select(MASKED, stats[n * p.lq + ic], i0 + rr < p.lq);
+            dt[rr / 4u][rr % 4u] = stats[p.n * p.lq + n * p.lq + ic];
         }
         workgroupBarrier();
+        next = load_qo(n, qb, i0 + BT, li);
 {{SCORES}}
         workgroupBarrier();
+        // A tile whose every query sees the key, with no mask or dropout, skips the per-score
+        // checks.
+        let clear = (p.flags & 6u) == 0u && j < p.lk && i0 + BT <= p.lq
+            && ((p.flags & 1u) == 0u || j <= i0);
         for (var c = 0u; c < BH4; c++) {
             let s4 = res[mine + h * BH4 + c];
             let dp4 = res2[mine + h * BH4 + c];
             var pz = vec4<f32>(0.0);
             var ds = vec4<f32>(0.0);
-            for (var e = 0u; e < 4u; e++) {
-                let ii = h * BH + c * 4u + e;
-                let i = i0 + ii;
-                if visible(i, j) && lt[ii] > DEAD {
-                    let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lt[ii]);
-                    let z = keep(n, i, j);
-                    pz[e] = pr * z;
-                    ds[e] = pr * (dp4[e] * z - dt[ii]);
+            if clear {
+                pz = exp(s4 * p.scale - lt[h * BH4 + c]);
+                ds = pz * (dp4 - dt[h * BH4 + c]);
+            } else {
+                for (var e = 0u; e < 4u; e++) {
+                    let ii = h * BH + c * 4u + e;
+                    let i = i0 + ii;
+                    let lse = lt[ii / 4u][ii % 4u];
+                    if visible(i, j) && lse > DEAD {
+                        let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lse);
+                        let z = keep(n, i, j);
+                        pz[e] = pr * z;
+                        ds[e] = pr * (dp4[e] * z - dt[ii / 4u][ii % 4u]);
+                    }
                 }
             }
             ps[prow + c] = vec4<f16>(pz);

@@ -66,21 +66,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         stats[p.n * p.lq + n * p.lq + i] = delta;
     }
 {{ACC_INIT}}
+    var next = load_kv(n, 0u, li);
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         workgroupBarrier();
-        stage_kv(n, j0, li);
+        put_tile(next, li);
         workgroupBarrier();
+        next = load_kv(n, j0 + BT, li);
 {{SCORES}}
         workgroupBarrier();
+        // A tile wholly visible to the row, with no mask or dropout, skips the per-score checks.
+        let clear = (p.flags & 6u) == 0u && j0 + BT <= p.lk && i < p.lq && lse > DEAD
+            && ((p.flags & 1u) == 0u || j0 + BT <= i + 1u);
         for (var c = 0u; c < BH4; c++) {
             let s4 = res[mine + h * BH4 + c];
             let dp4 = res2[mine + h * BH4 + c];
             var ds = vec4<f32>(0.0);
-            for (var e = 0u; e < 4u; e++) {
-                let j = j0 + h * BH + c * 4u + e;
-                if visible(i, j) && lse > DEAD {
-                    let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lse);
-                    ds[e] = pr * (dp4[e] * keep(n, i, j) - delta);
+            if clear {
+                ds = exp(s4 * p.scale - vec4<f32>(lse)) * (dp4 - vec4<f32>(delta));
+            } else {
+                for (var e = 0u; e < 4u; e++) {
+                    let j = j0 + h * BH + c * 4u + e;
+                    if visible(i, j) && lse > DEAD {
+                        let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lse);
+                        ds[e] = pr * (dp4[e] * keep(n, i, j) - delta);
+                    }
                 }
             }
             ps[prow + c] = vec4<f16>(ds);
