@@ -298,6 +298,10 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
             (256, 128, 784, true, false),
             (256, 512, 256, false, false),
             (64, 4096, 10, false, true),
+            // A ragged M with A transposed (GPT-2's head gradient `g^T @ h`, the vocabulary
+            // along M), alone and with a ragged N.
+            (301, 256, 128, true, false),
+            (301, 64, 150, true, false),
         ] {
             let a = Tensor::randn(&[m, k], DType::F32, &cpu)
                 .unwrap()

@@ -163,7 +163,10 @@ fn step_figures(
     }
     dev.synchronize()?;
     let secs = started.elapsed().as_secs_f64() / steps as f64;
-    Ok((secs, dev.max_memory_allocated(), dev.memory_reserved()))
+    let figures = (secs, dev.max_memory_allocated(), dev.memory_reserved());
+    let tag = if amp { "AMP f16" } else { "f32" };
+    super::print_profile(dev, &format!("gpt2 {tag} step"), 2, 40, step)?;
+    Ok(figures)
 }
 
 /// PyTorch's fragmentation scenario: AMP steps whose T is drawn from 64..=block (on CPU adapters

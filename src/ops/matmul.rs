@@ -99,7 +99,7 @@ pub(super) fn mask_fits(mask: &Tensor, a: &Tensor, m: usize, n: usize) -> bool {
         && mask.device() == a.device()
 }
 
-/// A 2-D f16 product that misses the tensor-core kernel only because K or N is not a whole
+/// A 2-D f16 product that misses the tensor-core kernel only because M, K or N is not a whole
 /// number of its tiles (an MLP's 784-wide input: `x @ W1^T` with K = 784, `g^T @ x` with
 /// N = 784): the ragged dim padded with zeros to whole tiles (copies of the operands, each in
 /// its own orientation) and, for N, the first n columns of the product kept (one copy).
@@ -128,14 +128,17 @@ fn coop_split(
         b_t: b.strides()[1] != 1,
     };
     let shared = g.info.limits.max_compute_workgroup_storage_size;
-    let Some(t) = CoopTile::for_layout(layout, m.div_ceil(128) * n.div_ceil(128))
+    let tiles = CoopTile::for_layout(layout, m.div_ceil(128) * n.div_ceil(128));
+    let Some(t) = tiles
         .iter()
         .find(|t| m.is_multiple_of(t.block_m() as usize) && t.valid(shared))
+        .or_else(|| tiles.iter().find(|t| t.valid(shared)))
     else {
         return Ok(None);
     };
     let (kc, nc) = (k - k % t.k_step() as usize, n - n % t.block_n() as usize);
-    if kc == 0 || nc == 0 || (kc == k && nc == n) {
+    let mp = m.next_multiple_of(t.block_m() as usize);
+    if kc == 0 || nc == 0 || (kc == k && nc == n && mp == m) {
         return Ok(None);
     }
     // `x` (or its transpose, as stored) copied into zeros with dim `d` of the product's
@@ -170,6 +173,17 @@ fn coop_split(
             Ok(p)
         }
     };
+    if mp > m {
+        // A ragged M (GPT-2's tied head: `g^T @ h`, M = 50257 logits): A padded with zero rows,
+        // the product's padded [mp, n] cut to its first m rows (a contiguous view) and the bias
+        // added after. The SIMT kernel took this product 49.5 ms on the H200.
+        let ap = pad(a, 0, layout.a_t, mp)?;
+        let out = match coop_split(&ap, b, [mp, n, k], None)? {
+            Some(out) => out,
+            None => matmul_forward(&ap, b, None)?,
+        };
+        return add_bias(out.narrow(0, 0, m)?, bias).map(Some);
+    }
     if nc < n {
         let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
         let out = matmul_forward(a, &bp, None)?;
