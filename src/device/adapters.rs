@@ -48,7 +48,6 @@ impl KilnFeatures {
                 | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
                 | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
                 | wgpu::Features::SUBGROUP
-                | wgpu::Features::SUBGROUP_BARRIER
                 | wgpu::Features::IMMEDIATES
                 | wgpu::Features::SHADER_INT64)
     }
