@@ -46,19 +46,10 @@ impl Layout {
         }
     }
 
-    /// `let {name}{kk} = ...`: operand A of the 16 rows at `base` of `kv`, for each 16 columns
-    /// of the head dim.
+    /// `let {name}{kk} = ...`: operand A of the subgroup's 16 rows of `kv` (a staged row of
+    /// `RS4` vectors), for each 16 columns of the head dim.
     fn load_a(&self, name: &str) -> String {
-        let mut s = format!("    let {name}_base = sg * 16u * RS4;\n");
-        for kk in 0..self.dp / 16 {
-            let _ = writeln!(
-                s,
-                "    let {name}{kk} = coopLoadT<coop_mat16x16<f16, A>>(&kv[{name}_base + {}u], {}u);",
-                kk * 4,
-                self.rs4
-            );
-        }
-        s
+        operands_a(name, "kv", ("RS4", self.rs4), self.dp / 16, "    ")
     }
 
     /// Products of a subgroup's operands `a{kk}` with the transposes of the tile's staged rows
@@ -88,19 +79,10 @@ impl Layout {
         s
     }
 
-    /// `let {name}{t} = ...`: a subgroup's 16 rows of f16 values from `buf` as operand A, per
-    /// 16 columns of the tile.
+    /// `let {name}{t} = ...`: the subgroup's 16 rows of f16 values in `buf` (rows of `RP4`
+    /// vectors) as operand A, for each 16 columns of the tile.
     fn load_tile_a(&self, name: &str, buf: &str) -> String {
-        let mut s = format!("        let {name}_base = sg * 16u * RP4;\n");
-        for t in 0..COOP_BT / 16 {
-            let _ = writeln!(
-                s,
-                "        let {name}{t} = coopLoadT<coop_mat16x16<f16, A>>(&{buf}[{name}_base + {}u], {}u);",
-                t * 4,
-                self.rp4
-            );
-        }
-        s
+        operands_a(name, buf, ("RP4", self.rp4), COOP_BT / 16, "        ")
     }
 
     /// `acc{c} += sum_t a{t} * rows(first + 16 t, 16 c)`: the tile's staged rows from `first`
@@ -152,6 +134,21 @@ impl Layout {
         }
         s
     }
+}
+
+/// `let {name}{i} = ...` for `count` 16-column blocks: operand A of the subgroup's 16 rows
+/// of `buf`, whose rows are `stride` vectors (`stride.0` names the constant).
+fn operands_a(name: &str, buf: &str, stride: (&str, u32), count: u32, indent: &str) -> String {
+    let mut s = format!("{indent}let {name}_base = sg * 16u * {};\n", stride.0);
+    for i in 0..count {
+        let _ = writeln!(
+            s,
+            "{indent}let {name}{i} = coopLoadT<coop_mat16x16<f16, A>>(&{buf}[{name}_base + {}u], {}u);",
+            i * 4,
+            stride.1
+        );
+    }
+    s
 }
 
 /// The WGSL of a cooperative-matrix pass.
