@@ -61,6 +61,19 @@ fn views(values: &[f64], dtype: DType, dev: &Device) -> Vec<(String, Tensor)> {
             "odd [1,7]".into(),
             base.narrow(0, 2, 1).unwrap().narrow(1, 1, 7).unwrap(),
         ),
+        // Rows of whole vec4s, unit-stride inside (the strided vec4 path): a narrowed view
+        // at an offset of 4, and a head transpose as attention's [B, H, T, D] -> [B, T, H, D].
+        (
+            "narrowed [6,24] (strided vec4)".into(),
+            base.narrow(1, 4, 24).unwrap(),
+        ),
+        (
+            "permuted rows [3,6,12] (strided vec4)".into(),
+            base.reshape(&[6, 3, 12])
+                .unwrap()
+                .permute(&[1, 0, 2])
+                .unwrap(),
+        ),
     ]
 }
 
@@ -160,6 +173,17 @@ fn binary_ops_broadcast_and_match_the_cpu() {
                         ),
                         ("empty", va[6].1.clone(), vb[6].1.clone()),
                         ("same tensor twice", va[4].1.clone(), va[4].1.clone()),
+                        ("strided vec4 rows, both", va[8].1.clone(), vb[8].1.clone()),
+                        (
+                            "permuted rows + a row broadcast along them",
+                            va[9].1.clone(),
+                            Tensor::from_f64_slice(&b[..12], &[12], dtype, d).unwrap(),
+                        ),
+                        (
+                            "permuted rows + contiguous",
+                            va[9].1.clone(),
+                            vb[9].1.contiguous().unwrap(),
+                        ),
                     ]
                 };
                 for ((name, ga, gb), (_, ca, cb)) in pairs(&dev).into_iter().zip(pairs(&cpu)) {
@@ -585,8 +609,18 @@ fn inplace_ops_write_through_views_and_bump_versions() {
                 view.clamp_(0.1, 4.0).unwrap();
                 assert_eq!(base.version(), v0 + 5, "views share the version counter");
                 let contiguous = Tensor::from_f64_slice(&values, &[216], dtype, d).unwrap();
-                contiguous.sub_scalar_(1.0).unwrap(); // vec4 in-place path
-                contiguous.narrow(0, 1, 100).unwrap().fill_(7.0).unwrap(); // offset, not vec4
+                // The vec4 in-place path, then (offset by one) not vec4s.
+                contiguous.sub_scalar_(1.0).unwrap();
+                contiguous.narrow(0, 1, 100).unwrap().fill_(7.0).unwrap();
+                // A copy into a narrow view from permuted rows (both strided vec4s), as
+                // attention's gradients go into the qkv projection's.
+                let rows = Tensor::from_f64_slice(&other[..72], &[3, 2, 12], dtype, d).unwrap();
+                let into = contiguous
+                    .reshape(&[2, 3, 36])
+                    .unwrap()
+                    .narrow(2, 12, 12)
+                    .unwrap();
+                into.copy_(&rows.permute(&[1, 0, 2]).unwrap()).unwrap();
                 (base.to_f64_vec().unwrap(), contiguous.to_f64_vec().unwrap())
             };
             let (got, want) = (run(&dev), run(&cpu));

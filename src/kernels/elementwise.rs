@@ -26,8 +26,10 @@ pub struct ElementwiseKernel {
     pub dtype: DType,
     /// All operands contiguous over the output's element order: no index arithmetic.
     pub contiguous: bool,
-    /// Contiguous, with element counts and offsets divisible by 4: each invocation moves
-    /// `vec4`s (16 bytes per f32 load), enough bytes in flight to saturate HBM.
+    /// Each invocation moves `vec4`s (16 bytes per f32 load), enough bytes in flight to
+    /// saturate HBM: contiguous, with element counts and offsets divisible by 4; or, not
+    /// contiguous, every operand's innermost dim unit-stride and everything else whole vec4s
+    /// (the immediates then count in vec4s: the kernel unravels once per vec4).
     pub vector: bool,
     /// With `vector`, 4-byte elements: each invocation moves 32-byte `vec4<u64>` words (eight
     /// elements, split by masks and shifts), for adapters with 64-bit integers. Mesa's llvmpipe
@@ -85,7 +87,8 @@ impl ElementwiseKernel {
             (true, true) if self.wide => "vec8",
             (true, true) => "vec4",
             (true, false) => "contig",
-            _ => "strided",
+            (false, true) => "strided_vec4",
+            (false, false) => "strided",
         };
         let inplace = if self.inplace { "_inplace" } else { "" };
         format!("{form}_{op}_{}_{layout}{inplace}", self.dtype)
@@ -185,8 +188,13 @@ impl ElementwiseKernel {
             } else {
                 String::new()
             };
+            let o = if self.contiguous {
+                ""
+            } else {
+                "let o = offsets(i);\n        "
+            };
             format!(
-                "let va = a[{ia}];\n        {vb}\n        var r: {t};\n        \
+                "{o}let va = a[{ia}];\n        {vb}\n        var r: {t};\n        \
                  for (var k4 = 0u; k4 < 4u; k4++) {{\n            let x = {c}(va[k4]);\n            \
                  {y}\n            r[k4] = {scalar_t}({expr});\n        }}\n        {dst} = r;"
             )
@@ -231,6 +239,7 @@ impl ElementwiseKernel {
                     (true, true, true),
                     (true, true, false),
                     (true, false, false),
+                    (false, true, false),
                     (false, false, false),
                 ] {
                     if wide && dtype.size_bytes() != 4 {
