@@ -1098,6 +1098,23 @@ fn row_copies_match_the_cpu() {
             if !dev.adapter_info().unwrap().features.timestamp_query {
                 continue;
             }
+            // An odd f16 row (2-byte units) also goes by rows.
+            let kernel = |t: &Tensor, name: &str| {
+                let options = kiln::profiler::ProfileOptions {
+                    devices: vec![dev.clone()],
+                    profile_memory: false,
+                };
+                let (_, prof) = kiln::profiler::profile(&options, || {
+                    t.contiguous().unwrap();
+                    dev.synchronize()
+                })
+                .unwrap();
+                prof.chrome_trace_json().contains(name)
+            };
+            if dtype == DType::F16 {
+                let odd = g.narrow(1, 3, 50).unwrap();
+                assert!(kernel(&odd, "copy_rows_f16"), "{dev:?}: odd f16 rows");
+            }
             let options = kiln::profiler::ProfileOptions {
                 devices: vec![dev.clone()],
                 profile_memory: false,

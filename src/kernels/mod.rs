@@ -143,9 +143,9 @@ pub enum Kernel {
     /// `shaders/cross_entropy.wgsl` for one float dtype: log_softmax and nll_loss forward in
     /// one kernel (`false`), or their two backwards in one (`true`).
     CrossEntropy(DType, bool),
-    /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in 4-byte
-    /// words (16-byte vectors of them with `true`).
-    CopyRows(bool),
+    /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in units of
+    /// this many bytes: 16 (vectors of words), 4 (words) or 2 (f16 elements).
+    CopyRows(u8),
 }
 
 /// The entry points of `shaders/matmul_narrow.wgsl`: which side of the product is narrow.
@@ -266,7 +266,7 @@ impl Kernel {
                 Kernel::CastVec4(DType::F32, DType::F16),
                 Kernel::CastVec4(DType::F16, DType::F32),
             ])
-            .chain([false, true].map(Kernel::CopyRows))
+            .chain([2, 4, 16].map(Kernel::CopyRows))
             .chain(
                 SoftmaxKernel::all()
                     .into_iter()
@@ -462,10 +462,18 @@ impl Kernel {
                 &include_str!("../../shaders/cross_entropy.wgsl").replace("{{COMMON}}", NLL_COMMON),
                 *d,
             ),
-            Kernel::CopyRows(vec4) => Cow::Owned(
-                include_str!("../../shaders/copy_rows.wgsl")
-                    .replace("{{U}}", if *vec4 { "vec4<u32>" } else { "u32" }),
-            ),
+            Kernel::CopyRows(unit) => {
+                let (enables, u) = match unit {
+                    2 => ("enable f16;", "f16"),
+                    16 => ("", "vec4<u32>"),
+                    _ => ("", "u32"),
+                };
+                Cow::Owned(
+                    include_str!("../../shaders/copy_rows.wgsl")
+                        .replace("{{ENABLES}}", enables)
+                        .replace("{{U}}", u),
+                )
+            }
         }
     }
 
@@ -532,9 +540,11 @@ impl Kernel {
                 "cross_entropy_{}_{d}",
                 if *backward { "backward" } else { "forward" }
             )),
-            Kernel::CopyRows(vec4) => {
-                Cow::Borrowed(if *vec4 { "copy_rows_vec4" } else { "copy_rows" })
-            }
+            Kernel::CopyRows(unit) => Cow::Borrowed(match unit {
+                2 => "copy_rows_f16",
+                16 => "copy_rows_vec4",
+                _ => "copy_rows",
+            }),
             Kernel::AmpUnscaleMulti => Cow::Borrowed("amp_unscale_f32_multi"),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",

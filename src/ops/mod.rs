@@ -658,8 +658,14 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     let copied = x_cols.min(cols);
     // (A fresh output starts at offset 0: only the source's counts and offset decide.)
     let bytes = [copied, cols, stride, x.layout.offset].map(|v| v * es);
-    let Some(unit) = [16, 4]
+    // f16 rows of any length (GPT-2's 50257 logits) in 2-byte units where the adapter has f16.
+    let halves = x.dtype() == DType::F16
+        && x.device()
+            .adapter_info()
+            .is_some_and(|a| a.features.shader_f16);
+    let Some(unit) = [16, 4, 2]
         .into_iter()
+        .filter(|&u| u > 2 || halves)
         .find(|&u| bytes.iter().all(|b| b.is_multiple_of(u)))
     else {
         return Ok(None);
@@ -678,7 +684,7 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         .map(|v| u32_of(OP, v))
         .collect::<Result<Vec<u32>>>()?;
     launch(
-        Kernel::CopyRows(unit == 16),
+        Kernel::CopyRows(unit as u8),
         &[&x.storage.block, &out.storage.block],
         &imm,
         total as u64,
