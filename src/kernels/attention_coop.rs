@@ -52,29 +52,64 @@ impl Layout {
         operands_a(name, "kv", ("RS4", self.rs4), self.dp / 16, "    ")
     }
 
+    /// Operand B from the staged rows of `kv`: the 16 x 16 block at 16-row block `row` and
+    /// 16-column block `col`, loaded with `load` (`coopLoad` reads it transposed).
+    fn rows_b(&self, load: &str, row: u32, col: u32) -> String {
+        format!(
+            "{load}<coop_mat16x16<f16, B>>(&kv[{}u], {}u)",
+            (row * 16) * self.rs4 + col * 4,
+            self.rs4
+        )
+    }
+
+    /// One 16 x 16 product `sum_i a_i b_i` into a fresh matrix, stored row-major into `patch`
+    /// at the subgroup's column block `col`.
+    fn stored_product(&self, terms: &[(String, String)], patch: &str, col: u32) -> String {
+        let mut s = String::from("        {\n            var x = coop_mat16x16<f32, C>();\n");
+        for (a, b) in terms {
+            let _ = writeln!(s, "            x = coopMultiplyAdd({a}, {b}, x);");
+        }
+        let _ = writeln!(
+            s,
+            "            let at = own + {}u;\n            coopStoreT(x, &{patch}[at], {}u);\n        }}",
+            col * 4,
+            self.pw4
+        );
+        s
+    }
+
     /// Products of a subgroup's operands `a{kk}` with the transposes of the tile's staged rows
     /// from row `first` of `kv` (its keys or queries), stored row-major into `patch`.
     fn scores(&self, a: &str, first: u32, patch: &str) -> String {
-        let mut s = String::new();
-        for t in 0..COOP_BT / 16 {
-            let _ = writeln!(
-                s,
-                "        {{\n            var x = coop_mat16x16<f32, C>();"
-            );
-            for kk in 0..self.dp / 16 {
-                let _ = writeln!(
-                    s,
-                    "            x = coopMultiplyAdd({a}{kk}, coopLoad<coop_mat16x16<f16, B>>(&kv[{}u], {}u), x);",
-                    (first + t * 16) * self.rs4 + kk * 4,
-                    self.rs4
-                );
-            }
-            let _ = writeln!(
-                s,
-                "            let at = own + {}u;\n            coopStoreT(x, &{patch}[at], {}u);\n        }}",
-                t * 4,
-                self.pw4
-            );
+        (0..COOP_BT / 16)
+            .map(|t| {
+                let terms: Vec<_> = (0..self.dp / 16)
+                    .map(|kk| {
+                        (
+                            format!("{a}{kk}"),
+                            self.rows_b("coopLoad", first / 16 + t, kk),
+                        )
+                    })
+                    .collect();
+                self.stored_product(&terms, patch, t)
+            })
+            .collect()
+    }
+
+    /// The forward's `P v`: operands `pa{t}` times the tile's staged values (rows from
+    /// `COOP_BT`), stored row-major into the patch, per 16 columns of the head dim.
+    fn pv(&self) -> String {
+        let mut s = self.load_tile_a("pa", "ps");
+        for c in 0..self.dp / 16 {
+            let terms: Vec<_> = (0..COOP_BT / 16)
+                .map(|t| {
+                    (
+                        format!("pa{t}"),
+                        self.rows_b("coopLoadT", COOP_BT / 16 + t, c),
+                    )
+                })
+                .collect();
+            s += &self.stored_product(&terms, "res", c);
         }
         s
     }
@@ -91,11 +126,10 @@ impl Layout {
         let mut s = String::new();
         for c in 0..self.dp / 16 {
             for t in 0..COOP_BT / 16 {
+                let b = self.rows_b("coopLoadT", first / 16 + t, c);
                 let _ = writeln!(
                     s,
-                    "        {acc}{c} = coopMultiplyAdd({a}{t}, coopLoadT<coop_mat16x16<f16, B>>(&kv[{}u], {}u), {acc}{c});",
-                    (first + t * 16) * self.rs4 + c * 4,
-                    self.rs4
+                    "        {acc}{c} = coopMultiplyAdd({a}{t}, {b}, {acc}{c});"
                 );
             }
         }
@@ -174,28 +208,7 @@ pub(super) fn source(k: &FlashAttnKernel) -> String {
         FlashPass::Forward => {
             put("LOAD_QA", l.load_a("qa"));
             put("SCORES", l.scores("qa", 0, "res"));
-            let mut pv = l.load_tile_a("pa", "ps");
-            for c in 0..l.dp / 16 {
-                let _ = writeln!(
-                    pv,
-                    "        {{\n            var x = coop_mat16x16<f32, C>();"
-                );
-                for t in 0..bt / 16 {
-                    let _ = writeln!(
-                        pv,
-                        "            x = coopMultiplyAdd(pa{t}, coopLoadT<coop_mat16x16<f16, B>>(&kv[{}u], {}u), x);",
-                        (bt + t * 16) * l.rs4 + c * 4,
-                        l.rs4
-                    );
-                }
-                let _ = writeln!(
-                    pv,
-                    "            let at = own + {}u;\n            coopStoreT(x, &res[at], {}u);\n        }}",
-                    c * 4,
-                    l.pw4
-                );
-            }
-            put("PV", pv);
+            put("PV", l.pv());
         }
         FlashPass::BackwardDq => {
             put("LOAD_QA", l.load_a("qa"));

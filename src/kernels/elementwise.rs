@@ -137,6 +137,12 @@ impl ElementwiseKernel {
         } else {
             ("o.x".to_string(), "o.y".to_string())
         };
+        // The strided forms unravel the operands' offsets first (the wide form is contiguous).
+        let o = if self.contiguous {
+            ""
+        } else {
+            "let o = offsets(i);\n        "
+        };
         // In place, each element goes back where it was read from.
         let dst = if self.inplace {
             format!("a[{ia}]")
@@ -188,22 +194,12 @@ impl ElementwiseKernel {
             } else {
                 String::new()
             };
-            let o = if self.contiguous {
-                ""
-            } else {
-                "let o = offsets(i);\n        "
-            };
             format!(
                 "{o}let va = a[{ia}];\n        {vb}\n        var r: {t};\n        \
                  for (var k4 = 0u; k4 < 4u; k4++) {{\n            let x = {c}(va[k4]);\n            \
                  {y}\n            r[k4] = {scalar_t}({expr});\n        }}\n        {dst} = r;"
             )
         } else {
-            let o = if self.contiguous {
-                ""
-            } else {
-                "let o = offsets(i);\n        "
-            };
             format!("{o}let x = {c}(a[{ia}]);\n        {y}\n        {dst} = {t}({expr});")
         };
         let enables = if self.dtype == DType::F16 {
