@@ -1,6 +1,6 @@
 //! Prints every adapter wgpu finds, with the features and limits kiln uses.
 //!
-//! `cargo run --example adapters`
+//! `cargo run --example adapters` (`-- --debug`: every field of each, limits included)
 
 fn yes(b: bool) -> &'static str {
     if b {
@@ -12,6 +12,11 @@ fn yes(b: bool) -> &'static str {
 
 fn main() {
     let adapters = kiln::adapters();
+    if std::env::args().any(|a| a == "--debug") {
+        for a in &adapters {
+            println!("{a:#?}");
+        }
+    }
     if adapters.is_empty() {
         println!("no adapters: install a Vulkan driver (on Debian: mesa-vulkan-drivers)");
         return;

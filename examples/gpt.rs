@@ -12,9 +12,17 @@
 //!     cargo run --release --example gpt -- --vary-length --alloc-conf expandable_segments:True
 //!     cargo run --release --example gpt -- --save-checkpoint ck.safetensors --max-steps 50
 //!     cargo run --release --example gpt -- --resume ck.safetensors
+//!     cargo run --release --example gpt -- --plan-for H100 --amp --layers 12 --heads 12 \
+//!         --width 768 --block 1024 --batch-size 8 --data book.txt --epochs 1 --steps 2
 //!
 //! `--vary-length` draws each step's sequence length (PyTorch's fragmentation scenario: every
 //! step's activations a different size); the run ends with peak reserved over peak allocated.
+//! `--plan` (or `--plan-for GPU`, `--memory-limit SIZE`) makes the run a dry run: the same
+//! steps through the same allocator with no memory and no kernels, ending with the real run's
+//! `memory_summary`, the peak by category and the largest batch that fits.
+
+#[path = "common/plan.rs"]
+mod plan;
 
 use clap::{value_parser, Arg, ArgAction, ArgMatches, Command};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,7 +49,7 @@ fn args() -> ArgMatches {
             .action(ArgAction::SetTrue)
             .help(help)
     };
-    Command::new("gpt")
+    plan::args(Command::new("gpt"))
         .about("Train a small GPT with kiln and print PyTorch's memory numbers")
         .arg(
             Arg::new("device")
@@ -305,13 +313,14 @@ fn sample_text(model: &Gpt, bytes: &[u8], count: usize, device: &Device) -> kiln
 
 fn main() -> kiln::Result<()> {
     let m = args();
-    let device = match m.get_one::<String>("device") {
-        Some(spec) => Device::from_spec(spec)?,
-        None => Device::best()?,
-    };
-    if let Some(conf) = m.get_one::<String>("alloc-conf") {
-        device.set_allocator_settings(conf)?;
-    }
+    let device = plan::device(
+        &m,
+        || match m.get_one::<String>("device") {
+            Some(spec) => Device::from_spec(spec),
+            None => Device::best(),
+        },
+        m.get_one::<String>("alloc-conf").map(String::as_str),
+    )?;
     let get = |name: &str| *m.get_one::<usize>(name).expect("default");
     let task = match m.get_one::<PathBuf>("data") {
         Some(path) => {
@@ -340,8 +349,9 @@ fn main() -> kiln::Result<()> {
         n_embd: get("width"),
         ..GptConfig::gpt2()
     };
+    plan::record(&device);
     device.manual_seed(0);
-    let mut model = gpt2(config, &device)?;
+    let mut model = gpt2(config.clone(), &device)?;
     model.checkpoint_blocks = m.get_flag("checkpoint");
     let amp = m.get_flag("amp") && !device.is_cpu();
     println!(
@@ -367,7 +377,12 @@ fn main() -> kiln::Result<()> {
             ""
         },
     );
+    if device.is_dry_run() {
+        return dry_run(&m, &mut model, &task, &device, amp);
+    }
     train(&m, &mut model, &task, &device, amp)?;
+    // The training's memory (what `--plan` plans), before the evaluation's generation.
+    println!("\n{}", device.memory_summary(false));
     if let Task::Addition { digits } = task {
         // Exact match on problems it trained on (what it learnt) and on operand pairs it never
         // saw (whether it learnt to add).
@@ -393,7 +408,76 @@ fn main() -> kiln::Result<()> {
             sample_text(&model, bytes, n, &device)?;
         }
     }
+    Ok(())
+}
+
+/// One training step: the loss under autocast, backward through the scaler, gradients
+/// unscaled and clipped at norm 1, the optimizer's step; returns the loss.
+fn step(
+    model: &Gpt,
+    opt: &mut Adam,
+    scaler: &mut GradScaler,
+    (x, y): (&Tensor, &Tensor),
+    amp: bool,
+    device_type: DeviceType,
+) -> kiln::Result<Tensor> {
+    let loss = {
+        let _amp = autocast(device_type, DType::F16, amp)?;
+        model.loss(x, y)?
+    };
+    opt.zero_grad(true)?;
+    scaler.scale(&loss)?.backward()?;
+    scaler.unscale_(opt)?;
+    clip_grad_norm_(&model.parameters(), 1.0, 2.0)?;
+    scaler.step(opt)?;
+    scaler.update(None)?;
+    Ok(loss)
+}
+
+/// `--plan`: the training run as a dry run, its `memory_summary`, the peak by category, and
+/// the largest batch whose two steps at full length fit the memory limit (or the GPU).
+fn dry_run(
+    m: &ArgMatches,
+    model: &mut Gpt,
+    task: &Task,
+    device: &Device,
+    amp: bool,
+) -> kiln::Result<()> {
+    let started = Instant::now();
+    train(m, model, task, device, amp)?;
+    println!(
+        "dry run of the training: {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("\n{}", device.memory_summary(false));
+    let (target, budget) = plan::budget(device)?;
+    let (config, checkpointed) = (model.config.clone(), model.checkpoint_blocks);
+    let started = Instant::now();
+    let fit = kiln::device::max_batch_size(&target, Some(budget), 1 << 16, |dev, batch| {
+        dev.manual_seed(0);
+        let mut model = gpt2(config.clone(), dev)?;
+        model.checkpoint_blocks = checkpointed;
+        let mut opt = Adam::adamw(model.parameters(), 1e-3)?;
+        opt.weight_decay = 0.1;
+        let mut scaler = GradScaler::new().enabled(amp);
+        let mut rng = Rng(0x5EED);
+        for _ in 0..2 {
+            let t = config.block_size;
+            let (x, y) = task.batch(&mut rng, batch, t);
+            let x = Tensor::from_slice(&x, &[batch, t], dev)?;
+            let y = Tensor::from_slice(&y, &[batch, t], dev)?;
+            step(
+                &model,
+                &mut opt,
+                &mut scaler,
+                (&x, &y),
+                amp,
+                DeviceType::Gpu,
+            )?;
+        }
+        Ok(())
+    })?;
+    plan::report(&plan::peaks(device), &fit, budget, started);
     Ok(())
 }
 
@@ -465,41 +549,39 @@ fn train(
             let (x, y) = task.batch(&mut rng, batch, t);
             let x = Tensor::from_slice(&x, &[batch, t], device)?;
             let y = Tensor::from_slice(&y, &[batch, t], device)?;
-            let loss = {
-                let _amp = autocast(device_type, DType::F16, amp)?;
-                model.loss(&x, &y)?
-            };
-            opt.zero_grad(true)?;
-            scaler.scale(&loss)?.backward()?;
-            scaler.unscale_(&opt)?;
-            clip_grad_norm_(&model.parameters(), 1.0, 2.0)?;
-            scaler.step(&mut opt)?;
-            scaler.update(None)?;
+            let loss = step(model, &mut opt, &mut scaler, (&x, &y), amp, device_type)?;
             loss_sum = loss_sum.add(&loss.detach())?;
             tokens += batch * t;
             global_step += 1;
             done += 1;
-            if done % 10 == 0 {
+            if done % 10 == 0 && !device.is_dry_run() {
                 bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
             }
             bar.inc(1);
         }
         device.synchronize()?;
         let secs = started.elapsed().as_secs_f64();
-        let loss = loss_sum.item::<f32>()? / done.max(1) as f32;
-        bar.finish_with_message(format!("loss {loss:.4}"));
+        // A dry run has no values to show.
+        let loss = match device.is_dry_run() {
+            true => "(dry run)".to_string(),
+            false => format!("{:.4}", loss_sum.item::<f32>()? / done.max(1) as f32),
+        };
+        bar.finish_with_message(format!("loss {loss}"));
         let stats = device.memory_stats();
         let peak = |key: &str| stats.get(key).copied().unwrap_or(0) as u64;
         peak_reserved = peak_reserved.max(peak("reserved_bytes.all.peak"));
         peak_allocated = peak_allocated.max(peak("allocated_bytes.all.peak"));
         println!(
-            "epoch {epoch}: loss {loss:.4}, {:.0} tokens/s | memory_allocated {:.2} MiB, max_memory_allocated {:.2} MiB, memory_reserved {:.2} MiB",
+            "epoch {epoch}: loss {loss}, {:.0} tokens/s | memory_allocated {:.2} MiB, max_memory_allocated {:.2} MiB, memory_reserved {:.2} MiB",
             tokens as f64 / secs,
             mib(device.memory_allocated()),
             mib(device.max_memory_allocated()),
             mib(device.memory_reserved()),
         );
-        if let Some(path) = m.get_one::<PathBuf>("save-checkpoint") {
+        if let Some(path) = m
+            .get_one::<PathBuf>("save-checkpoint")
+            .filter(|_| !device.is_dry_run())
+        {
             let ck = Checkpoint {
                 model: state_dict(model),
                 optimizer: Some(&mut opt),

@@ -8,7 +8,13 @@
 //! input, temporary, activation, gradient, autograd detail; SVG, PNG and PyTorch's JSON).
 //!
 //!     cargo run --release --example resnet_memory -- [--forget-zero-grad] [--out DIR]
-//!         [--device SPEC] [--size 224]
+//!         [--device SPEC] [--size 224] [--plan | --plan-for H100] [--memory-limit 24GiB]
+//!
+//! `--plan` or `--plan-for GPU` runs it as a dry run (no memory, no kernels): the same table,
+//! snapshot and timelines, then the largest batch whose iterations fit.
+
+#[path = "common/plan.rs"]
+mod plan;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks};
@@ -41,7 +47,7 @@ fn mib(bytes: u64) -> f64 {
 
 fn main() -> kiln::Result<()> {
     use clap::{value_parser, Arg, ArgAction, Command};
-    let args = Command::new("resnet_memory")
+    let args = plan::args(Command::new("resnet_memory"))
         .about("ResNet-50 memory scenarios: zero_grad forgotten or set_to_none, snapshot and timelines")
         .arg(
             Arg::new("forget-zero-grad")
@@ -70,10 +76,14 @@ fn main() -> kiln::Result<()> {
         )
         .get_matches();
     let forget = args.get_flag("forget-zero-grad");
-    let device = match args.get_one::<String>("device") {
-        Some(spec) => Device::from_spec(spec)?,
-        None => Device::best()?,
-    };
+    let device = plan::device(
+        &args,
+        || match args.get_one::<String>("device") {
+            Some(spec) => Device::from_spec(spec),
+            None => Device::best(),
+        },
+        None,
+    )?;
     let size = *args.get_one::<u64>("size").expect("has a default") as usize;
     let out = args
         .get_one::<PathBuf>("out")
@@ -212,5 +222,32 @@ fn main() -> kiln::Result<()> {
         stem.display(),
         categories.display()
     );
+    if device.is_dry_run() {
+        // The largest batch whose five iterations fit, each on a fresh model.
+        let (target, budget) = plan::budget(&device)?;
+        let started = std::time::Instant::now();
+        let fit = kiln::device::max_batch_size(&target, Some(budget), 1 << 16, |dev, n| {
+            let model = resnet50(1000, dev)?;
+            let inputs = Tensor::randn(&[n, 3, size, size], DType::F32, dev)?;
+            let labels = kiln::no_grad(|| model.forward(&inputs))?.rand_like()?;
+            let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
+            for _ in 0..5 {
+                let pred = model.forward(&inputs)?;
+                let loss = labels
+                    .mul(&pred.log_softmax(1)?)?
+                    .sum(&[1], false)?
+                    .mean(&[0], false)?
+                    .neg()?;
+                loss.backward()?;
+                drop((pred, loss));
+                optimizer.step()?;
+                if !forget {
+                    optimizer.zero_grad(true)?;
+                }
+            }
+            Ok(())
+        })?;
+        plan::report(&prof.peak_by_category(0), &fit, budget, started);
+    }
     Ok(())
 }

@@ -11,6 +11,12 @@
 //!     cargo run --release --example train -- --save-checkpoint ck.safetensors --resume ck.safetensors
 //!     mpirun -n 2 cargo run --release --features mpi --example train -- --ddp   # one process per GPU
 //!
+//! `--plan` (or `--plan-for GPU`, `--memory-limit SIZE`) runs the same program as a dry run:
+//! no memory, no kernels, the same `memory_summary` at the end, then the peak by category and
+//! the largest batch that fits, in seconds on a machine with no GPU.
+//!
+//!     cargo run --release --example train -- --model cnn --plan-for H100 --batch-size 4096
+//!
 //! With `--ddp`, each rank trains a `DistributedDataParallel` model on its `DistributedSampler`
 //! share of every epoch (the batch size is per rank, as in PyTorch), and rank 0 prints.
 
@@ -29,8 +35,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "common/plan.rs"]
+mod plan;
+
 fn args() -> clap::ArgMatches {
-    Command::new("train")
+    plan::args(Command::new("train"))
         .about("Train a classifier with kiln and print PyTorch's memory numbers")
         .arg(
             Arg::new("device")
@@ -274,8 +283,25 @@ fn main() -> kiln::Result<()> {
     };
     let device = match (&group, chosen) {
         (Some(g), _) => g.device().clone(),
-        (None, Some(d)) => d,
-        (None, None) => Device::best()?,
+        (None, chosen) => plan::device(&m, || chosen.map_or_else(Device::best, Ok), None)?,
+    };
+    let dry = device.is_dry_run();
+    let writes = ["save", "save-checkpoint"];
+    if let Some(w) = writes.iter().find(|w| dry && m.contains_id(w)) {
+        return Err(kiln::Error::InvalidArgument {
+            op: "train --plan",
+            msg: format!(
+                "a dry run computes no values and runs no kernels: --{w} has nothing to write"
+            ),
+        });
+    }
+    plan::record(&device);
+    // The host reads a value (a loss, the accuracy): none in a dry run.
+    let read = |t: &Tensor| -> kiln::Result<f32> {
+        match dry {
+            true => Ok(f32::NAN),
+            false => t.item::<f32>(),
+        }
     };
     let main_rank = group.as_ref().is_none_or(|g| g.rank() == 0);
     let epochs = *m.get_one::<usize>("epochs").expect("default");
@@ -300,6 +326,7 @@ fn main() -> kiln::Result<()> {
             (synthetic_glyphs(n, 1), synthetic_glyphs(n / 5, 2))
         }
     };
+    let (side, classes) = (train.side, train.classes);
     say!(
             main_rank,
         "kiln train: {kind} on {} ({} train / {} test images of {}x{}, {} classes), batch {batch_size}, {epochs} epochs, {optimizer} lr {lr}{}{}",
@@ -548,7 +575,7 @@ fn main() -> kiln::Result<()> {
             global_step += 1;
             loss_sum = loss_sum.add(&loss.detach())?;
             if step % 25 == 24 {
-                bar.set_message(format!("loss {:.4}", loss.item::<f32>()?));
+                bar.set_message(format!("loss {:.4}", read(&loss)?));
             }
             bar.inc(1);
         }
@@ -572,7 +599,7 @@ fn main() -> kiln::Result<()> {
             break;
         }
         let steps = steps - done_before;
-        let train_loss = loss_sum.item::<f32>()? / steps as f32;
+        let train_loss = read(&loss_sum)? / steps as f32;
         bar.finish_with_message(format!("loss {train_loss:.4}"));
         let train_peak = device.max_memory_allocated();
 
@@ -585,7 +612,7 @@ fn main() -> kiln::Result<()> {
                 let pred = forward(&blocks, &x, false)?.argmax(1, false)?;
                 correct = correct.add(&pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?)?;
             }
-            Ok(correct.item::<f32>()? as usize)
+            Ok(read(&correct)? as usize)
         })?;
         say!(
             main_rank,
@@ -630,6 +657,34 @@ fn main() -> kiln::Result<()> {
     }
     say!(main_rank, "");
     say!(main_rank, "{}", device.memory_summary(false));
+    if dry {
+        // The largest batch whose two training steps fit, each on a fresh model.
+        let (target, budget) = plan::budget(&device)?;
+        let started = Instant::now();
+        let fit = kiln::device::max_batch_size(&target, Some(budget), 1 << 20, |dev, b| {
+            let blocks = model(&kind, side, classes, dev)?;
+            let params: Vec<Tensor> = blocks.iter().flat_map(|b| b.parameters()).collect();
+            let mut opt: Box<dyn Optimizer> = match optimizer.as_str() {
+                "adam" => Box::new(Adam::new(params, lr)?),
+                _ => Box::new(Sgd::new(params, lr)?.momentum(0.9)?),
+            };
+            let mut scaler = GradScaler::new().enabled(amp);
+            for _ in 0..2 {
+                let x = Tensor::zeros(&[b, 1, side, side], DType::F32, dev)?;
+                let y = Tensor::zeros(&[b], DType::I32, dev)?;
+                let loss = {
+                    let _amp = autocast(device_type, DType::F16, amp)?;
+                    cross_entropy(&forward(&blocks, &x, use_checkpoint)?, &y)?
+                };
+                opt.zero_grad(true)?;
+                scaler.scale(&loss)?.backward()?;
+                scaler.step(opt.as_mut())?;
+                scaler.update(None)?;
+            }
+            Ok(())
+        })?;
+        plan::report(&plan::peaks(&device), &fit, budget, started);
+    }
     if let (Some(path), true) = (snapshot, main_rank) {
         device.dump_snapshot(path)?;
         // The same trace as a picture, next to it.

@@ -146,7 +146,9 @@ pub mod viz;
 
 pub use autograd::checkpoint;
 pub use base::{Error, Result};
-pub use device::{adapters, AdapterInfo, Device, DeviceBlock, Event, RngState, Transfer};
+pub use device::{
+    adapters, AdapterInfo, Device, DeviceBlock, Event, PlanTarget, RngState, Transfer,
+};
 pub use host::{HostStats, PinnedKind};
 pub use tensor::{enable_grad, inference_mode, no_grad};
 pub use tensor::{DType, Element, Tensor};

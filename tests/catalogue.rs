@@ -42,6 +42,7 @@ fn kind(e: &Error) -> &'static str {
         Error::Io { .. } => "Io",
         Error::InvalidFile { .. } => "InvalidFile",
         Error::Distributed { .. } => "Distributed",
+        Error::DryRun { .. } => "DryRun",
         Error::GpuRequired => "GpuRequired",
     }
 }

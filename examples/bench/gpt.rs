@@ -15,7 +15,7 @@ use std::time::Instant;
 const MIB: f64 = (1 << 20) as f64;
 
 /// The model and batch the suite runs on `dev`: GPT-2 small at batch 8 and T 1024 on GPUs.
-fn sizes(dev: &Device) -> (GptConfig, usize, usize, usize) {
+pub(crate) fn sizes(dev: &Device) -> (GptConfig, usize, usize, usize) {
     match is_software(dev) {
         true => (
             GptConfig {
@@ -35,7 +35,13 @@ fn sizes(dev: &Device) -> (GptConfig, usize, usize, usize) {
 }
 
 /// Token ids in [0, vocab) from a seed, `[b, t]`.
-fn ids(b: usize, t: usize, vocab: usize, seed: u64, dev: &Device) -> kiln::Result<Tensor> {
+pub(crate) fn ids(
+    b: usize,
+    t: usize,
+    vocab: usize,
+    seed: u64,
+    dev: &Device,
+) -> kiln::Result<Tensor> {
     let mut s = seed;
     let v: Vec<i32> = (0..b * t)
         .map(|_| {
@@ -95,7 +101,7 @@ pub fn gpt_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 }
 
 /// A fresh model with its AdamW and GradScaler, made after the cache is emptied.
-struct Run {
+pub(crate) struct Run {
     model: Gpt,
     opt: Adam,
     scaler: GradScaler,
@@ -103,7 +109,7 @@ struct Run {
 }
 
 impl Run {
-    fn new(
+    pub(crate) fn new(
         dev: &Device,
         config: &GptConfig,
         seed: u64,
@@ -126,7 +132,7 @@ impl Run {
 
     /// One step as PyTorch's anchor takes it: zero_grad, forward and loss under autocast, the
     /// scaled backward, the scaler's step and update.
-    fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
+    pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
         self.opt.zero_grad(true)?;
         let loss = {
             let _amp = autocast(DeviceType::Gpu, DType::F16, self.amp)?;

@@ -15,6 +15,7 @@ mod attention;
 mod checks;
 mod gpt;
 mod host;
+mod plan;
 
 use kiln::{DType, Device, Tensor};
 use std::time::Instant;
@@ -670,7 +671,7 @@ fn autotune_rows(dev: &Device, rows: &mut Vec<Row>) {
 }
 
 /// The suites `--suite` takes.
-const SUITES: [&str; 12] = [
+const SUITES: [&str; 13] = [
     "all",
     "attention",
     "gpt",
@@ -683,6 +684,7 @@ const SUITES: [&str; 12] = [
     "transfer",
     "loader",
     "checkpoint",
+    "plan",
 ];
 
 /// What a durable checkpoint costs: ResNet-50's state dict (25,557,032 parameters plus the
@@ -804,6 +806,13 @@ fn main() -> kiln::Result<()> {
                 .value_name("FILE")
                 .help("also write the rows as JSON"),
         )
+        .arg(
+            clap::Arg::new("plan-for")
+                .long("plan-for")
+                .value_name("GPU")
+                .default_value("H100")
+                .help("the known GPU the plan suite's GPT-2 124M dry run plans for"),
+        )
         .get_matches();
     let text = |name: &str| cli.get_one::<String>(name).cloned();
     let adapter = text("adapter").unwrap_or_else(|| "all".into());
@@ -858,7 +867,13 @@ fn main() -> kiln::Result<()> {
         if suite == "all" || suite == "checkpoint" {
             checkpoint_suite(dev, &mut rows)?;
         }
+        if (suite == "all" || suite == "plan") && !dev.is_cpu() {
+            plan::plan_suite(dev, &mut rows)?;
+        }
         autotune_rows(dev, &mut rows);
+    }
+    if suite == "all" || suite == "plan" {
+        plan::named_rows(&text("plan-for").unwrap_or_default(), &mut rows)?;
     }
     println!(
         "{:<50} {:<8} {:<36} {:>12}",

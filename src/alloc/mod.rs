@@ -31,8 +31,8 @@ mod stats;
 mod summary;
 mod vaspace;
 
-pub use crate::base::format_size;
 pub use crate::base::OutOfMemory;
+pub use crate::base::{format_size, parse_size};
 pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 pub use category::{
     backward_scope, op_is_open, op_scope, outer_op, BackwardScope, MemoryCategory, OpScope,

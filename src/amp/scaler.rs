@@ -395,6 +395,11 @@ fn read_found(state: &mut OptimizerState) -> Result<f64> {
         return Ok(f);
     }
     let mut sum = 0.0;
+    // A dry run reads no values: it takes the ordinary path, a step with finite gradients
+    // (Note [Dry runs]).
+    if state.found_inf.iter().any(|f| f.device().is_dry_run()) {
+        return Ok(sum);
+    }
     for flag in &state.found_inf {
         sum += flag.item::<f32>()? as f64;
     }

@@ -211,6 +211,15 @@ pub enum Error {
         msg: String,
     },
 
+    /// A value read on a planning device, where nothing is computed (Note [Dry runs]).
+    #[error("{op}: a dry run computes no values, so {what} cannot be read (read values on a real device; a dry run plans memory)")]
+    DryRun {
+        /// The op that read.
+        op: &'static str,
+        /// What it read.
+        what: String,
+    },
+
     /// `KILN_REQUIRE_GPU=1` is set and no GPU adapter (software ones count) was found.
     #[error("KILN_REQUIRE_GPU is set but wgpu found no GPU adapter")]
     GpuRequired,

@@ -33,7 +33,7 @@ pub(crate) use dtype::expect_dtype;
 pub use dtype::{DType, Element};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use error::{Error, Result};
-pub use format::format_size;
+pub use format::{format_size, parse_size};
 pub(crate) use fs::{io_error, write_atomic, write_atomic_with};
 pub use oom::OutOfMemory;
 

@@ -13,6 +13,8 @@ use std::sync::Arc;
 pub(crate) enum Mem {
     Host(HostSegment),
     Gpu(wgpu::Buffer),
+    /// A planning device's block: a size in its allocator, with no memory behind it.
+    Planned,
     /// A block of a GPU's pinned pool: host memory (the block's device is the GPU's CPU
     /// device) that the GPU copies to or from without an extra host copy.
     Pinned {
@@ -61,6 +63,10 @@ impl DeviceBlock {
                     None => (0, 0, 0, None),
                 }
             }
+            Backend::Plan(p) => match lock(&p.alloc).malloc(size_bytes, 0)? {
+                Some(b) => (b.addr, b.offset, b.size, Some(Mem::Planned)),
+                None => (0, 0, 0, None),
+            },
         };
         Ok(DeviceBlock {
             device: device.clone(),
@@ -79,6 +85,11 @@ impl DeviceBlock {
         size_bytes: u64,
         kind: PinnedKind,
     ) -> Result<DeviceBlock> {
+        if let Backend::Plan(p) = &gpu.0.backend {
+            // A dry run's pinned tensors are plain host memory of its CPU device: what the
+            // host holds is real data (a loader's batches), and no copy runs.
+            return DeviceBlock::allocate(&p.host_device, size_bytes);
+        }
         let Some(g) = gpu.gpu() else {
             return Err(Error::InvalidArgument {
                 op: "pin_memory",
@@ -121,7 +132,7 @@ impl DeviceBlock {
     /// Marks what the block holds, for the categorised memory timeline (where its current
     /// category yields: `MemoryCategory::yields_to`).
     pub(crate) fn set_category(&self, category: MemoryCategory) {
-        if matches!(self.mem, Some(Mem::Gpu(_) | Mem::Host(_))) {
+        if matches!(self.mem, Some(Mem::Gpu(_) | Mem::Host(_) | Mem::Planned)) {
             with_alloc!(self.device, a => a.set_category(self.addr, category));
         }
     }
@@ -193,6 +204,20 @@ impl DeviceBlock {
         Ok(())
     }
 
+    /// Whether the block fits one storage binding of `max_binding_bytes` (a planning
+    /// device's launch checks what the target's would).
+    pub(crate) fn check_bindable(&self, max_binding_bytes: u64) -> Result<()> {
+        if self.size > max_binding_bytes {
+            return Err(Error::TooLarge {
+                op: "bind",
+                size_bytes: self.size,
+                limit_bytes: max_binding_bytes,
+                what: "a tensor larger than one storage binding",
+            });
+        }
+        Ok(())
+    }
+
     /// The whole block as a storage binding, refused past the device's binding limit.
     pub(crate) fn binding(&self, max_binding_bytes: u64) -> Result<wgpu::BufferBinding<'_>> {
         let Some(Mem::Gpu(buffer)) = &self.mem else {
@@ -223,12 +248,12 @@ impl DeviceBlock {
         self.host_address().ok().flatten()
     }
 
-    /// Sets every 32-bit word of a host (or pinned) block to `value`. Returns `Ok(false)` for
-    /// GPU memory, which the fill kernel sets instead (`DeviceBlock::fill_u32` in
+    /// Sets every 32-bit word of a host (or pinned) block to `value` (a planning device's block
+    /// has nothing to set). Returns `Ok(false)` for GPU memory, which the fill kernel sets instead (`DeviceBlock::fill_u32` in
     /// `kernels/fill.rs`: the device layer provides memory, the kernels layer launches).
     pub(crate) fn fill_host_u32(&self, value: u32) -> Result<bool> {
         let Some(Mem::Host(_) | Mem::Pinned { .. }) = &self.mem else {
-            return Ok(self.mem.is_none());
+            return Ok(matches!(self.mem, None | Some(Mem::Planned)));
         };
         let Some(ptr) = self.host_address()? else {
             return Ok(true);
@@ -265,7 +290,8 @@ impl DeviceBlock {
             return Ok(());
         }
         match (&self.mem, self.device.gpu()) {
-            (None, _) => Ok(()),
+            // A dry run drops writes: nothing reads them back.
+            (None | Some(Mem::Planned), _) => Ok(()),
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
                     return Err(Error::InvalidArgument {
@@ -307,6 +333,10 @@ impl DeviceBlock {
         }
         match (&self.mem, self.device.gpu()) {
             (None, _) => Ok(()),
+            (Some(Mem::Planned), _) => Err(Error::DryRun {
+                op: "read",
+                what: format!("{} bytes of a tensor on {}", dst.len(), self.device.name()),
+            }),
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 g.check("read")?;
                 transfer::download(g, buffer, self.offset + offset, dst)

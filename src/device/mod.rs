@@ -13,6 +13,8 @@
 //!   segments]); `side_queue.rs`: the opt-in side queue for staging copies (two queues of a
 //!   transfer-only family that `sparse.rs` opens with the device, gated on wgpu's queue through a
 //!   timeline semaphore; Note [Side queue]).
+//! - `plan.rs`: planning devices for dry runs (`PlanTarget`, the source that lends sizes,
+//!   `max_batch_size`; Note [Dry runs]).
 //! - `pinned.rs`: pinned staging buffers and their source; `transfer.rs`: staged pageable copies,
 //!   events and `Transfer`; `block.rs`: `DeviceBlock` and its raw operations (write, read, host
 //!   fills; the GPU fill is a kernel).
@@ -29,6 +31,7 @@ pub(crate) mod gpu;
 pub(crate) mod kernel_timer;
 mod memory;
 pub(crate) mod pinned;
+mod plan;
 pub(crate) mod serial;
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 pub(crate) mod side_queue;
@@ -42,6 +45,7 @@ mod wgpu_source;
 pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
 pub use kernel_timer::KernelEntry;
+pub use plan::{max_batch_size, BatchFit, PlanTarget};
 pub use timer::gpu_time;
 pub use transfer::{Event, Transfer};
 
@@ -75,6 +79,13 @@ pub struct RngState {
     pub offset: u64,
 }
 
+/// What `Device::launch_slot` gives the launch path: its slot, the adapter, the tuning file.
+pub(crate) type LaunchSlot<'a> = (
+    &'a std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    &'a AdapterInfo,
+    Option<&'a std::path::Path>,
+);
+
 /// A device: cheap to clone, shared by the tensors on it.
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
@@ -93,6 +104,8 @@ enum Backend {
     Cpu(Box<Mutex<CachingAllocator<HostSource>>>),
     /// Dropped by hand, under the GL lock where the device is a GL one (`Drop for Inner`).
     Gpu(std::mem::ManuallyDrop<Box<GpuDevice>>),
+    /// A planning device: a GPU's allocator with no memory and no kernels (Note [Dry runs]).
+    Plan(Box<plan::PlanDevice>),
 }
 
 impl Drop for Inner {
@@ -119,6 +132,11 @@ macro_rules! with_alloc {
             Backend::Gpu(g) => {
                 #[allow(unused_mut)]
                 let mut $a = lock(&g.alloc);
+                $body
+            }
+            Backend::Plan(p) => {
+                #[allow(unused_mut)]
+                let mut $a = lock(&p.alloc);
                 $body
             }
         }
@@ -285,6 +303,7 @@ impl Device {
         match &self.0.backend {
             Backend::Cpu(_) => "cpu".into(),
             Backend::Gpu(g) => format!("{} ({})", self.0.spec, g.info.name),
+            Backend::Plan(p) => format!("{} ({}, dry run)", self.0.spec, p.info.name),
         }
     }
 
@@ -298,6 +317,63 @@ impl Device {
         match &self.0.backend {
             Backend::Cpu(_) => None,
             Backend::Gpu(g) => Some(&g.info),
+            Backend::Plan(p) => Some(&p.info),
+        }
+    }
+
+    /// A planning device for `target` (Note [Dry runs]): the program runs on it as on the
+    /// target, through the same caching allocator with the target's settings, while no memory
+    /// is allocated and no kernel runs. Every memory tool (`memory_stats`, `memory_summary`,
+    /// snapshots, the profiler's timeline) reads it as a real device; reading a tensor's values
+    /// is `Error::DryRun`.
+    ///
+    /// ```
+    /// use kiln::{DType, Device, PlanTarget, Tensor};
+    /// # fn main() -> kiln::Result<()> {
+    /// let plan = Device::planning(PlanTarget::named("H100")?)?;
+    /// let x = Tensor::zeros(&[8192, 50257], DType::F32, &plan)?; // 1.5 GiB, never allocated
+    /// assert_eq!(plan.memory_allocated(), 1_646_821_376);
+    /// assert!(matches!(x.to_vec::<f32>(), Err(kiln::Error::DryRun { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn planning(target: PlanTarget) -> Result<Device> {
+        Ok(Device(Arc::new(Inner {
+            spec: format!("plan:{}", target.info.spec),
+            backend: Backend::Plan(Box::new(plan::PlanDevice::new(target)?)),
+            rng: Mutex::new((DEFAULT_SEED, 0)),
+        })))
+    }
+
+    /// A planning device for this GPU as it is now (`PlanTarget::like`): its adapter, memory,
+    /// allocator settings and memory limit.
+    pub fn planning_twin(&self) -> Result<Device> {
+        Self::planning(PlanTarget::like(self)?)
+    }
+
+    /// Whether this is a planning device: a dry run, where nothing is allocated or computed.
+    pub fn is_dry_run(&self) -> bool {
+        matches!(self.0.backend, Backend::Plan(_))
+    }
+
+    /// Whether f16 products may take the adapter's tensor cores (a GPU that opened them, or a
+    /// planning device whose target has them), with the adapter's info.
+    pub(crate) fn coop_f16_target(&self) -> Option<&AdapterInfo> {
+        match &self.0.backend {
+            Backend::Gpu(g) if g.coop_f16 => Some(&g.info),
+            Backend::Plan(p) if p.coop_f16 => Some(&p.info),
+            _ => None,
+        }
+    }
+
+    /// The slot a GPU or planning device keeps for the launch path's state (`kernels` reads
+    /// it), with the adapter whose kernels it holds and the tuning cache file its tuner reads
+    /// (`None`: the user's).
+    pub(crate) fn launch_slot(&self) -> Option<LaunchSlot<'_>> {
+        match &self.0.backend {
+            Backend::Cpu(_) => None,
+            Backend::Gpu(g) => Some((&g.launch_state, &g.info, None)),
+            Backend::Plan(p) => Some((&p.launch_state, &p.info, p.tuning.as_deref())),
         }
     }
 
@@ -322,7 +398,7 @@ impl Device {
     pub(crate) fn gpu(&self) -> Option<&GpuDevice> {
         match &self.0.backend {
             Backend::Gpu(g) => Some(&***g),
-            Backend::Cpu(_) => None,
+            Backend::Cpu(_) | Backend::Plan(_) => None,
         }
     }
 

@@ -42,17 +42,34 @@ fn uniform_scratch(g: &GpuDevice) -> &wgpu::Buffer {
 
 /// The device's launch state, in the slot the device keeps for the launch path (made on first
 /// use, when the tuner reads the cache file; nothing else fills that slot).
-pub(super) fn launch_state(g: &GpuDevice) -> &LaunchState {
-    g.launch_state
-        .get_or_init(|| {
-            Box::new(LaunchState {
-                pipelines: Mutex::new(KernelCache::default()),
-                tuner: Mutex::new(tune::Tuner::new(&g.info)),
-                scratch: std::sync::OnceLock::new(),
-            })
+fn launch_state(g: &GpuDevice) -> &LaunchState {
+    launch_state_in(&g.launch_state, &g.info, None)
+}
+
+/// The launch state of a GPU or planning device (a planning device's holds only the tuner's
+/// records for its target's adapter); `None` for the CPU device.
+pub(super) fn launch_state_of(device: &crate::device::Device) -> Option<&LaunchState> {
+    device
+        .launch_slot()
+        .map(|(slot, info, tuning)| launch_state_in(slot, info, tuning))
+}
+
+type Slot = std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>;
+
+fn launch_state_in<'a>(
+    slot: &'a Slot,
+    info: &crate::device::AdapterInfo,
+    tuning: Option<&std::path::Path>,
+) -> &'a LaunchState {
+    slot.get_or_init(|| {
+        Box::new(LaunchState {
+            pipelines: Mutex::new(KernelCache::default()),
+            tuner: Mutex::new(tune::Tuner::new(info, tuning)),
+            scratch: std::sync::OnceLock::new(),
         })
-        .downcast_ref()
-        .expect("the launch-state slot holds the launch state")
+    })
+    .downcast_ref()
+    .expect("the launch-state slot holds the launch state")
 }
 
 /// The device's pipeline cache.
@@ -60,10 +77,13 @@ pub(crate) fn pipelines(g: &GpuDevice) -> &Mutex<KernelCache> {
     &launch_state(g).pipelines
 }
 
-/// Whether f16 products may run on tensor cores: the device opened cooperative matrices and
-/// the default tile's staging fits the adapter's workgroup memory.
-pub(crate) fn coop_f16(g: &GpuDevice) -> bool {
-    g.coop_f16 && CoopTile::DEFAULT.valid(g.info.limits.max_compute_workgroup_storage_size)
+/// Whether f16 products may run on tensor cores (the device opened cooperative matrices, or
+/// a planning device's target has them, and the default tile's staging fits the adapter's
+/// workgroup memory), with the adapter's info.
+pub(crate) fn coop_f16(device: &crate::device::Device) -> Option<&crate::device::AdapterInfo> {
+    device
+        .coop_f16_target()
+        .filter(|i| CoopTile::DEFAULT.valid(i.limits.max_compute_workgroup_storage_size))
 }
 
 /// Pipelines and layouts of one device, created on first use.
@@ -163,15 +183,13 @@ pub(crate) fn launch(
     launch_wg(kernel, blocks, immediates, threads, WORKGROUP)
 }
 
-/// The GPU a launch runs on: its first block's (kiln's ops launch only on GPU devices, with
-/// at least one block).
-fn gpu_of<'a>(blocks: &[&'a DeviceBlock]) -> &'a crate::device::gpu::GpuDevice {
+/// The device a launch runs on: its first block's (kiln's ops launch only on GPU and
+/// planning devices, with at least one block).
+fn device_of<'a>(blocks: &[&'a DeviceBlock]) -> &'a crate::device::Device {
     blocks
         .first()
         .expect("a kernel binds at least one block")
         .device()
-        .gpu()
-        .expect("launch is for GPU devices")
 }
 
 /// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
@@ -182,8 +200,9 @@ pub(crate) fn launch_wg(
     threads: u64,
     workgroup: u32,
 ) -> Result<()> {
-    let max = gpu_of(blocks)
-        .info
+    let max = device_of(blocks)
+        .adapter_info()
+        .expect("launch is for GPU and planning devices")
         .limits
         .max_compute_workgroups_per_dimension;
     let (x, y) = grid_of(threads, workgroup, max);
@@ -229,9 +248,11 @@ fn launch_bound(
     immediates: &[u32],
     groups: (u32, u32, u32),
 ) -> Result<()> {
-    let g = gpu_of(blocks);
-    g.check("launch")?;
-    let limits = &g.info.limits;
+    let device = device_of(blocks);
+    let limits = &device
+        .adapter_info()
+        .expect("launch is for GPU and planning devices")
+        .limits;
     let (x, y, z) = groups;
     if [x, y, z]
         .iter()
@@ -244,6 +265,14 @@ fn launch_bound(
             what: "too many workgroups for one dispatch",
         });
     }
+    let Some(g) = device.gpu() else {
+        // A dry run: the target's checks, and no dispatch (Note [Dry runs]).
+        for b in blocks.iter().chain(uniform.as_ref().map(|u| &u.0)) {
+            b.check_bindable(limits.max_storage_buffer_binding_size)?;
+        }
+        return Ok(());
+    };
+    g.check("launch")?;
     let mut bindings = blocks
         .iter()
         .map(|b| b.binding(limits.max_storage_buffer_binding_size))

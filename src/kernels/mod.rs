@@ -28,7 +28,7 @@ pub use attention::{FlashAttnKernel, FlashPass, FLASH_HEAD_DIMS};
 pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
-use launch::launch_state;
+use launch::launch_state_of;
 pub(crate) use launch::{
     coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines,
     UNIFORM_SCRATCH,

@@ -167,7 +167,9 @@ pub(crate) struct Tuner {
 }
 
 impl Tuner {
-    pub(crate) fn new(info: &crate::device::AdapterInfo) -> Self {
+    /// The tuner of `info`'s adapter, with its records from the cache file (`path`, else the
+    /// user's: `cache_path`).
+    pub(crate) fn new(info: &crate::device::AdapterInfo, path: Option<&std::path::Path>) -> Self {
         let adapter = format!(
             "{} | {:?} | {} | {} | kiln {} | kernels {}",
             info.name,
@@ -177,7 +179,11 @@ impl Tuner {
             env!("CARGO_PKG_VERSION"),
             env!("KILN_KERNEL_HASH")
         );
-        let mut records = read_cache()
+        let file = match path {
+            Some(p) => read_cache_at(p),
+            None => read_cache(),
+        };
+        let mut records = file
             .and_then(|mut c| c.adapters.remove(&adapter))
             .unwrap_or_default();
         for r in records.values_mut() {
@@ -211,7 +217,12 @@ pub fn cache_path() -> Option<PathBuf> {
 /// The cache file's contents; `None` when absent, unreadable or of another format (the file is
 /// a cache: anything wrong with it means measuring again, never an error).
 fn read_cache() -> Option<CacheFile> {
-    let bytes = std::fs::read(cache_path()?).ok()?;
+    read_cache_at(&cache_path()?)
+}
+
+/// `read_cache` of the file at `path`.
+fn read_cache_at(path: &std::path::Path) -> Option<CacheFile> {
+    let bytes = std::fs::read(path).ok()?;
     let file: CacheFile = serde_json::from_slice(&bytes).ok()?;
     (file.format == FORMAT).then_some(file)
 }
@@ -255,25 +266,23 @@ fn superseded(other: &str, adapter: &str) -> bool {
 
 /// Every choice `device` holds (tuned in this process or read from the cache file).
 pub fn tuned(device: &Device) -> Vec<TuneRecord> {
-    match device.gpu() {
-        Some(g) => crate::device::lock(tuner(g))
-            .records
-            .values()
-            .cloned()
-            .collect(),
+    match tuner(device) {
+        Some(t) => crate::device::lock(t).records.values().cloned().collect(),
         None => Vec::new(),
     }
 }
 
 /// Forgets `device`'s choices in memory (the cache file stays): the next use measures again.
 pub fn forget(device: &Device) {
-    if let Some(g) = device.gpu() {
-        crate::device::lock(tuner(g)).records.clear();
+    if let Some(t) = tuner(device) {
+        crate::device::lock(t).records.clear();
     }
 }
 
-fn tuner(g: &crate::device::gpu::GpuDevice) -> &Mutex<Tuner> {
-    &super::launch_state(g).tuner
+/// The tuner of a GPU or planning device (a planning device's holds its target adapter's
+/// records from the cache file); `None` for the CPU device.
+fn tuner(device: &Device) -> Option<&Mutex<Tuner>> {
+    super::launch_state_of(device).map(|s| &s.tuner)
 }
 
 /// Whether `device` is a CPU adapter (lavapipe, GL's llvmpipe). There a workgroup runs on one
@@ -355,7 +364,7 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
     if let Some(v) = forced(family).and_then(|name| named(candidates, &name)) {
         return Ok(v);
     }
-    let Some(g) = device.gpu() else {
+    let Some(t) = tuner(device) else {
         return Ok(default);
     };
     if candidates.len() == 1 || work < MIN_WORK || autotune() == Autotune::Off {
@@ -363,8 +372,13 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
     }
     let key = key();
     let id = format!("{family}/{key}");
-    if let Some(v) = winner(g, &id, candidates) {
+    if let Some(v) = winner(t, &id, candidates) {
         return Ok(v);
+    }
+    if device.is_dry_run() {
+        // Nothing to time: the target adapter's remembered choice or the default, as a
+        // tuned process would run (Note [Dry runs]).
+        return Ok(default);
     }
     // The work queued before the op (on llvmpipe with its kernels' compilation, at their first
     // dispatch) is not the tuning's: the clock starts once it is done.
@@ -433,7 +447,7 @@ fn choose<V: Copy + PartialEq, P: FnMut(V) -> Result<()>>(
         from_cache: false,
     };
     let adapter = {
-        let mut t = crate::device::lock(tuner(g));
+        let mut t = crate::device::lock(t);
         t.records.insert(id.clone(), record.clone());
         t.adapter.clone()
     };
@@ -482,9 +496,9 @@ pub(crate) fn remembered<V: Copy + PartialEq>(
     if let Some(v) = forced(family).and_then(|name| named(candidates, &name)) {
         return v;
     }
-    match device.gpu() {
-        Some(g) if autotune() != Autotune::Off => {
-            winner(g, &format!("{family}/{}", key()), candidates)
+    match tuner(device) {
+        Some(t) if autotune() != Autotune::Off => {
+            winner(t, &format!("{family}/{}", key()), candidates)
         }
         _ => None,
     }
@@ -505,12 +519,8 @@ fn forced(family: &str) -> Option<String> {
 /// Only records from the file are checked: one key's candidates can differ from call to call
 /// (a transpose offers `words` only where its sides are multiples of 4), and a record this
 /// process measured would otherwise be measured again at every alternation.
-fn winner<V: Copy>(
-    g: &crate::device::gpu::GpuDevice,
-    id: &str,
-    candidates: &[(V, &'static str)],
-) -> Option<V> {
-    let tuner = crate::device::lock(tuner(g));
+fn winner<V: Copy>(tuner: &Mutex<Tuner>, id: &str, candidates: &[(V, &'static str)]) -> Option<V> {
+    let tuner = crate::device::lock(tuner);
     let record = tuner.records.get(id)?;
     if record.from_cache {
         let offered = |name: &str| match record.offered.is_empty() {

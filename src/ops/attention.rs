@@ -466,12 +466,9 @@ impl Bound {
         let mask = mask.map(|m| full_mask(m, plan, &q)).transpose()?;
         let imm = params((&q, &k, &v), mask.as_ref(), plan, rng)?;
         let rows = plan.lead.iter().product();
-        let coop_limit = q
-            .device()
-            .gpu()
-            .filter(|g| crate::kernels::coop_f16(g) && !simt_forced())
-            .filter(|_| rows_of_eight((&q, &k, &v), plan))
-            .map(|g| g.info.limits.max_compute_workgroup_storage_size);
+        let coop_limit = crate::kernels::coop_f16(q.device())
+            .filter(|_| !simt_forced() && rows_of_eight((&q, &k, &v), plan))
+            .map(|info| info.limits.max_compute_workgroup_storage_size);
         Ok(Bound {
             q,
             k,

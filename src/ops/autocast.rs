@@ -53,6 +53,9 @@ struct CachedCast {
     source: Tensor,
     version: u64,
     cast: Tensor,
+    /// Order of insertion: the cache frees in this order when the region ends, so that the
+    /// allocator sees the same frees run after run (a dry run plans what the real run does).
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -65,6 +68,8 @@ struct State {
     nesting: usize,
     /// Casts of leaf tensors that require grad (weights), by their autograd meta and dtype.
     cache: HashMap<(usize, DType), CachedCast>,
+    /// Casts cached so far (each one's `seq`).
+    inserted: u64,
     /// Inside an op that autocast already handled, or inside backward: no casting.
     suspended: usize,
 }
@@ -160,7 +165,11 @@ impl Drop for AutocastGuard {
                 _ => HashMap::new(),
             }
         });
-        drop(freed);
+        let mut freed: Vec<CachedCast> = freed.into_values().collect();
+        freed.sort_by_key(|c| c.seq);
+        for cast in freed {
+            drop(cast);
+        }
     }
 }
 
@@ -240,12 +249,16 @@ fn cached_cast(op: &'static str, t: &Tensor, dtype: DType) -> Result<Tensor> {
         to_dtype(t, dtype)?
     };
     let stale = STATE.with(|s| {
-        s.borrow_mut().cache.insert(
+        let mut s = s.borrow_mut();
+        let seq = s.inserted;
+        s.inserted += 1;
+        s.cache.insert(
             key,
             CachedCast {
                 source: t.clone(),
                 version: t.version(),
                 cast: cast.clone(),
+                seq,
             },
         )
     });

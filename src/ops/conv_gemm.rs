@@ -234,10 +234,10 @@ pub(super) fn forward_coop(
     g: &Geometry,
 ) -> Result<Option<Tensor>> {
     const OP: &str = "conv2d";
-    let Some(gpu) = x.device().gpu().filter(|d| crate::kernels::coop_f16(d)) else {
+    let Some(info) = crate::kernels::coop_f16(x.device()) else {
         return Ok(None);
     };
-    let shared = gpu.info.limits.max_compute_workgroup_storage_size;
+    let shared = info.limits.max_compute_workgroup_storage_size;
     if x.dtype() != DType::F16 || g.p.groups != 1 || forced().direct {
         return Ok(None);
     }

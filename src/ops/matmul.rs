@@ -113,7 +113,7 @@ fn coop_split(
     [m, n, k]: [usize; 3],
     bias: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
-    let Some(g) = a.device().gpu().filter(|g| crate::kernels::coop_f16(g)) else {
+    let Some(info) = crate::kernels::coop_f16(a.device()) else {
         return Ok(None);
     };
     if a.dtype() != DType::F16 || a.rank() != 2 || b.rank() != 2 {
@@ -127,7 +127,7 @@ fn coop_split(
         a_t: a.strides()[1] != 1,
         b_t: b.strides()[1] != 1,
     };
-    let shared = g.info.limits.max_compute_workgroup_storage_size;
+    let shared = info.limits.max_compute_workgroup_storage_size;
     let tiles = CoopTile::for_layout(layout, m.div_ceil(128) * n.div_ceil(128));
     let Some(t) = tiles
         .iter()

@@ -17,7 +17,7 @@ pub(super) fn coop_tile(
     s: [usize; 6],
 ) -> Option<(CoopTile, CoopLayout, usize, usize)> {
     let [sam, sak, sbk, sbn, sab, sbb] = s;
-    let g = a.device().gpu().filter(|g| crate::kernels::coop_f16(g))?;
+    let info = crate::kernels::coop_f16(a.device())?;
     // Row-major where the inner stride is 1, else transposed where the outer one is.
     let (a_t, lda) = match (sak, sam) {
         (1, ld) => (false, ld),
@@ -38,7 +38,7 @@ pub(super) fn coop_tile(
         return None;
     }
     let layout = CoopLayout { a_t, b_t };
-    let shared = g.info.limits.max_compute_workgroup_storage_size;
+    let shared = info.limits.max_compute_workgroup_storage_size;
     let tiles = m.div_ceil(128) * n.div_ceil(128) * batch;
     let tile = *CoopTile::for_layout(layout, tiles).iter().find(|t| {
         m % t.block_m() as usize == 0

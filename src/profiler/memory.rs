@@ -121,6 +121,31 @@ pub(super) fn records(
     out
 }
 
+/// Memory by category at the highest total of `records` (in time order), taken allocation by
+/// allocation rather than from the coalesced timeline, where an allocation and a free in one
+/// microsecond (as a dry run makes them) would hide a peak: each category with its bytes, in
+/// PyTorch's order.
+fn peak_of<'a>(records: impl Iterator<Item = &'a MemoryRecord>) -> Vec<(MemoryCategory, i64)> {
+    let (mut now, mut peak) = ([0i64; 8], [0i64; 8]);
+    for r in records {
+        now[r.category.index()] += r.bytes;
+        if now.iter().sum::<i64>() > peak.iter().sum::<i64>() {
+            peak = now;
+        }
+    }
+    MemoryCategory::ALL
+        .iter()
+        .map(|&c| (c, peak[c.index()]))
+        .collect()
+}
+
+/// A device's memory by category at its highest total, from a snapshot whose trace was
+/// recorded from the start (`record_memory_history` before the first allocation counted; the
+/// ring must hold the whole run): what a dry run reports without a profiler around it.
+pub fn peak_by_category(snapshot: &Snapshot) -> Vec<(MemoryCategory, i64)> {
+    peak_of(records(0, &HashMap::new(), 0, snapshot).iter())
+}
+
 /// A device's memory by category over time, as PyTorch's `_coalesce_timeline` returns it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MemoryTimeline {
@@ -165,6 +190,12 @@ impl Profile {
             row[r.category.index() + 1] += r.bytes;
         }
         tl
+    }
+
+    /// Device `device`'s memory by category at its highest total (`peak_of`); empty unless
+    /// profiled with `profile_memory`.
+    pub fn peak_by_category(&self, device: usize) -> Vec<(MemoryCategory, i64)> {
+        peak_of(self.memory.iter().filter(|r| r.device == device))
     }
 
     /// Writes the first profiled device's categorised memory timeline, chosen by the path's

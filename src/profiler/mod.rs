@@ -12,7 +12,7 @@
 mod memory;
 mod report;
 
-pub use memory::{MemoryRecord, MemoryTimeline};
+pub use memory::{peak_by_category, MemoryRecord, MemoryTimeline};
 pub use report::{Averages, KeyAverages};
 
 use crate::alloc::{push_scope, HistoryContext, HistoryEnabled, HistoryStacks, ScopeGuard};

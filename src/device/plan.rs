@@ -1,0 +1,426 @@
+//! Planning devices: a GPU's caching allocator with no memory behind it and no kernel run, for
+//! dry runs that tell, before a job starts, what it will allocate. Note [Dry runs].
+//!
+//! A planning device stands for a target: a real device of this machine (`PlanTarget::like`)
+//! or a GPU named in kiln's table of known adapters (`PlanTarget::named`). Ops take the path
+//! they would take on the target (its limits, its f16 and tensor-core kernels, the tuner's
+//! remembered choices for its adapter), allocate through the same allocator code with the
+//! target's settings, and record nothing: writes are dropped and reads are `Error::DryRun`.
+
+use super::adapters::{AdapterInfo, KilnFeatures, KilnLimits};
+use super::{lock, with_alloc, Backend, Device};
+use crate::alloc::{AllocatorConfig, CachingAllocator, MemInfo, SegmentSource, SourceError};
+use crate::{Error, Result};
+use std::sync::Mutex;
+
+/// What a dry run plans for: the adapter its ops choose kernels for, the memory its allocator
+/// may reserve, and the allocator's settings.
+#[derive(Clone, Debug)]
+pub struct PlanTarget {
+    /// The adapter whose kernels the ops choose (limits, features, the tuner's records).
+    pub info: AdapterInfo,
+    /// Whether f16 products take tensor cores (cooperative matrices) there.
+    pub coop_f16: bool,
+    /// Device memory the source lends before it reports out-of-memory (the capacity of the
+    /// GPU; `None`: unlimited).
+    pub capacity: Option<u64>,
+    /// The largest segment one buffer may be (`max_buffer_size`).
+    pub max_segment: u64,
+    /// Why expandable segments cannot be mapped there (`None`: they can).
+    pub expandable_unsupported: Option<String>,
+    /// How out-of-memory reports name the device.
+    pub describe: String,
+    /// The allocator's settings (`KILN_ALLOC_CONF` of the target run).
+    pub config: AllocatorConfig,
+    /// `set_memory_limit`'s cap on reserved memory.
+    pub memory_limit: Option<u64>,
+    /// The tuning cache file whose choices the ops follow (an `autotune.json` copied from the
+    /// target machine, whose kernels kiln tuned there); `None`: this machine's
+    /// (`kernels::tune::cache_path`). A tuned choice can allocate (a transposed copy of an
+    /// operand), so a plan for another machine is exact with that machine's file.
+    pub tuning: Option<std::path::PathBuf>,
+}
+
+impl PlanTarget {
+    /// The target `device` is: its adapter and tensor-core switch, its memory, its allocator's
+    /// settings and memory limit as they are now (a planning device's: its own target's). For
+    /// the CPU device, an error.
+    pub fn like(device: &Device) -> Result<PlanTarget> {
+        let (info, coop_f16, tuning) = match &device.0.backend {
+            Backend::Gpu(g) => (g.info.clone(), g.coop_f16, None),
+            Backend::Plan(p) => (p.info.clone(), p.coop_f16, p.tuning.clone()),
+            Backend::Cpu(_) => {
+                return Err(Error::InvalidArgument {
+                    op: "PlanTarget::like",
+                    msg: format!("{} is not a GPU device", device.name()),
+                })
+            }
+        };
+        let (config, memory_limit, capacity, max_segment, expandable_unsupported, describe) = with_alloc!(device, a => {
+            let s = a.source();
+            (
+                a.config().clone(),
+                a.memory_limit(),
+                s.mem_total(),
+                s.max_segment_size(),
+                s.expandable_unsupported(),
+                s.describe(),
+            )
+        });
+        Ok(PlanTarget {
+            info,
+            coop_f16,
+            capacity,
+            max_segment,
+            expandable_unsupported,
+            describe,
+            config,
+            memory_limit,
+            tuning,
+        })
+    }
+
+    /// A GPU from kiln's table of adapters it has run on (`known_targets`), matched by a
+    /// case-insensitive part of its name (`"H100"`, `"h200"`); the allocator settings are
+    /// `KILN_ALLOC_CONF`'s. An error lists the known names when none or several match.
+    pub fn named(name: &str) -> Result<PlanTarget> {
+        let want = name.trim().to_ascii_lowercase();
+        let known = known_targets();
+        let found: Vec<&KnownTarget> = known
+            .iter()
+            .filter(|k| k.name.to_ascii_lowercase().contains(&want))
+            .collect();
+        let names = || known.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
+        match found.as_slice() {
+            [one] => Ok(one.target(AllocatorConfig::from_env()?)),
+            [] => Err(Error::NoSuchDevice {
+                spec: name.into(),
+                msg: format!("no known GPU matches; known: {}", names()),
+            }),
+            _ => Err(Error::NoSuchDevice {
+                spec: name.into(),
+                msg: format!(
+                    "several known GPUs match: {}",
+                    found.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// The same target with `config` as its allocator's settings.
+    pub fn with_config(mut self, config: AllocatorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The same target with its ops following the tuned choices in `path` (an `autotune.json`
+    /// from the target machine).
+    pub fn with_tuning_cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tuning = Some(path.into());
+        self
+    }
+
+    /// The same target with reserved memory capped at `limit` bytes (`set_memory_limit`).
+    pub fn with_memory_limit(mut self, limit: Option<u64>) -> Self {
+        self.memory_limit = limit;
+        self
+    }
+}
+
+/// One GPU of kiln's table: what its Vulkan adapter reported on a machine kiln ran on.
+struct KnownTarget {
+    name: &'static str,
+    driver_info: &'static str,
+    memory_bytes: u64,
+    limits: KilnLimits,
+}
+
+/// NVIDIA's Vulkan limits on the data-centre GPUs kiln runs on, as the H200's adapter reported
+/// them (driver 580.159.04, 2026-11-28; `adapters --debug`). The H100's are the same driver's.
+const NVIDIA_LIMITS: KilnLimits = KilnLimits {
+    max_buffer_size: 4_292_870_144,
+    max_storage_buffer_binding_size: 2_147_483_644,
+    min_storage_buffer_offset_alignment: 32,
+    max_storage_buffers_per_shader_stage: 524_288,
+    max_immediate_size: 256,
+    max_compute_workgroups_per_dimension: 65_535,
+    max_compute_invocations_per_workgroup: 1024,
+    max_compute_workgroup_storage_size: 49_152,
+};
+
+/// The GPUs `PlanTarget::named` knows.
+fn known_targets() -> Vec<KnownTarget> {
+    vec![
+        // The device-local heap is the card's whole memory, as `nvidia-smi` gives it (the H200's
+        // heap, 150,754,820,096 bytes, is its 143,771 MiB): the H100 80GB's 81,559 MiB.
+        KnownTarget {
+            name: "NVIDIA H100 80GB HBM3",
+            driver_info: "580.159.04",
+            memory_bytes: 85_520_809_984,
+            limits: NVIDIA_LIMITS,
+        },
+        KnownTarget {
+            name: "NVIDIA H200",
+            driver_info: "580.159.04",
+            memory_bytes: 150_754_820_096,
+            limits: NVIDIA_LIMITS,
+        },
+    ]
+}
+
+impl KnownTarget {
+    fn target(&self, config: AllocatorConfig) -> PlanTarget {
+        let info = AdapterInfo {
+            spec: "vulkan:0".into(),
+            name: self.name.into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            driver: "NVIDIA".into(),
+            driver_info: self.driver_info.into(),
+            features: KilnFeatures {
+                shader_f16: true,
+                timestamp_query: true,
+                timestamp_query_inside_passes: true,
+                subgroups: true,
+                immediates: true,
+                cooperative_matrix: true,
+                sparse_binding: true,
+                shader_int64: true,
+            },
+            limits: self.limits,
+            memory_bytes: Some(self.memory_bytes),
+        };
+        PlanTarget {
+            describe: format!("GPU 0 ({}, Vulkan)", self.name),
+            info,
+            coop_f16: true,
+            capacity: Some(self.memory_bytes),
+            max_segment: self.limits.max_buffer_size,
+            expandable_unsupported: None,
+            config,
+            memory_limit: None,
+            tuning: None,
+        }
+    }
+}
+
+/// A planning device's state: the target and an allocator over a source that lends sizes.
+pub(crate) struct PlanDevice {
+    pub info: AdapterInfo,
+    pub coop_f16: bool,
+    pub alloc: Mutex<CachingAllocator<PlanSource>>,
+    /// The launch path's per-device state (the tuner's records for the target's adapter), in
+    /// the slot a GPU device keeps for it.
+    pub launch_state: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// The CPU device its pinned tensors live on (as plain host memory).
+    pub host_device: Device,
+    /// The tuning cache file its tuner reads (`PlanTarget::tuning`).
+    pub tuning: Option<std::path::PathBuf>,
+}
+
+impl PlanDevice {
+    pub fn new(target: PlanTarget) -> Result<PlanDevice> {
+        let source = PlanSource {
+            capacity: target.capacity,
+            in_use: 0,
+            max_segment: target.max_segment,
+            expandable_unsupported: target.expandable_unsupported,
+            describe: target.describe,
+        };
+        let mut alloc = CachingAllocator::new(source, target.config);
+        alloc.set_memory_limit(target.memory_limit);
+        Ok(PlanDevice {
+            info: target.info,
+            coop_f16: target.coop_f16,
+            alloc: Mutex::new(alloc),
+            launch_state: std::sync::OnceLock::new(),
+            host_device: Device::cpu()?,
+            tuning: target.tuning,
+        })
+    }
+}
+
+/// The target's memory as sizes: segments and expandable pages count against its capacity,
+/// and nothing is allocated. Events complete at once: a dry run has no GPU running behind it.
+pub(crate) struct PlanSource {
+    capacity: Option<u64>,
+    in_use: u64,
+    max_segment: u64,
+    expandable_unsupported: Option<String>,
+    describe: String,
+}
+
+impl PlanSource {
+    fn lend(&mut self, bytes: u64) -> std::result::Result<(), SourceError> {
+        if self
+            .capacity
+            .is_some_and(|cap| self.in_use.saturating_add(bytes) > cap)
+        {
+            return Err(SourceError::OutOfMemory);
+        }
+        self.in_use += bytes;
+        Ok(())
+    }
+}
+
+impl SegmentSource for PlanSource {
+    /// A segment is its size: there is no memory to reach.
+    type Handle = u64;
+
+    fn allocate(&mut self, size_bytes: u64) -> std::result::Result<u64, SourceError> {
+        self.lend(size_bytes)?;
+        Ok(size_bytes)
+    }
+
+    fn release(&mut self, size_bytes: u64) {
+        self.in_use -= size_bytes;
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        MemInfo {
+            total: self.capacity,
+            free: self.capacity.map(|c| c.saturating_sub(self.in_use)),
+        }
+    }
+
+    fn max_segment_size(&self) -> u64 {
+        self.max_segment
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn expandable_unsupported(&self) -> Option<String> {
+        self.expandable_unsupported.clone()
+    }
+
+    fn reserve(&mut self, size_bytes: u64) -> std::result::Result<u64, SourceError> {
+        Ok(size_bytes)
+    }
+
+    fn map(&mut self, _: &u64, _: u64, len: u64) -> std::result::Result<(), SourceError> {
+        self.lend(len)
+    }
+
+    fn unmap(&mut self, _: &u64, _: u64, len: u64) {
+        self.in_use -= len;
+    }
+
+    fn release_reservation(&mut self, _: u64) {}
+}
+
+/// What `max_batch_size` found: the largest batch whose step stays within the budget, with its
+/// peaks, and what the next batch would need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchFit {
+    /// The largest batch that fits (0: not even one).
+    pub batch: usize,
+    /// `max_memory_reserved` of that batch's dry run (0 for batch 0).
+    pub peak_reserved: u64,
+    /// `max_memory_allocated` of that batch's dry run.
+    pub peak_allocated: u64,
+    /// `max_memory_reserved` of `batch + 1` run with no budget and no capacity: what it would
+    /// need (0 where `batch` is the limit asked for, or where it cannot run at any size).
+    pub next_peak_reserved: u64,
+    /// `max_memory_allocated` of `batch + 1` run with no budget.
+    pub next_peak_allocated: u64,
+    /// Why `batch + 1` does not run: the out-of-memory or too-large error of its dry run
+    /// within the budget (empty where `batch` is the limit asked for).
+    pub next_fails_with: String,
+    /// Dry runs made.
+    pub runs: usize,
+}
+
+/// The largest batch for which `step(device, batch)` stays within `budget` bytes of reserved
+/// memory on `target` (its capacity where `budget` is `None`), found by dry runs: each on a
+/// fresh planning device with the budget as its memory limit, so a batch fits exactly when
+/// the allocator, releasing its cache and retrying as on the GPU, serves every request.
+/// `step` builds what it needs on the device it is given (a model, an optimizer) and runs
+/// what should fit: two training steps, where the optimizer's state appears in the first.
+/// Batches are tried doubling from 1, then bisected (a step's memory grows with its batch);
+/// at most `limit` is returned. A batch whose step fails with out-of-memory, or with
+/// `Error::TooLarge` (a tensor larger than one of the target's bindings, a dispatch with more
+/// workgroups than it takes), does not fit; any other error of `step` is returned.
+///
+/// ```
+/// use kiln::{DType, PlanTarget, Tensor};
+/// # fn main() -> kiln::Result<()> {
+/// let target = PlanTarget::named("H100")?;
+/// // Each batch row holds 1 GiB: 70 fit in a 70 GiB budget, and the 71st does not.
+/// let fit = kiln::device::max_batch_size(&target, Some(70 << 30), 1 << 20, |dev, b| {
+///     Tensor::empty(&[b, 1 << 28], DType::F32, dev).map(drop)
+/// })?;
+/// assert_eq!(fit.batch, 70);
+/// assert_eq!(fit.next_peak_reserved, 71 << 30);
+/// # Ok(())
+/// # }
+/// ```
+pub fn max_batch_size(
+    target: &PlanTarget,
+    budget: Option<u64>,
+    limit: usize,
+    mut step: impl FnMut(&Device, usize) -> Result<()>,
+) -> Result<BatchFit> {
+    let budget = budget.or(target.memory_limit);
+    let (mut runs, mut failure) = (0, String::new());
+    // `None`: no limit and no capacity, for what a batch that does not fit would need.
+    let mut run = |batch: usize, budget: Option<Option<u64>>| -> Result<Option<(u64, u64)>> {
+        runs += 1;
+        let mut target = target.clone();
+        match budget {
+            Some(limit) => target.memory_limit = limit,
+            None => (target.memory_limit, target.capacity) = (None, None),
+        }
+        let device = Device::planning(target)?;
+        match step(&device, batch) {
+            Ok(()) => Ok(Some((
+                device.max_memory_reserved(),
+                device.max_memory_allocated(),
+            ))),
+            // A batch the target cannot bind or dispatch does not run there either.
+            Err(e @ (Error::OutOfMemory(_) | Error::TooLarge { .. })) => {
+                failure = e.to_string();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    // Doubling finds a batch that fails (or the limit), then bisection the edge: `lo` fits
+    // (0 trivially), `hi` does not.
+    let (mut lo, mut lo_peaks, mut hi) = (0usize, (0, 0), None);
+    let mut b = 1usize;
+    while b <= limit.max(1) && hi.is_none() {
+        match run(b, Some(budget))? {
+            Some(peaks) => (lo, lo_peaks) = (b, peaks),
+            None => hi = Some(b),
+        }
+        b = b.saturating_mul(2).min(limit.max(1)).max(b + 1);
+    }
+    if let Some(mut h) = hi {
+        while h - lo > 1 {
+            let mid = lo + (h - lo) / 2;
+            match run(mid, Some(budget))? {
+                Some(peaks) => (lo, lo_peaks) = (mid, peaks),
+                None => h = mid,
+            }
+        }
+    }
+    let (next_peak_reserved, next_peak_allocated) = match lo < limit {
+        true => run(lo + 1, None)?.unwrap_or_default(),
+        false => (0, 0),
+    };
+    if lo < limit {
+        // The failure on record may be a larger batch's: say the next batch's own.
+        run(lo + 1, Some(budget))?;
+    }
+    Ok(BatchFit {
+        batch: lo.min(limit),
+        peak_reserved: lo_peaks.0,
+        peak_allocated: lo_peaks.1,
+        next_peak_reserved,
+        next_peak_allocated,
+        next_fails_with: failure,
+        runs,
+    })
+}

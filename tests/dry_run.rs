@@ -1,0 +1,220 @@
+//! Dry runs (Note [Dry runs]): a planning device twin of each GPU adapter runs the same
+//! training steps as the adapter itself, and every one of the allocator's 122 statistics and
+//! the snapshot's segments and blocks come out equal to the byte, with and without expandable
+//! segments; the real device's memory stays still through a dry run; reading a value is
+//! `Error::DryRun`; the ops' own errors stay what they are on the target.
+
+use kiln::amp::{autocast, DeviceType, GradScaler};
+use kiln::nn::models::{gpt2, GptConfig};
+use kiln::nn::{clip_grad_norm_, cross_entropy, Linear, Module, Relu, Sequential};
+use kiln::optim::{Adam, Optimizer};
+use kiln::{DType, Device, Error, Tensor};
+
+/// Every GPU adapter (a missing one fails under `KILN_REQUIRE_GPU=1`).
+fn gpus() -> Vec<Device> {
+    let mut all = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    all.retain(|d| !d.is_cpu());
+    // Tuning runs candidate kernels on the op's operands, which a dry run cannot: the dry
+    // run follows the tuner's remembered choices, and here there are none to follow.
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    all
+}
+
+/// Two SGD-free Adam steps of a small MLP: parameters, activations, gradients, state.
+fn mlp_steps(dev: &Device) -> kiln::Result<()> {
+    dev.manual_seed(1);
+    let model = Sequential::new()
+        .push(Linear::new(48, 200, true, dev)?)
+        .push(Relu)
+        .push(Linear::new(200, 10, true, dev)?);
+    let mut opt = Adam::new(model.parameters(), 1e-3)?;
+    for step in 0..2 {
+        let x = Tensor::randn(&[64 + step * 40, 48], DType::F32, dev)?;
+        let y: Vec<i32> = (0..x.shape()[0] as i32).map(|i| i % 10).collect();
+        let y = Tensor::from_slice(&y, &[y.len()], dev)?;
+        let loss = cross_entropy(&model.forward(&x)?, &y)?;
+        opt.zero_grad(true)?;
+        loss.backward()?;
+        opt.step()?;
+    }
+    Ok(())
+}
+
+/// Two SGD-momentum steps of a small CNN: convolutions, pooling, a linear head.
+fn cnn_steps(dev: &Device) -> kiln::Result<()> {
+    use kiln::nn::{Conv2d, Flatten, MaxPool2d};
+    use kiln::ops::Conv2dParams;
+    use kiln::optim::Sgd;
+    dev.manual_seed(3);
+    let same = Conv2dParams {
+        padding: (1, 1),
+        ..Default::default()
+    };
+    let model = Sequential::new()
+        .push(Conv2d::new(1, 8, 3, same, dev)?)
+        .push(Relu)
+        .push(MaxPool2d::new(2))
+        .push(Conv2d::new(8, 16, 3, same, dev)?)
+        .push(Relu)
+        .push(MaxPool2d::new(2))
+        .push(Flatten)
+        .push(Linear::new(16 * 4 * 4, 10, true, dev)?);
+    let mut opt = Sgd::new(model.parameters(), 0.05)?.momentum(0.9)?;
+    for n in [16, 9] {
+        let x = Tensor::randn(&[n, 1, 16, 16], DType::F32, dev)?;
+        let y: Vec<i32> = (0..n as i32).map(|i| i % 10).collect();
+        let y = Tensor::from_slice(&y, &[n], dev)?;
+        let loss = cross_entropy(&model.forward(&x)?, &y)?;
+        opt.zero_grad(true)?;
+        loss.backward()?;
+        opt.step()?;
+    }
+    Ok(())
+}
+
+/// Two AMP steps of a small GPT: autocast f16 (where the adapter has f16), GradScaler,
+/// clipping, AdamW, two lengths.
+fn gpt_amp_steps(dev: &Device) -> kiln::Result<()> {
+    dev.manual_seed(2);
+    let amp = dev.adapter_info().is_some_and(|i| i.features.shader_f16);
+    let config = GptConfig {
+        block_size: 32,
+        n_embd: 64,
+        ..GptConfig::tiny(50)
+    };
+    let model = gpt2(config, dev)?;
+    let mut opt = Adam::adamw(model.parameters(), 1e-3)?;
+    let mut scaler = GradScaler::new().enabled(amp);
+    for t in [32, 17] {
+        let ids: Vec<i32> = (0..4 * t as i32).map(|i| (i * 7) % 50).collect();
+        let x = Tensor::from_slice(&ids, &[4, t], dev)?;
+        let y = Tensor::from_slice(&ids, &[4, t], dev)?;
+        let loss = {
+            let _amp = autocast(DeviceType::Gpu, DType::F16, amp)?;
+            model.loss(&x, &y)?
+        };
+        opt.zero_grad(true)?;
+        scaler.scale(&loss)?.backward()?;
+        scaler.unscale_(&opt)?;
+        clip_grad_norm_(&model.parameters(), 1.0, 2.0)?;
+        scaler.step(&mut opt)?;
+        scaler.update(None)?;
+    }
+    Ok(())
+}
+
+/// The snapshot's segments with their blocks, as text (addresses, sizes, states).
+fn segments(dev: &Device) -> String {
+    let snapshot: serde_json::Value =
+        serde_json::from_str(&dev.memory_snapshot().to_json()).expect("the snapshot's JSON parses");
+    snapshot["segments"].to_string()
+}
+
+/// Runs `steps` on `dev` and on its planning twin (made with `conf`) and compares.
+fn compare(dev: &Device, conf: &str, steps: fn(&Device) -> kiln::Result<()>) {
+    dev.set_allocator_settings(conf).unwrap();
+    let plan = dev.planning_twin().unwrap();
+    assert!(plan.is_dry_run() && !dev.is_dry_run());
+    let real = steps(dev);
+    let dry = steps(&plan);
+    match (&real, &dry) {
+        (Ok(()), Ok(())) => {}
+        // An allocator that cannot serve the settings on this adapter fails the same way.
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{}", dev.name()),
+        _ => panic!("{} ({conf}): real {real:?}, dry {dry:?}", dev.name()),
+    }
+    dev.synchronize().unwrap();
+    let (want, got) = (dev.memory_stats(), plan.memory_stats());
+    for (key, value) in &want {
+        assert_eq!(got.get(key), Some(value), "{} ({conf}): {key}", dev.name());
+    }
+    assert!(want["allocated_bytes.all.peak"] > 0);
+    assert_eq!(segments(dev), segments(&plan), "{} ({conf})", dev.name());
+}
+
+#[test]
+fn a_dry_run_of_mlp_steps_allocates_what_the_real_run_does() {
+    for dev in gpus() {
+        compare(&dev, "", mlp_steps);
+    }
+}
+
+#[test]
+fn a_dry_run_of_cnn_steps_allocates_what_the_real_run_does() {
+    for dev in gpus() {
+        compare(&dev, "", cnn_steps);
+    }
+}
+
+#[test]
+fn a_dry_run_of_gpt_amp_steps_allocates_what_the_real_run_does() {
+    for dev in gpus() {
+        compare(&dev, "", gpt_amp_steps);
+    }
+}
+
+#[test]
+fn a_dry_run_with_expandable_segments_allocates_what_the_real_run_does() {
+    for dev in gpus() {
+        compare(&dev, "expandable_segments:True", gpt_amp_steps);
+    }
+}
+
+#[test]
+fn a_dry_run_leaves_the_real_device_still() {
+    for dev in gpus() {
+        let kept = Tensor::from_slice(&[1.5f32, -2.0, 3.25], &[3], &dev).unwrap();
+        let plan = dev.planning_twin().unwrap();
+        let before = dev.memory_stats();
+        gpt_amp_steps(&plan).unwrap();
+        assert_eq!(dev.memory_stats(), before, "{}", dev.name());
+        assert_eq!(kept.to_vec::<f32>().unwrap(), [1.5, -2.0, 3.25]);
+        assert!(plan.max_memory_allocated() > 0);
+        assert_eq!(plan.mem_get_info().1, dev.mem_get_info().1);
+    }
+}
+
+#[test]
+fn reading_a_value_in_a_dry_run_is_an_error_and_op_errors_stay() {
+    let plan = Device::planning(kiln::PlanTarget::named("H100").unwrap()).unwrap();
+    assert!(plan.name().contains("H100") && plan.name().contains("dry run"));
+    let x = Tensor::ones(&[4, 4], DType::F32, &plan).unwrap();
+    let s = x.sum(&[0, 1], false).unwrap();
+    match s.item::<f32>() {
+        Err(Error::DryRun { op, what }) => {
+            assert_eq!(op, "read");
+            assert!(what.contains("dry run"), "{what}");
+        }
+        other => panic!("expected DryRun, got {other:?}"),
+    }
+    // The CPU copy reads too.
+    assert!(matches!(
+        x.to_device(&Device::cpu().unwrap()),
+        Err(Error::DryRun { .. })
+    ));
+    // Shapes are still checked, and the planning device is a device of its own.
+    let y = Tensor::ones(&[3, 5], DType::F32, &plan).unwrap();
+    assert!(matches!(x.matmul(&y), Err(Error::ShapeMismatch { .. })));
+    let cpu = Tensor::ones(&[4, 4], DType::F32, &Device::cpu().unwrap()).unwrap();
+    assert!(matches!(x.add(&cpu), Err(Error::DeviceMismatch { .. })));
+    // The target's limits: one buffer of 100 GB is larger than its largest.
+    let err = Tensor::empty(&[25 << 30], DType::F32, &plan).unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    assert_eq!(plan.memory_allocated(), 3 * 512); // x, its sum and y
+                                                  // Its memory: 2 GiB tensors until the 80 GB card (81,559 MiB) is out of memory.
+    let mut held = Vec::new();
+    let err = loop {
+        match Tensor::empty(&[1 << 29], DType::F32, &plan) {
+            Ok(t) => held.push(t),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
+    assert_eq!(held.len(), 39);
+    assert!(err.to_string().contains("NVIDIA H100 80GB HBM3"), "{err}");
+    assert!(matches!(
+        kiln::PlanTarget::named("no such gpu"),
+        Err(Error::NoSuchDevice { .. })
+    ));
+    assert!(kiln::PlanTarget::like(&Device::cpu().unwrap()).is_err());
+}
