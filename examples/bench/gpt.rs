@@ -61,13 +61,17 @@ pub fn gpt_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         "gpt2 {}L {}d b{b} T{t} AdamW",
         config.n_layer, config.n_embd
     );
-    for amp in [true, false] {
+    for (amp, offload) in [(true, false), (true, true), (false, false)] {
         if amp && !f16 {
             continue;
         }
-        let tag = if amp { "AMP f16" } else { "f32" };
+        let tag = match (amp, offload) {
+            (true, false) => "AMP f16",
+            (true, true) => "AMP f16 save_on_cpu(pin_memory)",
+            _ => "f32",
+        };
         let steps = if amp { steps } else { steps / 2 };
-        let (secs, peak, reserved) = step_figures(dev, &config, (b, t), amp, steps)?;
+        let (secs, peak, reserved) = step_figures(dev, &config, (b, t), (amp, offload), steps)?;
         let mut push = |case: String, value: f64, unit: &'static str| {
             rows.push(Row {
                 adapter: dev.name(),
@@ -106,6 +110,8 @@ pub(crate) struct Run {
     opt: Adam,
     scaler: GradScaler,
     amp: bool,
+    /// The forward under `save_on_cpu(pin_memory=True)`.
+    pub(crate) offload: bool,
 }
 
 impl Run {
@@ -127,6 +133,7 @@ impl Run {
             opt,
             scaler: GradScaler::new().enabled(amp),
             amp,
+            offload: false,
         })
     }
 
@@ -135,6 +142,7 @@ impl Run {
     pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
         self.opt.zero_grad(true)?;
         let loss = {
+            let _offload = self.offload.then(|| kiln::autograd::save_on_cpu(true));
             let _amp = autocast(DeviceType::Gpu, DType::F16, self.amp)?;
             self.model.loss(x, y)?
         };
@@ -149,10 +157,11 @@ fn step_figures(
     dev: &Device,
     config: &GptConfig,
     (b, t): (usize, usize),
-    amp: bool,
+    (amp, offload): (bool, bool),
     steps: usize,
 ) -> kiln::Result<(f64, u64, u64)> {
     let mut run = Run::new(dev, config, 0, 0.1, amp)?;
+    run.offload = offload;
     let (x, y) = (
         ids(b, t, config.vocab_size, 1, dev)?,
         ids(b, t, config.vocab_size, 2, dev)?,
@@ -170,7 +179,11 @@ fn step_figures(
     dev.synchronize()?;
     let secs = started.elapsed().as_secs_f64() / steps as f64;
     let figures = (secs, dev.max_memory_allocated(), dev.memory_reserved());
-    let tag = if amp { "AMP f16" } else { "f32" };
+    let tag = match (amp, offload) {
+        (true, false) => "AMP f16",
+        (true, true) => "AMP f16 save_on_cpu",
+        _ => "f32",
+    };
     super::print_profile(dev, &format!("gpt2 {tag} step"), 2, 40, step)?;
     Ok(figures)
 }

@@ -13,17 +13,22 @@
 //! `engine.rs` is the backward engine (accumulation adds and copies gradients, hence above the
 //! ops; a leaf's post-accumulate hooks run after its last contribution of the pass, and
 //! `queue_callback`'s callbacks after the graph), with `backward`, `backward_with` and
-//! `zero_grad`; `checkpoint.rs` is `checkpoint`. Backward formulas live beside their forwards in
+//! `zero_grad`; `checkpoint.rs` is `checkpoint`; `offload.rs` is `save_on_cpu` (over the
+//! graph's `saved_tensors_hooks`). Backward formulas live beside their forwards in
 //! `src/ops/` (`grad.rs` for the elementwise family, `conv_grad.rs` for convolution and pooling,
 //! `view.rs` for views).
 
 mod checkpoint;
 mod engine;
+mod offload;
 
 pub use checkpoint::checkpoint;
 pub use engine::queue_callback;
+pub use offload::save_on_cpu;
 
-pub use crate::graph::{set_backward_epilogues, RemovableHandle};
+pub use crate::graph::{
+    saved_tensors_hooks, set_backward_epilogues, Packed, RemovableHandle, SavedTensorsHooks,
+};
 
 pub use crate::tensor::mode::{
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,

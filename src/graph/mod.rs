@@ -13,6 +13,11 @@
 //! ops and run with grad mode off, so they run on the same device as the forward. The tensor
 //! holds its meta as an opaque slot (`tensor::AutogradSlot`) that only this module reads back.
 
+mod saved;
+
+pub(crate) use saved::{packing, save, save_output, Saved};
+pub use saved::{saved_tensors_hooks, Packed, SavedTensorsHooks};
+
 use crate::base::lock;
 use crate::tensor::mode::{is_grad_enabled, is_inference_mode_enabled, GradModeGuard};
 use crate::tensor::{DType, Tensor};
@@ -244,7 +249,7 @@ impl Node {
 
 thread_local! {
     /// Storages saved since the last node was attached on this thread.
-    static SAVED_FOR_NODE: std::cell::RefCell<Vec<Weak<crate::tensor::Storage>>> =
+    pub(super) static SAVED_FOR_NODE: std::cell::RefCell<Vec<Weak<crate::tensor::Storage>>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -278,60 +283,6 @@ impl Node {
 }
 
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A tensor saved for backward, with the version it had then (PyTorch's SavedVariable).
-pub(crate) struct Saved {
-    tensor: Tensor,
-    version: u64,
-    /// The grad_fn of the saved tensor (for the error message), if it had one.
-    creator: Option<&'static str>,
-}
-
-impl Saved {
-    /// Saves `t` (an input or an output of the op named in errors as `op`).
-    pub(crate) fn new(t: &Tensor, creator: Option<&'static str>) -> Result<Saved> {
-        if t.storage.inference {
-            return Err(Error::Autograd {
-                op: "save_for_backward",
-                msg: "Inference tensors cannot be saved for backward. To work around you can make a clone to get a normal tensor and use it in autograd.".into(),
-            });
-        }
-        SAVED_FOR_NODE.with(|v| v.borrow_mut().push(Arc::downgrade(&t.storage)));
-        t.storage
-            .block
-            .set_category(crate::alloc::MemoryCategory::Activation);
-        Ok(Saved {
-            tensor: t.detach(),
-            version: t.version(),
-            creator: creator.or_else(|| t.grad_fn_name()),
-        })
-    }
-
-    /// The saved tensor, checked against in-place modification since it was saved.
-    pub(crate) fn get(&self) -> Result<Tensor> {
-        let now = self.tensor.version();
-        if now != self.version {
-            return Err(Error::ModifiedInplace {
-                shape: self.tensor.shape().to_vec(),
-                dtype: self.tensor.dtype(),
-                creator: self.creator,
-                version: now,
-                expected: self.version,
-            });
-        }
-        Ok(self.tensor.clone())
-    }
-}
-
-/// Saves an input of an op (its creator is the input's own grad_fn).
-pub(crate) fn save(t: &Tensor) -> Result<Saved> {
-    Saved::new(t, None)
-}
-
-/// Saves the output `out` of the op whose node will be named `name`.
-pub(crate) fn save_output(out: &Tensor, name: &'static str) -> Result<Saved> {
-    Saved::new(out, Some(name))
-}
 
 /// Whether an op over `inputs` records a node now.
 pub(crate) fn needs_grad(inputs: &[&Tensor]) -> bool {
@@ -474,6 +425,9 @@ impl Tensor {
                 self.storage
                     .block
                     .set_category(crate::alloc::MemoryCategory::Parameter);
+                self.storage
+                    .leaf_requires_grad
+                    .store(true, Ordering::Relaxed);
                 Some(Arc::new(AutogradMeta::new(None)))
             }
             (false, _) => None,

@@ -205,10 +205,13 @@ const FUSED_ELEMENTS: usize = 1 << 16;
 pub fn cross_entropy(logits: &Tensor, target: &Tensor, ignore_index: i32) -> Result<Tensor> {
     super::same_device(OP, logits, target)?;
     let (n, c) = (logits.shape()[0], logits.shape()[1]);
+    // The fused kernel writes log_softmax's output after its node saved it: under saved-tensor
+    // hooks (which pack at the save) the two ops run apart.
     let fused = !logits.device().is_cpu()
         && matches!(logits.dtype(), DType::F32 | DType::F16)
         && c >= 1
-        && n * c <= FUSED_ELEMENTS;
+        && n * c <= FUSED_ELEMENTS
+        && !crate::graph::packing();
     if !fused {
         return nll_loss(&logits.log_softmax(1)?, target, ignore_index);
     }

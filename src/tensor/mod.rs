@@ -24,9 +24,14 @@ use std::sync::Arc;
 /// writes bump.
 pub(crate) struct Storage {
     pub block: DeviceBlock,
-    pub version: AtomicU64,
+    /// Shared, as PyTorch's `VariableVersion`: a tensor saved through hooks (offloaded) keeps
+    /// the counter, not the memory, and backward still sees in-place writes made before.
+    pub version: Arc<AtomicU64>,
     /// Made in inference mode: autograd refuses to save it.
     pub inference: bool,
+    /// A leaf that requires grad (a parameter) owns it: its views share the parameter's memory,
+    /// which `save_on_cpu` leaves on the device.
+    pub leaf_requires_grad: std::sync::atomic::AtomicBool,
 }
 
 /// What a tensor carries for autograd, opaque to this layer (see `crate::graph`).
@@ -88,7 +93,8 @@ impl Tensor {
         Tensor {
             storage: Arc::new(Storage {
                 block,
-                version: AtomicU64::new(0),
+                version: Arc::new(AtomicU64::new(0)),
+                leaf_requires_grad: std::sync::atomic::AtomicBool::new(false),
                 inference: mode::is_inference_mode_enabled(),
             }),
             layout: Layout::contiguous(shape),
@@ -275,6 +281,10 @@ impl Tensor {
     }
     pub(crate) fn bump_version(&self) {
         self.storage.version.fetch_add(1, Ordering::AcqRel);
+    }
+    /// The version counter itself, which outlives the memory of a tensor saved through hooks.
+    pub(crate) fn version_counter(&self) -> Arc<AtomicU64> {
+        self.storage.version.clone()
     }
     /// Whether two tensors share storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
