@@ -347,9 +347,14 @@ pub struct BatchFit {
 /// use kiln::{DType, PlanTarget, Tensor};
 /// # fn main() -> kiln::Result<()> {
 /// let target = PlanTarget::named("H100")?;
-/// // Each batch row holds 1 GiB: 70 fit in a 70 GiB budget, and the 71st does not.
+/// // Each batch item holds its own 1 GiB tensor (one tensor of `b` GiB would outgrow a
+/// // binding): 70 fit in a 70 GiB budget, and the 71st does not.
 /// let fit = kiln::device::max_batch_size(&target, Some(70 << 30), 1 << 20, |dev, b| {
-///     Tensor::empty(&[b, 1 << 28], DType::F32, dev).map(drop)
+///     let held = (0..b)
+///         .map(|_| Tensor::empty(&[1 << 28], DType::F32, dev))
+///         .collect::<kiln::Result<Vec<_>>>()?;
+///     drop(held);
+///     Ok(())
 /// })?;
 /// assert_eq!(fit.batch, 70);
 /// assert_eq!(fit.next_peak_reserved, 71 << 30);
