@@ -1,7 +1,8 @@
 // What the three flash-attention kernels share (`flash_attn_fwd.wgsl`, `flash_attn_dq.wgsl`,
 // `flash_attn_dkdv.wgsl`): the immediates, the operands' addressing, the mask, causality and
 // dropout. Rows are `n` = b * heads + h of the flattened leading dims; q, k and v are read
-// through their strides (the last dim unit-stride), outputs are contiguous. Scores are
+// through their strides (the last dim unit-stride), the outputs and the output's gradient
+// through `row_out`. Scores are
 // `q . k * scale + mask` in f32 whatever the storage dtype. DP (the head dim rounded up) and
 // BT (the rows of a staged tile) are specialisation constants.
 {{ENABLES}}
@@ -29,7 +30,8 @@ struct Params {
     m_sq: u32,
     m_sk: u32,
     m_off: u32,
-    // Bit 0: causal (key j attends query i when j <= i); bit 1: an additive mask; bit 2: dropout.
+    // Bit 0: causal (key j attends query i when j <= i); bit 1: an additive mask; bit 2: dropout;
+    // bit 3: the outputs token-major (`row_out`).
     flags: u32,
     scale: f32,
     drop_p: f32,
@@ -68,6 +70,18 @@ fn row_k(n: u32, j: u32) -> u32 {
 
 fn row_v(n: u32, j: u32) -> u32 {
     return p.v_off + (n / p.heads) * p.v_sb + (n % p.heads) * p.v_sh + min(j, p.lk - 1u) * p.v_st;
+}
+
+// The first element of row i of one of the [n, len, width] tensors shaped like an output (o and
+// its gradient, dq, dk, dv): rows in (n, i) order, or with flag bit 3 in (b, i, h) order, the
+// memory of a contiguous [b, len, heads, width] (PyTorch's flash attention lays its output out
+// as q is: token-major under q's usual [b, len, heads, d] view, which makes the transpose back
+// before the output projection free).
+fn row_out(n: u32, i: u32, len: u32, width: u32) -> u32 {
+    if (p.flags & 8u) == 0u {
+        return (n * len + i) * width;
+    }
+    return (((n / p.heads) * len + i) * p.heads + n % p.heads) * width;
 }
 
 // Whether query i sees key j at all: inside both lengths and, when causal, j <= i.

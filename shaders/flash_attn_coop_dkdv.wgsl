@@ -26,7 +26,7 @@ var<workgroup> dt: array<vec4<f32>, BT / 4u>;
 
 // Vector c8 of the output gradient's row i (zeros past lq and the head dim).
 fn dout8(n: u32, i: u32, c8: u32) -> vec4<u32> {
-    let x = dout[(n * p.lq + min(i, p.lq - 1u)) * (p.dv / 8u) + min(c8, p.dv / 8u - 1u)];
+    let x = dout[row_out(n, min(i, p.lq - 1u), p.lq, p.dv / 8u) + min(c8, p.dv / 8u - 1u)];
     return select(vec4<u32>(0u), x, vec4<bool>(i < p.lq && c8 * 8u < p.dv));
 }
 

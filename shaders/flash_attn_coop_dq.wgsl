@@ -21,7 +21,7 @@
 // The second patch: dP of each subgroup's 16 rows.
 var<workgroup> res2: array<vec4<f32>, 64u * PW4>;
 
-// Vector c8 of the contiguous row of o (of dout) at vector `b`, zeros past the head dim.
+// Vector c8 of the row of o (of dout) at vector `b`, zeros past the head dim.
 fn o8(b: u32, c8: u32) -> vec4<u32> {
     return select(vec4<u32>(0u), o[b + min(c8, p.dv / 8u - 1u)], vec4<bool>(c8 * 8u < p.dv));
 }
@@ -42,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     workgroupBarrier();
     for (var e = li; e < 64u * DP8; e += 128u) {
         let ic = min(row0 + e / DP8, p.lq - 1u);
-        put8((e / DP8) * RS4 + (e % DP8) * 2u, dout8((n * p.lq + ic) * (p.dv / 8u), e % DP8));
+        put8((e / DP8) * RS4 + (e % DP8) * 2u, dout8(row_out(n, ic, p.lq, p.dv / 8u), e % DP8));
     }
     workgroupBarrier();
 {{LOAD_DA}}
@@ -53,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     let own = sg * 16u * PW4;
     let mine = own + r * PW4;
     let prow = (sg * 16u + r) * RP4 + h * BH4;
-    let ob = (n * p.lq + ic) * (p.dv / 8u);
+    let ob = row_out(n, ic, p.lq, p.dv / 8u);
     var delta4 = vec4<f32>(0.0);
     for (var c = h * (DP / 16u); c < (h + 1u) * (DP / 16u); c++) {
         let x = unpack8(dout8(ob, c));

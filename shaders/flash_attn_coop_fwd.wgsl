@@ -96,7 +96,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     l += subgroupShuffleXor(l, 1u);
     if i < p.lq {
         let inv = select(0.0, 1.0 / l, l > 0.0 && m > DEAD);
-        let ob = (n * p.lq + i) * (p.dv / 8u) + h * (DP / 16u);
+        let ob = row_out(n, i, p.lq, p.dv / 8u) + h * (DP / 16u);
         for (var t = 0u; t < DP / 16u; t++) {
             if h * (DP / 2u) + t * 8u < p.dv {
                 o[ob + t] = pack8(acc[2u * t] * inv, acc[2u * t + 1u] * inv);

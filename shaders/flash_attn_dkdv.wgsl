@@ -22,7 +22,7 @@ var<workgroup> dt: array<f32, BT>;
 
 // Elements 4 c4 .. 4 c4 + 3 of the output gradient's row i (zeros past lq and dv).
 fn dout4(n: u32, i: u32, c4: u32) -> vec4<f32> {
-    let a = at4((n * p.lq + min(i, p.lq - 1u)) * p.dv, c4, p.dv);
+    let a = at4(row_out(n, min(i, p.lq - 1u), p.lq, p.dv), c4, p.dv);
     let x = vec4<f32>(f32(dout[a.x]), f32(dout[a.y]), f32(dout[a.z]), f32(dout[a.w]));
     return select(vec4<f32>(0.0), x, quad(c4, p.dv) & vec4<bool>(i < p.lq));
 }
@@ -84,10 +84,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var e = 0u; e < 4u; e++) {
                 let d = c * 4u + e;
                 if d < p.d {
-                    dk[(n * p.lk + j) * p.d + d] = {{T}}(dka[c][e]);
+                    dk[row_out(n, j, p.lk, p.d) + d] = {{T}}(dka[c][e]);
                 }
                 if d < p.dv {
-                    dv[(n * p.lk + j) * p.dv + d] = {{T}}(dva[c][e]);
+                    dv[row_out(n, j, p.lk, p.dv) + d] = {{T}}(dva[c][e]);
                 }
             }
         }

@@ -18,7 +18,7 @@
 
 {{KV_TILES}}
 
-// Elements 4 c4 .. 4 c4 + 3 of the contiguous rows at `b` of o and of dout (dv elements).
+// Elements 4 c4 .. 4 c4 + 3 of the rows at `b` of o and of dout (dv elements).
 fn o4(b: u32, c4: u32) -> vec4<f32> {
     let a = at4(b, c4, p.dv);
     let x = vec4<f32>(f32(o[a.x]), f32(o[a.y]), f32(o[a.z]), f32(o[a.w]));
@@ -40,7 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var qr: array<vec4<f32>, DP4>;
     var dor: array<vec4<f32>, DP4>;
     var dqa: array<vec4<f32>, DP4>;
-    let ob = (n * p.lq + ic) * p.dv;
+    let ob = row_out(n, ic, p.lq, p.dv);
     var delta4 = vec4<f32>(0.0);
     for (var c = 0u; c < DP4; c++) {
         qr[c] = q4(n, i, c) * p.scale;
@@ -73,7 +73,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     if i < p.lq {
-        let gb = (n * p.lq + i) * p.d;
+        let gb = row_out(n, i, p.lq, p.d);
         for (var c = 0u; c < DP4; c++) {
             let val = dqa[c] * p.scale;
             for (var e = 0u; e < 4u; e++) {

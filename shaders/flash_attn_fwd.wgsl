@@ -69,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if i < p.lq {
         let inv = select(0.0, 1.0 / l, l > 0.0 && m > DEAD);
-        let ob = (n * p.lq + i) * p.dv;
+        let ob = row_out(n, i, p.lq, p.dv);
         for (var c = 0u; c < DP4; c++) {
             let val = acc[c] * inv;
             for (var e = 0u; e < 4u; e++) {

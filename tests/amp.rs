@@ -126,6 +126,67 @@ fn gradients_reach_the_f32_weights_through_the_casts() {
     }
 }
 
+/// cross_entropy of f16 logits under autocast allocates what PyTorch 2.11's does (its trace of
+/// a GPT-2 124M AMP step, `_record_memory_history`): log_softmax's f16 output, then nll_loss's
+/// f32 copy of it, both alive into the backward; there nll_loss's f32 gradient, the copy's f16
+/// gradient, then log_softmax's f16 gradient. The gradient matches the f32 computation's.
+#[test]
+fn cross_entropy_under_autocast_allocates_what_pytorch_does() {
+    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
+    for dev in devices().into_iter().filter(|d| !d.is_cpu() && has_f16(d)) {
+        let (n, c) = (64usize, 1000usize);
+        dev.manual_seed(4);
+        let x = randn(&[n, c], &dev);
+        let labels: Vec<i32> = (0..n as i32).map(|i| (i * 37) % c as i32).collect();
+        let y = Tensor::from_slice(&labels, &[n], &dev).unwrap();
+        let logits = x
+            .to_dtype(DType::F16)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        dev.synchronize().unwrap();
+        let before = dev.memory_allocated();
+        dev.record_memory_history(
+            Some(HistoryEnabled::All),
+            HistoryContext::Alloc,
+            HistoryStacks::Kiln,
+            10_000,
+        );
+        let loss = with_autocast(DeviceType::Gpu, DType::F16, true, || {
+            cross_entropy(&logits, &y)
+        })
+        .unwrap()
+        .unwrap();
+        // The loss and its total_weight are 512 bytes each.
+        let (half, full) = ((n * c * 2) as u64, (n * c * 4) as u64);
+        assert_eq!(
+            dev.memory_allocated() - before,
+            half + full + 1024,
+            "{dev:?}"
+        );
+        loss.backward().unwrap();
+        let trace = dev.memory_snapshot().device_traces[0].clone();
+        dev.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+        let large: Vec<u64> = trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Alloc && e.size >= half)
+            .map(|e| e.size)
+            .collect();
+        assert_eq!(large, [half, full, full, half, half], "{dev:?}");
+        let got = logits.grad().unwrap().to_dtype(DType::F32).unwrap();
+        let x32 = x.requires_grad_(true).unwrap();
+        cross_entropy(&x32, &y).unwrap().backward().unwrap();
+        let want = x32.grad().unwrap().to_vec::<f32>().unwrap();
+        let worst = got
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 2e-5, "{dev:?}: gradient off by {worst}");
+    }
+}
+
 #[test]
 fn nested_and_disabled_regions_and_the_weight_cast_cache() {
     for dev in devices().into_iter().filter(has_f16) {

@@ -245,6 +245,62 @@ fn a_noncontiguous_query_reads_through_its_strides() {
     }
 }
 
+/// The output, its layout, and the gradient of a [B, T, 3 x H x D] projection whose thirds are
+/// split into q, k and v heads as GPT-2 splits them, for an upstream gradient laid out
+/// token-major or contiguous.
+fn split_heads(dev: &Device, dtype: DType, token_major_grad: bool) -> (bool, Vec<f32>, Vec<f32>) {
+    let (b, t, h, d) = (2, 70, 3, 32);
+    dev.manual_seed(11);
+    let qkv = tensor(&[b, t, 3 * h * d], 1, dtype, dev)
+        .requires_grad_(true)
+        .unwrap();
+    let heads = |i: usize| {
+        qkv.narrow(2, i * h * d, h * d)
+            .unwrap()
+            .reshape(&[b as isize, t as isize, h as isize, d as isize])
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+    };
+    let out = sdpa(&heads(0), &heads(1), &heads(2), None, 0.2, true, None).unwrap();
+    let g = tensor(&[b, t, h, d], 5, dtype, dev)
+        .transpose(1, 2)
+        .unwrap();
+    let g = match token_major_grad {
+        true => g,
+        false => g.contiguous().unwrap(),
+    };
+    out.backward_with(&g, false).unwrap();
+    let token_major = out.transpose(1, 2).unwrap().is_contiguous();
+    (token_major, host(&out), host(&qkv.grad().unwrap()))
+}
+
+/// Heads split from one projection: the fused kernels lay the output out as q is (its
+/// transpose back to [B, T, H, D] is contiguous, as PyTorch's flash attention makes it), and
+/// the output and the projection's gradient match the CPU device's, with dropout replayed,
+/// whichever layout the upstream gradient has; in f16 too where the adapter has it (GPT-2's
+/// shapes take the cooperative-matrix kernels where there are some).
+#[test]
+fn heads_split_from_one_projection_come_back_token_major() {
+    let cpu = Device::cpu().unwrap();
+    let (_, want_out, want_grad) = split_heads(&cpu, DType::F32, true);
+    for dev in fused() {
+        let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+        for (dtype, tol) in [(DType::F32, 2e-4), (DType::F16, 3e-2)] {
+            if dtype == DType::F16 && !f16 {
+                continue;
+            }
+            for token_major_grad in [true, false] {
+                let (token_major, out, grad) = split_heads(&dev, dtype, token_major_grad);
+                let what = format!("{dev:?} {dtype:?} token-major gradient {token_major_grad}");
+                assert!(token_major, "{what}: the output is not laid out as q");
+                assert_close(&format!("{what}: out"), &out, &want_out, tol);
+                assert_close(&format!("{what}: d qkv"), &grad, &want_grad, tol);
+            }
+        }
+    }
+}
+
 #[test]
 fn fully_masked_rows_give_zeros_and_zero_gradients() {
     for dev in devices() {

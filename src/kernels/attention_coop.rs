@@ -159,7 +159,7 @@ impl Layout {
                 "    workgroupBarrier();\n    {{\n        let at = own;\n        \
                  coopStoreT({acc}{c}, &res[at], {pw4}u);\n    }}\n    workgroupBarrier();\n    \
                  if {row} < {len} && {c16}u + h * 8u < {width} {{\n        \
-                 {out}[(n * {len} + {row}) * ({width} / 8u) + {c2}u + h] = \
+                 {out}[row_out(n, {row}, {len}, {width} / 8u) + {c2}u + h] = \
                  pack8(res[mine + h * 2u] * {factor}, res[mine + h * 2u + 1u] * {factor});\n    }}",
                 pw4 = self.pw4,
                 c16 = c * 16,

@@ -335,6 +335,7 @@ fn params(
     mask: Option<&Tensor>,
     plan: &Plan,
     rng: Option<(u64, u64)>,
+    token_major: bool,
 ) -> Result<Vec<u32>> {
     let lead = q.rank() - 2;
     let rows: usize = q.shape()[..lead].iter().product();
@@ -373,6 +374,9 @@ fn params(
     let (seed, offset) = rng.unwrap_or((0, 0));
     if rng.is_some() {
         flags |= 4;
+    }
+    if token_major {
+        flags |= 8;
     }
     imm.extend([
         flags,
@@ -447,6 +451,13 @@ struct Bound {
     mask: Option<Tensor>,
     imm: Vec<u32>,
     rows: usize,
+    /// Whether the outputs (and the output's gradient) are laid out [b, len, heads, width]
+    /// (`shaders/flash_attn_common.wgsl`'s `row_out`): where q's heads lie closer in memory
+    /// than its positions, as in a transformer's q split from one [b, len, 3 x heads x d]
+    /// projection. PyTorch's flash attention allocates its output as q is laid out, so that
+    /// `y.transpose(1, 2).contiguous()` before the output projection copies nothing (a GPT-2
+    /// step kept twelve 12 MiB copies alive to its peak), and its q, k and v gradients too.
+    token_major: bool,
     /// The workgroup memory of a device whose f16 passes may run on cooperative matrices.
     coop_limit: Option<u32>,
 }
@@ -464,7 +475,8 @@ impl Bound {
             kernel_view(v, &plan.lead)?,
         );
         let mask = mask.map(|m| full_mask(m, plan, &q)).transpose()?;
-        let imm = params((&q, &k, &v), mask.as_ref(), plan, rng)?;
+        let token_major = plan.lead.len() == 2 && q.strides()[1] < q.strides()[2];
+        let imm = params((&q, &k, &v), mask.as_ref(), plan, rng, token_major)?;
         let rows = plan.lead.iter().product();
         let coop_limit = crate::kernels::coop_f16(q.device())
             .filter(|_| !simt_forced() && rows_of_eight((&q, &k, &v), plan))
@@ -476,8 +488,39 @@ impl Bound {
             mask,
             imm,
             rows,
+            token_major,
             coop_limit,
         })
+    }
+
+    /// A new output of `len` rows of `width` per (b, h), in the kernels' layout: contiguous
+    /// [lead..., len, width], or token-major viewed as [b, heads, len, width].
+    fn empty_output(&self, plan: &Plan, len: usize, width: usize) -> Result<Tensor> {
+        let (dtype, dev) = (self.q.dtype(), self.q.device());
+        if self.token_major {
+            let (b, h) = (plan.lead[0], plan.lead[1]);
+            return Tensor::empty(&[b, len, h, width], dtype, dev)?.transpose(1, 2);
+        }
+        let mut shape = plan.lead.clone();
+        shape.extend([len, width]);
+        Tensor::empty(&shape, dtype, dev)
+    }
+
+    /// `t` (shaped as the output) in the kernels' output layout from its first element:
+    /// itself where it is, else a copy (the kernels address outputs without an offset).
+    fn as_output(&self, t: &Tensor) -> Result<Tensor> {
+        let at_start = t.layout.offset == 0;
+        if !self.token_major {
+            return match at_start && t.is_contiguous() {
+                true => Ok(t.clone()),
+                false => super::copy(t),
+            };
+        }
+        let tokens = t.transpose(1, 2)?;
+        match at_start && tokens.is_contiguous() {
+            true => Ok(t.clone()),
+            false => super::copy(&tokens)?.transpose(1, 2),
+        }
     }
 
     /// Runs `pass` with q, k, v, the mask and then `outputs` bound, a workgroup per 64 of
@@ -547,13 +590,11 @@ fn flash_forward(
     rng: Option<(u64, u64)>,
 ) -> Result<(Tensor, Tensor)> {
     let bound = Bound::new((q, k, v), mask, plan, rng)?;
-    let o = Tensor::empty(&[bound.rows, plan.lq, plan.dv], q.dtype(), q.device())?;
+    let o = bound.empty_output(plan, plan.lq, plan.dv)?;
     let stats = Tensor::empty(&[2, bound.rows, plan.lq], DType::F32, q.device())?;
     let outputs = [&o.storage.block, &stats.storage.block];
     bound.launch(FlashPass::Forward, plan, &outputs, plan.lq)?;
-    let mut shape: Vec<isize> = plan.lead.iter().map(|&n| n as isize).collect();
-    shape.extend([plan.lq as isize, plan.dv as isize]);
-    Ok((o.reshape(&shape)?, stats))
+    Ok((o, stats))
 }
 
 /// The additive mask broadcast to the kernels' `[lead..., L, S]` (stride 0 where it repeats),
@@ -578,19 +619,15 @@ fn flash_backward(
     rng: Option<(u64, u64)>,
 ) -> Result<Vec<Tensor>> {
     let bound = Bound::new((q, k, v), mask, plan, rng)?;
-    let g = g.to_dtype(q.dtype())?.contiguous()?;
-    let o = o.contiguous()?;
-    let (rows, dev) = (bound.rows, q.device());
-    let dq = Tensor::empty(&[rows, plan.lq, plan.d], q.dtype(), dev)?;
-    let dk = Tensor::empty(&[rows, plan.lk, plan.d], q.dtype(), dev)?;
-    let dv = Tensor::empty(&[rows, plan.lk, plan.dv], q.dtype(), dev)?;
+    let g = bound.as_output(&g.to_dtype(q.dtype())?)?;
+    let o = bound.as_output(o)?;
+    let dq = bound.empty_output(plan, plan.lq, plan.d)?;
+    let dk = bound.empty_output(plan, plan.lk, plan.d)?;
+    let dv = bound.empty_output(plan, plan.lk, plan.dv)?;
     let (gb, sb) = (&g.storage.block, &stats.storage.block);
     let outputs = [&o.storage.block, gb, sb, &dq.storage.block];
     bound.launch(FlashPass::BackwardDq, plan, &outputs, plan.lq)?;
     let outputs = [gb, sb, &dk.storage.block, &dv.storage.block];
     bound.launch(FlashPass::BackwardDkDv, plan, &outputs, plan.lk)?;
-    let shaped = |t: Tensor, like: &Tensor| {
-        t.reshape(&like.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
-    };
-    Ok(vec![shaped(dq, q)?, shaped(dk, k)?, shaped(dv, v)?])
+    Ok(vec![dq, dk, dv])
 }

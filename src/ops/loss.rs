@@ -46,9 +46,15 @@ fn nll_recorded(
                 msg: "the backward node was built without a forward".into(),
             })?;
             let saved = crate::graph::save(target)?;
+            // PyTorch's NllLossBackward0 saves its input too (for its shape): held, and
+            // unpacked in backward, as there, so that the same bytes stay alive (under
+            // autocast it is the f32 copy of f16 log-probabilities) and an in-place write to
+            // it is caught.
+            let input = crate::graph::save(log_probs)?;
             let (shape, dtype) = (log_probs.shape().to_vec(), log_probs.dtype());
             let f: crate::graph::BackwardFn = Box::new(move |g, _| {
                 let target = saved.get()?;
+                let _input = input.get()?;
                 // With log_softmax's backward in the same kernel where it was offered (Note
                 // [Backward epilogues]).
                 if let Some(crate::graph::Epilogue::LogSoftmaxRows(y)) = crate::graph::offered(0) {
