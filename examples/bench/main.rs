@@ -929,6 +929,19 @@ fn write_json(path: &str, devices: &[Device], rows: &[Row]) -> kiln::Result<()> 
                 "backend": "cpu", "device_type": "Cpu", "driver": "", "driver_info": ""}),
         })
         .collect();
+    // The planning devices of `--suite plan` (rows under a name of no real device).
+    let mut adapters = adapters;
+    let mut planned: Vec<&str> = rows
+        .iter()
+        .map(|r| r.adapter.as_str())
+        .filter(|a| !devices.iter().any(|d| d.name() == *a))
+        .collect();
+    planned.dedup();
+    adapters.extend(planned.into_iter().map(|a| {
+        serde_json::json!({"adapter": a, "name": a, "backend": "Plan",
+            "device_type": "DryRun", "driver": "dry run: no memory allocated, no kernel run",
+            "driver_info": ""})
+    }));
     let rows: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| serde_json::json!({"adapter": r.adapter, "suite": r.suite, "case": r.case, "value": r.value, "unit": r.unit}))
