@@ -12,16 +12,19 @@ pub enum Error {
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
 
-    /// A request larger than a single device buffer (or binding) may be.
-    #[error("{op}: {size_bytes} bytes exceeds the device's limit of {limit_bytes} bytes ({what})")]
+    /// A request larger than the device takes: a buffer, a binding, a dispatch's workgroups,
+    /// or 32-bit indexing. `what` names the unit and the limit ("bytes of ...", "workgroups
+    /// ...").
+    #[error("{op}: {size_bytes} {what} exceeds the device's limit of {limit_bytes}")]
     TooLarge {
         /// The op that failed, as PyTorch names it.
         op: &'static str,
-        /// The bytes asked for.
+        /// The size asked for, in bytes unless `what` names another unit.
         size_bytes: u64,
-        /// The device's limit, in bytes.
+        /// The device's limit, in the same unit.
         limit_bytes: u64,
-        /// What the size or index is of.
+        /// The unit and what it counts (read after the size: "bytes of a tensor larger than
+        /// one storage binding").
         what: &'static str,
     },
 

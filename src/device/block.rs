@@ -212,7 +212,7 @@ impl DeviceBlock {
                 op: "bind",
                 size_bytes: self.size,
                 limit_bytes: max_binding_bytes,
-                what: "a tensor larger than one storage binding",
+                what: "bytes of a tensor to bind (one storage binding)",
             });
         }
         Ok(())
@@ -231,7 +231,7 @@ impl DeviceBlock {
                 op: "bind",
                 size_bytes: self.size,
                 limit_bytes: max_binding_bytes,
-                what: "a tensor larger than one storage binding",
+                what: "bytes of a tensor to bind (one storage binding)",
             });
         }
         Ok(wgpu::BufferBinding {

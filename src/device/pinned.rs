@@ -254,7 +254,7 @@ impl PinnedSource for WgpuPinnedSource {
                 op: "pin_memory",
                 size_bytes,
                 limit_bytes: self.max_buffer_size,
-                what: "a pinned block larger than one wgpu buffer",
+                what: "bytes of a pinned block (one wgpu buffer)",
             });
         }
         use wgpu::BufferUsages as U;

@@ -220,7 +220,7 @@ impl<S: PinnedSource> CachingHostAllocator<S> {
                 op: "pinned allocate",
                 size_bytes,
                 limit_bytes: 1 << 63,
-                what: "a pinned block (sizes round up to a power of two)",
+                what: "bytes of a pinned block (sizes round up to a power of two)",
             })?;
         let b = bucket(size);
         if let Some(id) = self.free_lists[kind.index()][b].pop() {

@@ -260,9 +260,9 @@ fn launch_bound(
     {
         return Err(Error::TooLarge {
             op: "launch",
-            size_bytes: x as u64 * y as u64 * z as u64,
+            size_bytes: x.max(y).max(z) as u64,
             limit_bytes: limits.max_compute_workgroups_per_dimension as u64,
-            what: "too many workgroups for one dispatch",
+            what: "workgroups in one dimension of a dispatch",
         });
     }
     let Some(g) = device.gpu() else {

@@ -129,7 +129,7 @@ fn u32_of(op: &'static str, v: usize) -> Result<u32> {
         op,
         size_bytes: v as u64,
         limit_bytes: u32::MAX as u64,
-        what: "elements or offsets beyond 32-bit indexing",
+        what: "elements or offset units (kiln's kernels index in 32 bits)",
     })
 }
 

@@ -322,7 +322,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 op: "malloc",
                 size_bytes: alloc_size,
                 limit_bytes: max_segment,
-                what: "a segment for this request is larger than the largest buffer the device can create",
+                what: "bytes of the segment for this request (the largest buffer the device can create)",
             });
         }
 
