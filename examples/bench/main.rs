@@ -490,23 +490,46 @@ fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
 /// GPU (the peak is `max_memory_allocated` over the steps), ResNet-18 at batch 2, 64x64 on a
 /// software adapter.
 fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+    resnet_rows(dev, false, rows)?;
+    if f16 {
+        resnet_rows(dev, true, rows)?;
+    }
+    Ok(())
+}
+
+/// One ResNet step's rows, as `torch_anchor_wave3.py`'s `resnet_amp` takes it: a fresh model
+/// after the cache is emptied, zero_grad(set_to_none), forward and loss under autocast (AMP),
+/// `scaler.scale(loss).backward()`, `scaler.step(opt)`, `scaler.update()`; SGD with momentum
+/// 0.9. The f32 row runs the same loop with autocast and the scaler disabled.
+fn resnet_rows(dev: &Device, amp: bool, rows: &mut Vec<Row>) -> kiln::Result<()> {
+    use kiln::amp::{autocast, DeviceType, GradScaler};
     use kiln::nn::models::{resnet18, resnet50};
     use kiln::nn::Module;
-    use kiln::optim::{Optimizer, Sgd};
+    use kiln::optim::Sgd;
     let software = is_software(dev);
+    dev.synchronize()?;
+    dev.empty_cache();
     let (name, model, n, hw) = if software {
         ("resnet18", resnet18(1000, dev)?, 2, 64)
     } else {
         ("resnet50", resnet50(1000, dev)?, 32, 224)
     };
     let mut opt = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
+    let mut scaler = GradScaler::new().enabled(amp);
     let x = Tensor::randn(&[n, 3, hw, hw], DType::F32, dev)?;
     let labels: Vec<i32> = (0..n as i32).map(|i| i * 31 % 1000).collect();
     let y = Tensor::from_slice(&labels, &[n], dev)?;
     let mut step = || -> kiln::Result<()> {
+        use kiln::optim::Optimizer;
         opt.zero_grad(true)?;
-        kiln::nn::cross_entropy(&model.forward(&x)?, &y)?.backward()?;
-        opt.step()
+        let loss = {
+            let _amp = autocast(DeviceType::Gpu, DType::F16, amp)?;
+            kiln::nn::cross_entropy(&model.forward(&x)?, &y)?
+        };
+        scaler.scale(&loss)?.backward()?;
+        scaler.step(&mut opt)?;
+        scaler.update(None)
     };
     for _ in 0..3 {
         step()?;
@@ -520,7 +543,8 @@ fn resnet_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     }
     dev.synchronize()?;
     let ms = t.elapsed().as_secs_f64() * 1e3 / iters as f64;
-    let case = format!("{name} b{n} {hw}x{hw} SGD momentum step f32");
+    let mode = if amp { "AMP f16" } else { "f32" };
+    let case = format!("{name} b{n} {hw}x{hw} SGD momentum step {mode}");
     rows.push(Row {
         adapter: dev.name(),
         suite: "resnet",
