@@ -7,7 +7,10 @@
 //! PNG) and, from the profiler, the memory timeline by category (parameter, optimizer state,
 //! input, temporary, activation, gradient, autograd detail; SVG, PNG and PyTorch's JSON).
 //!
-//!     cargo run --release --example resnet_memory -- [--forget-zero-grad] [--out DIR]
+//! `--amp` runs the iterations under autocast(f16) with a GradScaler, PyTorch's AMP loop,
+//! beside PyTorch 2.11's figures for the same loop on an H200.
+//!
+//!     cargo run --release --example resnet_memory -- [--forget-zero-grad] [--amp] [--out DIR]
 //!         [--device SPEC] [--size 224] [--plan | --plan-for H100] [--memory-limit 24GiB]
 //!
 //! `--plan` or `--plan-for GPU` runs it as a dry run (no memory, no kernels): the same table,
@@ -18,7 +21,8 @@ mod plan;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks};
-use kiln::nn::models::resnet50;
+use kiln::amp::{autocast, DeviceType, GradScaler};
+use kiln::nn::models::{resnet50, ResNet};
 use kiln::nn::Module;
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
@@ -32,6 +36,25 @@ const TORCH_FORGOT: [(f64, f64); 5] = [
     (300.7, 392.9),
     (300.7, 392.9),
     (300.7, 392.9),
+];
+/// The same under autocast(f16) + GradScaler, PyTorch 2.11 on an H200 (2026-11-29): the loop
+/// of `torch_anchor_wave2.py` with `with torch.autocast("cuda", dtype=torch.float16)` around
+/// the forward and loss, then `scaler.scale(loss).backward()`, `scaler.step(optimizer)`,
+/// `scaler.update()`. At batch 1 the gradients overflow the scaler's first scales and steps
+/// are skipped: with set_to_none neither allocates momentum in five iterations.
+const TORCH_AMP_FORGOT: [(f64, f64); 5] = [
+    (261.7, 296.4),
+    (261.7, 363.0),
+    (261.7, 363.0),
+    (261.7, 363.0),
+    (261.7, 363.0),
+];
+const TORCH_AMP_SET_TO_NONE: [(f64, f64); 5] = [
+    (98.3, 231.4),
+    (98.3, 231.4),
+    (98.3, 231.4),
+    (98.3, 231.4),
+    (98.3, 231.4),
 ];
 const TORCH_SET_TO_NONE: [(f64, f64); 5] = [
     (200.2, 300.7),
@@ -54,6 +77,12 @@ fn main() -> kiln::Result<()> {
                 .long("forget-zero-grad")
                 .action(ArgAction::SetTrue)
                 .help("never call zero_grad (gradients accumulate)"),
+        )
+        .arg(
+            Arg::new("amp")
+                .long("amp")
+                .action(ArgAction::SetTrue)
+                .help("autocast(f16) forward and loss, GradScaler (GPUs with f16)"),
         )
         .arg(
             Arg::new("device")
@@ -85,6 +114,13 @@ fn main() -> kiln::Result<()> {
         None,
     )?;
     let size = *args.get_one::<u64>("size").expect("has a default") as usize;
+    let amp = args.get_flag("amp");
+    if amp && !device.adapter_info().is_some_and(|a| a.features.shader_f16) {
+        return Err(kiln::Error::InvalidArgument {
+            op: "resnet_memory",
+            msg: format!("--amp needs a GPU with f16; {} has none", device.name()),
+        });
+    }
     let out = args
         .get_one::<PathBuf>("out")
         .expect("has a default")
@@ -94,7 +130,12 @@ fn main() -> kiln::Result<()> {
         msg: format!("creating {}: {e}", out.display()),
     })?;
     println!(
-        "ResNet-50, batch 1, {size}x{size}, SGD momentum 0.9, on {}; zero_grad {}",
+        "ResNet-50, batch 1, {size}x{size}, SGD momentum 0.9{}, on {}; zero_grad {}",
+        if amp {
+            ", autocast f16 + GradScaler"
+        } else {
+            ""
+        },
         device.name(),
         if forget {
             "forgotten"
@@ -118,6 +159,7 @@ fn main() -> kiln::Result<()> {
     let labels = kiln::no_grad(|| model.forward(&inputs))?.rand_like()?;
     // optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
+    let mut scaler = GradScaler::new().enabled(amp);
     let params: usize = model.parameters().iter().map(|p| p.numel() * 4).sum();
     println!("parameters: {:.1} MiB", mib(params as u64));
 
@@ -134,21 +176,12 @@ fn main() -> kiln::Result<()> {
     let ((), prof) = kiln::profiler::profile(&profiling, || {
         for _ in 0..5 {
             device.reset_peak_memory_stats();
-            // pred = model(inputs); loss_fn(pred, labels).backward()  (CrossEntropyLoss with
-            // probabilities as targets: -(labels * log_softmax(pred)).sum(1).mean())
-            let pred = model.forward(&inputs)?;
-            let loss = labels
-                .mul(&pred.log_softmax(1)?)?
-                .sum(&[1], false)?
-                .mean(&[0], false)?
-                .neg()?;
-            loss.backward()?;
-            drop((pred, loss));
-            // optimizer.step(); optimizer.zero_grad(set_to_none=True)
-            optimizer.step()?;
-            if !forget {
-                optimizer.zero_grad(true)?;
-            }
+            iteration(
+                (&model, &inputs, &labels),
+                &mut optimizer,
+                &mut scaler,
+                forget,
+            )?;
             device.synchronize()?;
             rows.push((
                 mib(device.memory_allocated() - base),
@@ -160,10 +193,11 @@ fn main() -> kiln::Result<()> {
     })?;
     bar.finish_and_clear();
 
-    let torch = if forget {
-        TORCH_FORGOT
-    } else {
-        TORCH_SET_TO_NONE
+    let torch = match (amp, forget) {
+        (false, true) => TORCH_FORGOT,
+        (false, false) => TORCH_SET_TO_NONE,
+        (true, true) => TORCH_AMP_FORGOT,
+        (true, false) => TORCH_AMP_SET_TO_NONE,
     };
     println!(
         "{:>9}  {:>14} {:>14}  {:>14} {:>14}",
@@ -179,11 +213,26 @@ fn main() -> kiln::Result<()> {
          [4, C] statistics) and kiln's weight-gradient partials where PyTorch's adds cuDNN's \
          workspaces"
     );
+    if amp && device.is_dry_run() {
+        println!(
+            "a dry run's GradScaler finds no inf (values are not computed), so every step is \
+             taken and momentum is allocated; on the GPU, batch 1's gradients overflow the first \
+             scales and those steps are skipped"
+        );
+    }
+    if amp {
+        println!(
+            "under autocast kiln casts each BatchNorm's f16 input to f32 (BatchNorm is on its \
+             f32 list; PyTorch's cuDNN kernel takes the f16 input with f32 parameters), so its \
+             saved activations are larger than PyTorch's"
+        );
+    }
 
-    let which = if forget {
-        "forgot_zero_grad"
-    } else {
-        "set_to_none"
+    let which = match (forget, amp) {
+        (true, false) => "forgot_zero_grad",
+        (false, false) => "set_to_none",
+        (true, true) => "forgot_zero_grad_amp",
+        (false, true) => "set_to_none_amp",
     };
     let snapshot = out.join(format!("resnet50_{which}.pickle"));
     // torch.cuda.memory._dump_snapshot("snapshot.pickle")
@@ -231,23 +280,49 @@ fn main() -> kiln::Result<()> {
             let inputs = Tensor::randn(&[n, 3, size, size], DType::F32, dev)?;
             let labels = kiln::no_grad(|| model.forward(&inputs))?.rand_like()?;
             let mut optimizer = Sgd::new(model.parameters(), 1e-2)?.momentum(0.9)?;
+            let mut scaler = GradScaler::new().enabled(amp);
             for _ in 0..5 {
-                let pred = model.forward(&inputs)?;
-                let loss = labels
-                    .mul(&pred.log_softmax(1)?)?
-                    .sum(&[1], false)?
-                    .mean(&[0], false)?
-                    .neg()?;
-                loss.backward()?;
-                drop((pred, loss));
-                optimizer.step()?;
-                if !forget {
-                    optimizer.zero_grad(true)?;
-                }
+                iteration(
+                    (&model, &inputs, &labels),
+                    &mut optimizer,
+                    &mut scaler,
+                    forget,
+                )?;
             }
             Ok(())
         })?;
         plan::report(&prof.peak_by_category(0), &fit, budget, started);
+    }
+    Ok(())
+}
+
+/// One iteration: `pred = model(inputs)`, `loss_fn(pred, labels).backward()` (CrossEntropyLoss
+/// with probabilities as targets: `-(labels * log_softmax(pred)).sum(1).mean()`),
+/// `optimizer.step()`, `optimizer.zero_grad(set_to_none=True)` unless forgotten; with the scaler
+/// enabled, the forward and loss under autocast(f16), `scaler.scale(loss).backward()`,
+/// `scaler.step(optimizer)`, `scaler.update()`.
+fn iteration(
+    (model, inputs, labels): (&ResNet, &Tensor, &Tensor),
+    optimizer: &mut Sgd,
+    scaler: &mut GradScaler,
+    forget: bool,
+) -> kiln::Result<()> {
+    let (pred, loss) = {
+        let _amp = autocast(DeviceType::Gpu, DType::F16, scaler.is_enabled())?;
+        let pred = model.forward(inputs)?;
+        let loss = labels
+            .mul(&pred.log_softmax(1)?)?
+            .sum(&[1], false)?
+            .mean(&[0], false)?
+            .neg()?;
+        (pred, loss)
+    };
+    scaler.scale(&loss)?.backward()?;
+    drop((pred, loss));
+    scaler.step(optimizer)?;
+    scaler.update(None)?;
+    if !forget {
+        optimizer.zero_grad(true)?;
     }
     Ok(())
 }
