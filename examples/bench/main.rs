@@ -506,7 +506,7 @@ fn resnet_rows(dev: &Device, amp: bool, rows: &mut Vec<Row>) -> kiln::Result<()>
     use kiln::amp::{autocast, DeviceType, GradScaler};
     use kiln::nn::models::{resnet18, resnet50};
     use kiln::nn::Module;
-    use kiln::optim::Sgd;
+    use kiln::optim::{Optimizer, Sgd};
     let software = is_software(dev);
     dev.synchronize()?;
     dev.empty_cache();
@@ -521,7 +521,6 @@ fn resnet_rows(dev: &Device, amp: bool, rows: &mut Vec<Row>) -> kiln::Result<()>
     let labels: Vec<i32> = (0..n as i32).map(|i| i * 31 % 1000).collect();
     let y = Tensor::from_slice(&labels, &[n], dev)?;
     let mut step = || -> kiln::Result<()> {
-        use kiln::optim::Optimizer;
         opt.zero_grad(true)?;
         let loss = {
             let _amp = autocast(DeviceType::Gpu, DType::F16, amp)?;
@@ -941,7 +940,7 @@ fn kiln_commit() -> String {
 /// day, the kiln commit, each adapter's backend and driver). Written to a temporary file and
 /// renamed over `path`, as kiln writes every file.
 fn write_json(path: &str, devices: &[Device], rows: &[Row]) -> kiln::Result<()> {
-    let adapters: Vec<serde_json::Value> = devices
+    let mut adapters: Vec<serde_json::Value> = devices
         .iter()
         .map(|d| match d.adapter_info() {
             Some(i) => serde_json::json!({
@@ -954,13 +953,11 @@ fn write_json(path: &str, devices: &[Device], rows: &[Row]) -> kiln::Result<()> 
         })
         .collect();
     // The planning devices of `--suite plan` (rows under a name of no real device).
-    let mut adapters = adapters;
-    let mut planned: Vec<&str> = rows
+    let planned: std::collections::BTreeSet<&str> = rows
         .iter()
         .map(|r| r.adapter.as_str())
         .filter(|a| !devices.iter().any(|d| d.name() == *a))
         .collect();
-    planned.dedup();
     adapters.extend(planned.into_iter().map(|a| {
         serde_json::json!({"adapter": a, "name": a, "backend": "Plan",
             "device_type": "DryRun", "driver": "dry run: no memory allocated, no kernel run",

@@ -509,17 +509,18 @@ impl Bound {
     /// `t` (shaped as the output) in the kernels' output layout from its first element:
     /// itself where it is, else a copy (the kernels address outputs without an offset).
     fn as_output(&self, t: &Tensor) -> Result<Tensor> {
-        let at_start = t.layout.offset == 0;
-        if !self.token_major {
-            return match at_start && t.is_contiguous() {
-                true => Ok(t.clone()),
-                false => super::copy(t),
-            };
+        // The memory order the kernels address: [b, len, heads, width] when token-major.
+        let memory = match self.token_major {
+            true => t.transpose(1, 2)?,
+            false => t.clone(),
+        };
+        if t.layout.offset == 0 && memory.is_contiguous() {
+            return Ok(t.clone());
         }
-        let tokens = t.transpose(1, 2)?;
-        match at_start && tokens.is_contiguous() {
-            true => Ok(t.clone()),
-            false => super::copy(&tokens)?.transpose(1, 2),
+        let copy = super::copy(&memory)?;
+        match self.token_major {
+            true => copy.transpose(1, 2),
+            false => Ok(copy),
         }
     }
 

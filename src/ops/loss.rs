@@ -51,10 +51,9 @@ fn nll_recorded(
             // autocast it is the f32 copy of f16 log-probabilities) and an in-place write to
             // it is caught.
             let input = crate::graph::save(log_probs)?;
-            let (shape, dtype) = (log_probs.shape().to_vec(), log_probs.dtype());
             let f: crate::graph::BackwardFn = Box::new(move |g, _| {
                 let target = saved.get()?;
-                let _input = input.get()?;
+                let input = input.get()?;
                 // With log_softmax's backward in the same kernel where it was offered (Note
                 // [Backward epilogues]).
                 if let Some(crate::graph::Epilogue::LogSoftmaxRows(y)) = crate::graph::offered(0) {
@@ -65,7 +64,7 @@ fn nll_recorded(
                         return Ok(vec![Some(grad), None]);
                     }
                 }
-                let grad = backward(g, &target, &tw, &shape, dtype, ignore_index)?;
+                let grad = backward(g, &target, &tw, input.shape(), input.dtype(), ignore_index)?;
                 Ok(vec![Some(grad), None])
             });
             Ok(f)
