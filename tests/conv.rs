@@ -304,3 +304,72 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         }
     }
 }
+
+/// The f16 convolution on tensor cores (taken where the adapter has cooperative matrices, one
+/// group, channels in whole tiles; elsewhere these run on the SIMT kernels) against the CPU
+/// device in f16: output and all three gradients. The input's gradient at stride 1 (3x3,
+/// dilated, 1x1) as the rotated forward pass, strided (3x3 at an odd size, a 1x1 whose odd
+/// rows and columns receive nothing) phase by phase; the weight's gradient with 64 and 128
+/// output channels (tiles of 64 and 128 rows), taps x channels padded to whole tiles, and
+/// pixels split over several partials, the last one short.
+#[test]
+fn f16_convolution_gradients_on_tensor_cores_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    let p = |s: usize, pad: usize, d: usize| Conv2dParams {
+        stride: (s, s),
+        padding: (pad, pad),
+        dilation: (d, d),
+        groups: 1,
+    };
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 7] = [
+        ([2, 64, 10, 10], [64, 64, 3, 3], p(1, 1, 1)),
+        ([2, 64, 9, 9], [128, 64, 1, 1], p(2, 0, 1)),
+        ([2, 128, 9, 9], [128, 128, 3, 3], p(2, 1, 1)),
+        ([3, 64, 8, 8], [256, 64, 1, 1], p(1, 0, 1)),
+        ([1, 64, 12, 12], [64, 64, 3, 3], p(1, 2, 2)),
+        ([4, 64, 16, 16], [64, 64, 3, 3], p(1, 1, 1)),
+        ([3, 64, 15, 15], [128, 64, 3, 3], p(1, 1, 1)),
+    ];
+    for dev in gpus() {
+        if !dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+            continue;
+        }
+        // Without cooperative matrices (lavapipe in CI) the SIMT kernels take these shapes,
+        // which the test above covers: two cases, to keep the CPU reference's time short.
+        let coop = dev
+            .adapter_info()
+            .is_some_and(|a| a.features.cooperative_matrix);
+        let count = if coop { cases.len() } else { 2 };
+        for (i, (xs, ws, p)) in cases.iter().enumerate().take(count) {
+            let (nx, nw) = (xs.iter().product(), ws.iter().product());
+            let run = |d: &Device| {
+                let t = |n: usize, seed: u64, shape: &[usize]| {
+                    Tensor::from_f64_slice(&values(n, seed), shape, DType::F16, d).unwrap()
+                };
+                let x = t(nx, i as u64 + 1, xs).requires_grad_(true).unwrap();
+                let w = t(nw, i as u64 + 7, ws).requires_grad_(true).unwrap();
+                let b = t(ws[0], 3, &[ws[0]]).requires_grad_(true).unwrap();
+                let y = conv2d(&x, &w, Some(&b), *p).unwrap();
+                y.backward_with(&t(y.numel(), 11, y.shape()), false)
+                    .unwrap();
+                [y.detach(), x.grad().unwrap(), w.grad().unwrap()]
+            };
+            let (got, want) = (run(&dev), run(&cpu));
+            for (j, what) in ["output", "grad input", "grad weight"].iter().enumerate() {
+                assert_eq!(got[j].shape(), want[j].shape(), "{what}");
+                assert_eq!(got[j].dtype(), DType::F16, "{what}");
+                // Sums over many values in f16: the tolerance grows with the sum's length.
+                let terms = match j {
+                    2 => xs[0] * xs[2] * xs[3],
+                    _ => ws[1] * ws[2] * ws[3],
+                };
+                close(
+                    &got[j].to_f64_vec().unwrap(),
+                    &want[j].to_f64_vec().unwrap(),
+                    2e-3 * (terms as f64).sqrt(),
+                    &format!("{dev:?} case {i} {what}"),
+                );
+            }
+        }
+    }
+}

@@ -20,7 +20,11 @@ fn coop_kernels_write_spirv() {
     let products = CoopTile::ALL
         .into_iter()
         .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l)));
-    for k in products.chain(CoopTile::CONV.map(Kernel::ConvCoop)) {
+    let convs = CoopTile::CONV.map(Kernel::ConvCoop);
+    for k in products
+        .chain(convs)
+        .chain(CoopTile::WGRAD.map(Kernel::ConvCoopWgrad))
+    {
         let info = kiln::kernels::validate(&k).unwrap();
         let module = naga::front::wgsl::parse_str(&k.source()).unwrap();
         for policy in [

@@ -4,6 +4,7 @@
 //! and an epilogue that adds the bias and writes NCHW where every image's pixels are whole
 //! 8-runs. Here: its immediates and gather (WGSL), its tile shapes and their choice.
 
+use super::coop_gen::CoopKind;
 use super::matmul_coop::{BIAS8, BIAS_BINDING};
 use super::{CoopLayout, CoopTile};
 
@@ -14,15 +15,18 @@ const LAYOUT: CoopLayout = CoopLayout {
 };
 
 /// The convolution's immediates: the matmul's first ten (`sab`, `sbb`, `lda` unused: zero), then
-/// the geometry. `c8`: the input's channels in vectors of eight; `cg`: channels per group.
+/// the geometry. `c8`: the input's channels in vectors of eight; `cg`: channels per group;
+/// `taps`: kh x kw.
 const PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
     batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
     ldb: u32,\n    off_c: u32,\n    off_bias: u32,\n    h: u32,\n    w: u32,\n    c8: u32,\n    \
     oh: u32,\n    ow: u32,\n    kw: u32,\n    sh: u32,\n    sw: u32,\n    ph: u32,\n    pw: u32,\n    \
-    dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    pad0: u32,\n    pad1: u32,\n}\n";
+    dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    taps: u32,\n    pad1: u32,\n}\n";
 
 /// The convolution's gather: `conv_row` finds an output pixel's window once, `conv_slice` a
-/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`), `gather` the eight
+/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`; with flags bit 2,
+/// the weight's tap t serves as tap `taps - 1 - t`: the input gradient's rotated kernel, with
+/// no flipped copy of the weight), `gather` the eight
 /// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
 /// 16-byte load of the NHWC input.
 const GATHER: &str =
@@ -35,7 +39,8 @@ fn conv_row(m: u32, v: u32) -> Row {\n    \
     return Row(p.off_a / 8u + img * p.h * p.w * p.c8 + v, i32((q / p.ow) * p.sh) - i32(p.ph), \
     i32((q % p.ow) * p.sw) - i32(p.pw), m < p.m);\n}\n\n\
 fn conv_slice(k: u32) -> Slice {\n    \
-    let tap = k / p.cg;\n    \
+    var tap = k / p.cg;\n    \
+    if (p.flags & 4u) != 0u {\n        tap = p.taps - 1u - tap;\n    }\n    \
     return Slice(i32((tap / p.kw) * p.dh), i32((tap % p.kw) * p.dw), (k % p.cg) / 8u);\n}\n\n\
 fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
     let ih = r.ih + s.dy;\n    \
@@ -101,7 +106,7 @@ impl CoopTile {
     pub fn conv_source(&self) -> String {
         // The bias binding, the gather, and the bias reads shared with the product's epilogue.
         let extra = format!("{BIAS_BINDING}{GATHER}\n{BIAS8}");
-        self.generate(LAYOUT, Some([PARAMS, &extra]))
+        self.generate(LAYOUT, CoopKind::Conv, Some([PARAMS, &extra]))
     }
 
     /// The convolution kernel's name, as the profiler prints it.
@@ -116,5 +121,93 @@ impl CoopTile {
     /// (K = taps x cg, walked in slices that never cross a tap).
     pub fn fits_conv(&self, og: usize, cg: usize) -> bool {
         og.is_multiple_of(self.block_n() as usize) && cg.is_multiple_of(self.k_step() as usize)
+    }
+}
+
+/// The weight gradient's operands: A (the output's gradient, `[pixel][o]`) and B (the gathered
+/// input, `[pixel][tap, c]`), both staged K-major.
+const WGRAD_LAYOUT: CoopLayout = CoopLayout {
+    a_t: true,
+    b_t: false,
+};
+
+/// The weight gradient's immediates: the product's first eleven (`m` and `n` padded to whole
+/// tiles, `k` the pixels of one split, `sab` its stride in A), the real `m` (output channels),
+/// `n` (taps x input channels) and pixel count, then the geometry.
+const WGRAD_PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n    \
+    batch: u32,\n    off_a: u32,\n    sab: u32,\n    lda: u32,\n    off_b: u32,\n    sbb: u32,\n    \
+    ldb: u32,\n    off_c: u32,\n    k_total: u32,\n    m_real: u32,\n    n_real: u32,\n    \
+    h: u32,\n    w: u32,\n    c8: u32,\n    oh: u32,\n    ow: u32,\n    kw: u32,\n    sh: u32,\n    \
+    sw: u32,\n    ph: u32,\n    pw: u32,\n    dh: u32,\n    dw: u32,\n    cg: u32,\n    \
+    pad0: u32,\n}\n";
+
+/// The weight gradient's loads: `wgrad_a` one vector of the output's gradient (zeros past the
+/// last pixel or channel), `wgrad_col` a column's tap and channel vector (found once),
+/// `wgrad_b` the eight channels of the input under that tap for one output pixel (zeros in the
+/// padding, past the last pixel or column).
+const WGRAD_GATHER: &str = "fn wgrad_a(at: u32, k: u32, ok: bool) -> vec4<u32> {\n    \
+    if ok && k < p.k_total {\n        return a[at];\n    }\n    return vec4<u32>();\n}\n\n\
+struct Col {\n    dy: i32,\n    dx: i32,\n    v: u32,\n    ok: bool,\n}\n\n\
+fn wgrad_col(n: u32) -> Col {\n    \
+    let tap = n / p.cg;\n    \
+    return Col(i32((tap / p.kw) * p.dh) - i32(p.ph), i32((tap % p.kw) * p.dw) - i32(p.pw), \
+    (n % p.cg) / 8u, n < p.n_real);\n}\n\n\
+fn wgrad_b(k: u32, col: Col) -> vec4<u32> {\n    \
+    let ohw = p.oh * p.ow;\n    \
+    let q = k % ohw;\n    \
+    let ih = i32((q / p.ow) * p.sh) + col.dy;\n    \
+    let iw = i32((q % p.ow) * p.sw) + col.dx;\n    \
+    if col.ok && k < p.k_total && ih >= 0 && iw >= 0 && ih < i32(p.h) && iw < i32(p.w) {\n        \
+    return b[p.off_b / 8u + ((k / ohw) * p.h * p.w + u32(ih) * p.w + u32(iw)) * p.c8 + col.v];\n    }\n    \
+    return vec4<u32>();\n}\n";
+
+impl CoopTile {
+    /// The weight gradient's shapes: 128x128 (the product's default), and 64x128 where the
+    /// output channels are not a multiple of 128.
+    pub const WGRAD: [CoopTile; 2] = [
+        CoopTile::DEFAULT,
+        CoopTile {
+            wm: 2,
+            wn: 2,
+            tm: 2,
+            tn: 4,
+            bk: 32,
+            depth: 0,
+            group: 8,
+        },
+    ];
+
+    /// The weight gradient's tile for `o` output channels: `KILN_WGRAD_TILE` where set (and
+    /// valid), else 128 rows where they divide `o`, else 64.
+    pub fn for_wgrad(o: usize, shared: u32) -> Option<CoopTile> {
+        static OVERRIDE: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
+        let forced = OVERRIDE.get_or_init(|| Self::parse(&std::env::var("KILN_WGRAD_TILE").ok()?));
+        let by_rows = CoopTile::WGRAD
+            .iter()
+            .find(|t| o.is_multiple_of(t.block_m() as usize));
+        forced
+            .iter()
+            .chain(by_rows)
+            .chain(CoopTile::WGRAD.last())
+            .find(|t| t.valid(shared))
+            .copied()
+    }
+
+    /// The convolution's weight gradient on this tile (`ConvCoopWgrad`): A the output's
+    /// gradient NHWC, B gathered from the NHWC input, one f32 partial per K split.
+    pub fn wgrad_source(&self) -> String {
+        self.generate(
+            WGRAD_LAYOUT,
+            CoopKind::ConvWgrad,
+            Some([WGRAD_PARAMS, WGRAD_GATHER]),
+        )
+    }
+
+    /// The weight gradient kernel's name, as the profiler prints it.
+    pub fn wgrad_name(&self) -> String {
+        format!(
+            "conv_coop_wgrad_f16_{}x{}_{}x{}_k{}_d{}_g{}",
+            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+        )
     }
 }

@@ -9,6 +9,7 @@ mod attention_coop;
 mod batch_norm;
 mod conv_coop;
 mod conv_gemm;
+mod coop_gen;
 mod elementwise;
 mod fill;
 mod launch;
@@ -110,6 +111,9 @@ pub enum Kernel {
     /// The f16 convolution's forward pass on the tensor-core kernel, gathering its input from
     /// NHWC (`matmul_coop.rs`, `CoopTile::conv_source`).
     ConvCoop(CoopTile),
+    /// The f16 convolution's weight gradient on tensor cores: B gathered from the NHWC input, K
+    /// split over workgroup layers into f32 partials (`conv_coop.rs`, `CoopTile::wgrad_source`).
+    ConvCoopWgrad(CoopTile),
     /// `shaders/colsum.wgsl`: sums over the leading dims of a contiguous tensor (input, output
     /// dtypes: f32 or f16, f32 accumulation).
     ColumnSum(DType, DType),
@@ -239,6 +243,7 @@ impl Kernel {
                     .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l))),
             )
             .chain(CoopTile::CONV.map(Kernel::ConvCoop))
+            .chain(CoopTile::WGRAD.map(Kernel::ConvCoopWgrad))
             .chain(
                 OptimKernel::ALL
                     .into_iter()
@@ -344,6 +349,7 @@ impl Kernel {
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
+            Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_source()),
             Kernel::Optim(k, d) => Cow::Owned(k.source(*d)),
             Kernel::SgdMulti(d, n) => Cow::Owned(float_io(&optim::sgd_multi_source(*n), *d, true).into_owned()),
             Kernel::AmpUnscale(vec4) => {
@@ -515,6 +521,7 @@ impl Kernel {
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
             Kernel::ConvCoop(t) => Cow::Owned(t.conv_name()),
+            Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_name()),
             Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
             Kernel::Optim(k, d) => Cow::Owned(format!(
                 "optim_{}_{d}{}",
@@ -581,6 +588,7 @@ impl Kernel {
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop(..) => 4,
             Kernel::ConvCoop(_) => 4,
+            Kernel::ConvCoopWgrad(_) => 3,
             Kernel::Pool2d(_) => 2,
             Kernel::Pool2dArgmax(_) => 2,
             Kernel::Pool2dBackward(_) => 3,
@@ -642,8 +650,10 @@ impl Kernel {
                 | Kernel::ConvGemm(_)
                 | Kernel::Reduce(_)
                 | Kernel::FlashAttn(_)
-        ) || (matches!(self, Kernel::MatmulCoop(..) | Kernel::ConvCoop(_))
-            && std::env::var("KILN_COOP_CHECKED").is_err())
+        ) || (matches!(
+            self,
+            Kernel::MatmulCoop(..) | Kernel::ConvCoop(_) | Kernel::ConvCoopWgrad(_)
+        ) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -668,7 +678,7 @@ impl Kernel {
             Kernel::Pool2d(_) | Kernel::Pool2dArgmax(_) | Kernel::Pool2dBackward(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(..) => 48,
-            Kernel::ConvCoop(_) => 112,
+            Kernel::ConvCoop(_) | Kernel::ConvCoopWgrad(_) => 112,
             Kernel::Optim(..) => 64,
             Kernel::SgdMulti(_, n) => {
                 (4 * optim::sgd_multi_immediates(*n) as u32).next_multiple_of(16)

@@ -130,7 +130,7 @@ fn conv2d_forward(
     };
     let geometry = super::conv_gemm::Geometry::new(x.shape(), weight.shape(), (oh, ow), p);
     if n * cout * oh * ow > 0 {
-        if let Some(y) = super::conv_gemm::forward_coop(x, weight, bias, &geometry)? {
+        if let Some(y) = super::conv_coop::forward(x, weight, bias, &geometry)? {
             return Ok(y);
         }
     }

@@ -6,7 +6,7 @@
 //! GL, whose llvmpipe compiles a 128-tile variant in about 90 s.
 
 use super::{end, u32_of, Conv2dParams};
-use crate::kernels::{launch_groups, ConvGemm, ConvMode, CoopTile, Kernel};
+use crate::kernels::{launch_groups, ConvGemm, ConvMode, Kernel};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -57,7 +57,7 @@ impl Geometry {
     /// At stride 1, the convolution whose forward pass is this one's input gradient: from the
     /// output's gradient to the input's, with the kernel rotated by 180 degrees and its channel
     /// dims swapped, padded by `dilation * (k - 1) - padding` (`None` where that is negative).
-    fn rotated(&self) -> Option<Geometry> {
+    pub(super) fn rotated(&self) -> Option<Geometry> {
         let p = self.p;
         let pad = |k: usize, d: usize, pad: usize| (d * (k - 1)).checked_sub(pad);
         if p.stride != (1, 1) {
@@ -101,20 +101,20 @@ pub(super) fn suits(x: &Tensor, g: &Geometry) -> bool {
 }
 
 /// The switches that turn a path off for comparisons in benchmarks, read once.
-struct Forced {
+pub(super) struct Forced {
     /// `KILN_CONV_DIRECT`: every convolution on the direct kernel.
-    direct: bool,
+    pub(super) direct: bool,
     /// `KILN_CONV_NCHW`: the f32 kernels gather from NCHW (scalar loads) even where the NHWC
     /// vec4 kernel applies.
-    nchw: bool,
+    pub(super) nchw: bool,
     /// `KILN_CONV_NHWC`: the tensor-core convolution always writes NHWC and transposes after.
-    nhwc: bool,
+    pub(super) nhwc: bool,
     /// `KILN_CONV_NARROW`: 64-row f32 convolutions keep the 64x128 tile where the 64x256 one
     /// would run.
-    narrow: bool,
+    pub(super) narrow: bool,
 }
 
-fn forced() -> &'static Forced {
+pub(super) fn forced() -> &'static Forced {
     static FORCED: std::sync::OnceLock<Forced> = std::sync::OnceLock::new();
     FORCED.get_or_init(|| {
         let set = |var| std::env::var_os(var).is_some();
@@ -218,104 +218,6 @@ fn run(
         &imm,
         groups,
     )
-}
-
-/// The f16 forward pass on tensor cores (`Kernel::ConvCoop`), where the adapter has cooperative
-/// matrices and the shape suits: one group, input channels in whole K slices, output channels
-/// in whole tiles (ResNet's every layer but the stem). The input goes to NHWC and the weight to
-/// `[o][kh][kw][c]` first, so that eight channels of one pixel at one tap are one 16-byte
-/// load; the product comes out NHWC and goes back to NCHW. Both copies are memory-bound
-/// transposes, paid so that the gather is vector loads (as cuDNN's and CUTLASS's tensor-core
-/// convolutions want NHWC). `None` where the shape does not suit.
-pub(super) fn forward_coop(
-    x: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    g: &Geometry,
-) -> Result<Option<Tensor>> {
-    const OP: &str = "conv2d";
-    let Some(info) = crate::kernels::coop_f16(x.device()) else {
-        return Ok(None);
-    };
-    let shared = info.limits.max_compute_workgroup_storage_size;
-    if x.dtype() != DType::F16 || g.p.groups != 1 || forced().direct {
-        return Ok(None);
-    }
-    let Some(tile) = CoopTile::for_conv(g.o, g.c, shared) else {
-        return Ok(None);
-    };
-    let bias = bias.map(|b| b.contiguous()).transpose()?;
-    if bias.as_ref().is_some_and(|b| b.layout().offset % 8 != 0) {
-        return Ok(None);
-    }
-    let (xh, wp) =
-        super::contiguous_two(&x.permute(&[0, 2, 3, 1])?, &weight.permute(&[0, 2, 3, 1])?)?;
-    let (m, n, k) = (g.n * g.oh * g.ow, g.o, g.taps() * g.c);
-    // Straight into NCHW where every image's pixels are whole 8-runs (56x56, 28x28), else NHWC
-    // and a transpose after (14x14, 7x7).
-    let nchw = (g.oh * g.ow).is_multiple_of(8) && !forced().nhwc;
-    let shape = if nchw {
-        [g.n, g.o, g.oh, g.ow]
-    } else {
-        [g.n, g.oh, g.ow, g.o]
-    };
-    let y = Tensor::empty(&shape, DType::F16, x.device())?;
-    if [&xh, &wp, &y].iter().any(|t| t.layout().offset % 8 != 0) {
-        return Ok(None);
-    }
-    let p = g.p;
-    let imm = [
-        m,
-        n,
-        k,
-        1,
-        xh.layout().offset,
-        0,
-        0,
-        wp.layout().offset,
-        0,
-        k,
-        y.layout().offset,
-        bias.as_ref().map_or(0, |b| b.layout().offset),
-        g.h,
-        g.w,
-        g.c / 8,
-        g.oh,
-        g.ow,
-        g.kw,
-    ]
-    .into_iter()
-    .chain(p.window())
-    .chain([g.c, bias.is_some() as usize | (nchw as usize) << 1, 0, 0])
-    .map(|v| u32_of(OP, v))
-    .collect::<Result<Vec<u32>>>()?;
-    for t in [&xh, &wp, &y] {
-        u32_of(OP, t.layout().offset + t.numel())?;
-    }
-    let groups = (
-        u32_of(OP, n / tile.block_n() as usize)?,
-        u32_of(OP, m.div_ceil(tile.block_m() as usize))?,
-        1,
-    );
-    let bias_block = bias
-        .as_ref()
-        .map_or(&wp.storage.block, |t| &t.storage.block);
-    launch_groups(
-        Kernel::ConvCoop(tile),
-        &[
-            &xh.storage.block,
-            &wp.storage.block,
-            &y.storage.block,
-            bias_block,
-        ],
-        &imm,
-        groups,
-    )?;
-    drop((xh, wp));
-    if nchw {
-        return Ok(Some(y));
-    }
-    y.permute(&[0, 3, 1, 2])?.contiguous().map(Some)
 }
 
 /// `out = conv2d(x, weight) (+ bias)` into the contiguous `out`; `x`, `weight`, `bias`
@@ -461,8 +363,24 @@ pub(super) fn grads(
         *gh = Some(t.clone());
         Ok(t)
     };
-    let dx = if needs[0] {
-        Some(match (g.rotated(), phases(g)) {
+    let (rotated, phases) = (g.rotated(), phases(g));
+    let coop_dx = needs[0]
+        .then(|| super::conv_coop::input_grad_tile(gy, rotated.as_ref(), phases.as_ref()))
+        .flatten();
+    let coop_dx = match coop_dx {
+        Some(tile) => super::conv_coop::input_grad(
+            &nhwc_gy(&mut gh)?,
+            weight,
+            tile,
+            rotated.as_ref(),
+            phases.as_ref(),
+        )?,
+        None => None,
+    };
+    let dx = if coop_dx.is_some() {
+        coop_dx
+    } else if needs[0] {
+        Some(match (rotated, phases) {
             (Some(r), _) if pointwise_suits(gy, &r) => {
                 // [o, c, 1, 1] -> [c, o]: the forward pass's A, transposed.
                 let wt = weight.permute(&[1, 2, 3, 0])?.contiguous()?;
@@ -485,7 +403,17 @@ pub(super) fn grads(
     } else {
         None
     };
+    let coop_dw = match (
+        x.filter(|_| needs[1]),
+        super::conv_coop::weight_grad_tile(gy, g),
+    ) {
+        (Some(x), Some(tile)) => {
+            super::conv_coop::weight_grad(&nhwc_gy(&mut gh)?, &nhwc(x)?, g, tile)?
+        }
+        _ => None,
+    };
     let dw = match x.filter(|_| needs[1]) {
+        _ if coop_dw.is_some() => coop_dw,
         Some(x) if pointwise_suits(x, g) && gy.layout().offset.is_multiple_of(4) => {
             Some(weight_grad(gy, x, g, ConvMode::PointwiseWgrad)?)
         }
@@ -555,14 +483,14 @@ fn phases_1d(n: usize, k: usize, s: usize, p: usize) -> Option<Vec<Phase>> {
 }
 
 /// The row and column phases of a strided convolution's input gradient.
-struct Phases {
+pub(super) struct Phases {
     rows: Vec<Phase>,
     cols: Vec<Phase>,
     g: Geometry,
 }
 
 /// `Phases` where the input's gradient goes by phase: stride above 1, no dilation, one group.
-fn phases(g: &Geometry) -> Option<Phases> {
+pub(super) fn phases(g: &Geometry) -> Option<Phases> {
     let p = g.p;
     if p.stride == (1, 1) || p.dilation != (1, 1) || p.groups != 1 {
         return None;
@@ -609,36 +537,71 @@ impl Phases {
 /// 2 reaches only even rows), its rows stay zero. The inverse-window kernel (`Dgrad`) visits
 /// every (pixel, tap) pair and throws most away; this does only the products that count.
 fn phased_input_grad(gh: &Tensor, weight: &Tensor, phases: &Phases) -> Result<Tensor> {
-    let g = &phases.g;
-    let shape = [g.n, g.c, g.h, g.w];
-    let empty = phases.rows.iter().chain(&phases.cols).any(|p| p.taps == 0);
-    let dx = if empty {
-        Tensor::zeros(&shape, gh.dtype(), gh.device())?
-    } else {
-        Tensor::empty(&shape, gh.dtype(), gh.device())?
-    };
-    let (s, w) = (g.p.stride, weight.layout().offset);
-    for r in phases.rows.iter().filter(|p| p.taps > 0) {
-        for c in phases.cols.iter().filter(|p| p.taps > 0) {
-            // weight[:, :, k0::s, k0::s] as [c, kh', kw', o].
-            let sub = weight
-                .as_strided(
-                    &[g.o, g.c, r.taps, c.taps],
-                    &[g.c * g.taps(), g.taps(), s.0 * g.kw, s.1],
-                    w + r.k0 * g.kw + c.k0,
-                )
-                .permute(&[1, 2, 3, 0])?
-                .contiguous()?;
-            let out = dx.as_strided(
-                &[g.n, g.c, r.len, c.len],
-                &[g.c * g.h * g.w, g.h * g.w, s.0 * g.w, s.1],
-                dx.layout().offset + r.r * g.w + c.r,
-            );
-            let pg = phases.geometry(r, c);
-            forward_vec4("conv2d_backward", gh, &sub, None, &pg, &out, true)?;
-        }
+    let dx = phases.zeroed_grad(gh)?;
+    for (sub, pg, out) in phases.parts(weight, &dx)? {
+        forward_vec4(
+            "conv2d_backward",
+            gh,
+            &sub.contiguous()?,
+            None,
+            &pg,
+            &out,
+            true,
+        )?;
     }
     Ok(dx)
+}
+
+impl Phases {
+    /// The first phase that receives a tap (its channels are every phase's).
+    pub(super) fn first(&self) -> Option<Geometry> {
+        let r = self.rows.iter().find(|p| p.taps > 0)?;
+        let c = self.cols.iter().find(|p| p.taps > 0)?;
+        Some(self.geometry(r, c))
+    }
+
+    /// The input's gradient to fill, [n, c, h, w] like `gh`'s dtype and device: zeros where a
+    /// phase receives no tap (it is never written), else uninitialised.
+    pub(super) fn zeroed_grad(&self, gh: &Tensor) -> Result<Tensor> {
+        let g = &self.g;
+        let shape = [g.n, g.c, g.h, g.w];
+        if self.rows.iter().chain(&self.cols).any(|p| p.taps == 0) {
+            Tensor::zeros(&shape, gh.dtype(), gh.device())
+        } else {
+            Tensor::empty(&shape, gh.dtype(), gh.device())
+        }
+    }
+
+    /// Each phase that receives taps: its sub-kernel (a view of `weight` as `[c, kh', kw', o]`),
+    /// its stride-1 geometry, and its rows and columns of `dx` (a view).
+    pub(super) fn parts(
+        &self,
+        weight: &Tensor,
+        dx: &Tensor,
+    ) -> Result<Vec<(Tensor, Geometry, Tensor)>> {
+        let g = &self.g;
+        let (s, w) = (g.p.stride, weight.layout().offset);
+        let mut parts = Vec::new();
+        for r in self.rows.iter().filter(|p| p.taps > 0) {
+            for c in self.cols.iter().filter(|p| p.taps > 0) {
+                // weight[:, :, k0::s, k0::s] as [c, kh', kw', o].
+                let sub = weight
+                    .as_strided(
+                        &[g.o, g.c, r.taps, c.taps],
+                        &[g.c * g.taps(), g.taps(), s.0 * g.kw, s.1],
+                        w + r.k0 * g.kw + c.k0,
+                    )
+                    .permute(&[1, 2, 3, 0])?;
+                let out = dx.as_strided(
+                    &[g.n, g.c, r.len, c.len],
+                    &[g.c * g.h * g.w, g.h * g.w, s.0 * g.w, s.1],
+                    dx.layout().offset + r.r * g.w + c.r,
+                );
+                parts.push((sub, self.geometry(r, c), out));
+            }
+        }
+        Ok(parts)
+    }
 }
 
 /// The gradient of conv2d's input, [n, c, h, w], from the output's (contiguous) and the weight

@@ -16,7 +16,8 @@
 //!   product's backward, with the row sums and ReLU mask its kernels take in passing);
 //! - `batch_norm.rs` (the fused GPU path for f32, the composite formula as the CPU reference);
 //!   convolution (`conv.rs`; `conv_gemm.rs` picks the implicit GEMM on Vulkan, Metal and DX12
-//!   GPUs and lays out its weight copies and K splits) with pooling, and `conv_grad.rs`;
+//!   GPUs and lays out its weight copies and K splits; `conv_coop.rs` the f16 forward pass and
+//!   both gradients on tensor cores) with pooling, and `conv_grad.rs`;
 //! - `layer_norm.rs`: the fused layer norm (one launch forward, one per backward gradient) and
 //!   its composite, the CPU reference;
 //! - `attention.rs`: `scaled_dot_product_attention` (the flash kernels' launches and backward
@@ -30,6 +31,7 @@ pub(crate) mod autocast;
 mod batch_norm;
 mod composite;
 mod conv;
+mod conv_coop;
 mod conv_gemm;
 mod conv_grad;
 mod copies;
