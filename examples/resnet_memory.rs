@@ -222,9 +222,8 @@ fn main() -> kiln::Result<()> {
     }
     if amp {
         println!(
-            "under autocast kiln casts each BatchNorm's f16 input to f32 (BatchNorm is on its \
-             f32 list; PyTorch's cuDNN kernel takes the f16 input with f32 parameters), so its \
-             saved activations are larger than PyTorch's"
+            "under autocast each BatchNorm takes the convolution's f16 output with its f32 \
+             parameters and saves that f16 input, as PyTorch's cuDNN kernel does"
         );
     }
 

@@ -20,7 +20,9 @@ fn coop_kernels_write_spirv() {
     let products = CoopTile::ALL
         .into_iter()
         .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l)));
-    let convs = CoopTile::CONV.map(Kernel::ConvCoop);
+    let convs = CoopTile::CONV
+        .into_iter()
+        .flat_map(|t| [false, true].map(|flip| Kernel::ConvCoop(t, flip)));
     for k in products
         .chain(convs)
         .chain(CoopTile::WGRAD.map(Kernel::ConvCoopWgrad))

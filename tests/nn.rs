@@ -215,6 +215,123 @@ fn batch_norm_fused_matches_the_cpu_reference() {
     }
 }
 
+/// Batch norm of an f16 input with f32 parameters and running statistics (autocast's
+/// activations with a module's weights, as PyTorch's kernels take them): the fused f16 passes
+/// (f32 statistics) against the CPU's f32 formula on the same f16 values, in training and
+/// evaluation, with and without the ReLU, vec4 rows and not; the output and the input's
+/// gradient f16, the parameters' gradients and the running statistics f32. Dtypes PyTorch
+/// refuses (f32 input with f16 parameters, parameters of two dtypes) are errors.
+#[test]
+fn batch_norm_of_f16_input_with_f32_parameters_matches_the_cpu() {
+    use kiln::ops::{batch_norm, batch_norm_relu};
+    let cpu = Device::cpu().unwrap();
+    let vals = |n: usize, seed: u64, shift: f64| -> Vec<f64> {
+        (0..n)
+            .map(|i| {
+                (((i as u64 + 1) * (seed * 2654435761 + 97)) % 1000) as f64 / 250.0 - 2.0 + shift
+            })
+            .collect()
+    };
+    let gpus = devices().into_iter().filter(|d| !d.is_cpu());
+    for dev in gpus.filter(|d| d.adapter_info().is_some_and(|a| a.features.shader_f16)) {
+        for (k, shape) in [&[4usize, 6, 8, 8][..], &[3, 5, 7, 5], &[16, 3]]
+            .iter()
+            .enumerate()
+        {
+            let c = shape[1];
+            let n: usize = shape.iter().product();
+            let run = |d: &Device, training: bool, relu: bool| -> Vec<(DType, Vec<f64>)> {
+                let f16 = |v: Vec<f64>| Tensor::from_f64_slice(&v, shape, DType::F16, d).unwrap();
+                let f32 = |v: Vec<f64>| Tensor::from_f64_slice(&v, &[c], DType::F32, d).unwrap();
+                let x = f16(vals(n, k as u64 + 3, 1.0))
+                    .requires_grad_(true)
+                    .unwrap();
+                let w = f32(vals(c, 5, 1.0)).requires_grad_(true).unwrap();
+                let b = f32(vals(c, 7, 0.0)).requires_grad_(true).unwrap();
+                let (rm, rv) = (f32(vals(c, 9, 0.5)), f32(vals(c, 13, 3.0)));
+                let op = if relu { batch_norm_relu } else { batch_norm };
+                let y = op(
+                    &x,
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&w),
+                    Some(&b),
+                    training,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap();
+                y.backward_with(&f16(vals(n, k as u64 + 11, 0.0)), false)
+                    .unwrap();
+                [
+                    y,
+                    x.grad().unwrap(),
+                    w.grad().unwrap(),
+                    b.grad().unwrap(),
+                    rm,
+                    rv,
+                ]
+                .iter()
+                .map(|t| (t.dtype(), t.to_f64_vec().unwrap()))
+                .collect()
+            };
+            for (training, relu) in [(true, false), (false, false), (true, true), (false, true)] {
+                let (got, want) = (run(&dev, training, relu), run(&cpu, training, relu));
+                let names = [
+                    "y",
+                    "x.grad",
+                    "weight.grad",
+                    "bias.grad",
+                    "running_mean",
+                    "running_var",
+                ];
+                let dtypes = [
+                    DType::F16,
+                    DType::F16,
+                    DType::F32,
+                    DType::F32,
+                    DType::F32,
+                    DType::F32,
+                ];
+                for (((g, w), name), dtype) in got.iter().zip(&want).zip(names).zip(dtypes) {
+                    assert_eq!(g.0, dtype, "{name}");
+                    let scale = w.1.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                    let ok = g.1.len() == w.1.len()
+                        && g.1
+                            .iter()
+                            .zip(&w.1)
+                            .all(|(a, b)| (a - b).abs() <= 4e-3 * scale);
+                    assert!(
+                        ok,
+                        "{dev:?} {shape:?} training {training} relu {relu}: {name}: {:?} vs {:?}",
+                        &g.1[..g.1.len().min(8)],
+                        &w.1[..w.1.len().min(8)]
+                    );
+                }
+            }
+        }
+        let x16 = Tensor::ones(&[4, 3], DType::F16, &dev).unwrap();
+        let x32 = Tensor::ones(&[4, 3], DType::F32, &dev).unwrap();
+        let (w16, w32) = (
+            Tensor::ones(&[3], DType::F16, &dev).unwrap(),
+            Tensor::ones(&[3], DType::F32, &dev).unwrap(),
+        );
+        for (x, w, b) in [(&x32, &w16, &w16), (&x16, &w16, &w32)] {
+            let e = batch_norm(x, None, None, Some(w), Some(b), true, 0.1, 1e-5).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    kiln::Error::DTypeMismatch {
+                        op: "batch_norm",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn layernorm_dropout_and_lstm() {
     for dev in devices() {

@@ -16,6 +16,8 @@ pub enum BatchNormPass {
         vec4: bool,
         /// The gradient masked by the forward's ReLU first.
         relu: bool,
+        /// x and g in f16 (the statistics f32): batch norm on autocast's f16 activations.
+        half: bool,
     },
     /// One invocation per channel: statistics (forward) or coefficients (backward).
     Finalize {
@@ -30,6 +32,8 @@ pub enum BatchNormPass {
         vec4: bool,
         /// A ReLU fused in (forward), or its mask applied (backward).
         relu: bool,
+        /// x, g and the output in f16 (the coefficients f32).
+        half: bool,
     },
 }
 
@@ -46,18 +50,22 @@ impl BatchNormPass {
             v.push(BatchNormPass::Finalize { backward });
             for vec4 in [false, true] {
                 for relu in [false, true] {
-                    if backward || !relu {
-                        v.push(BatchNormPass::Reduce {
+                    for half in [false, true] {
+                        if backward || !relu {
+                            v.push(BatchNormPass::Reduce {
+                                backward,
+                                vec4,
+                                relu,
+                                half,
+                            });
+                        }
+                        v.push(BatchNormPass::Apply {
                             backward,
                             vec4,
                             relu,
+                            half,
                         });
                     }
-                    v.push(BatchNormPass::Apply {
-                        backward,
-                        vec4,
-                        relu,
-                    });
                 }
             }
         }
@@ -66,23 +74,26 @@ impl BatchNormPass {
 
     /// The kernel's name, as the profiler and tuner print it.
     pub fn name(&self) -> String {
-        let (pass, backward, vec4, relu) = match *self {
+        let (pass, backward, vec4, relu, half) = match *self {
             BatchNormPass::Reduce {
                 backward,
                 vec4,
                 relu,
-            } => ("reduce", backward, vec4, relu),
-            BatchNormPass::Finalize { backward } => ("finalize", backward, false, false),
+                half,
+            } => ("reduce", backward, vec4, relu, half),
+            BatchNormPass::Finalize { backward } => ("finalize", backward, false, false, false),
             BatchNormPass::Apply {
                 backward,
                 vec4,
                 relu,
-            } => ("apply", backward, vec4, relu),
+                half,
+            } => ("apply", backward, vec4, relu, half),
         };
         format!(
-            "batch_norm_{}{pass}_{}_f32{}",
+            "batch_norm_{}{pass}_{}_{}{}",
             if relu { "relu_" } else { "" },
             if backward { "bwd" } else { "fwd" },
+            if half { "f16" } else { "f32" },
             if vec4 { "_vec4" } else { "" }
         )
     }
@@ -109,7 +120,6 @@ impl BatchNormPass {
 
     /// The pass's WGSL.
     pub fn source(&self) -> String {
-        let v = |vec4: bool| if vec4 { "vec4<f32>" } else { "f32" };
         match *self {
             BatchNormPass::Finalize { .. } => {
                 include_str!("../../shaders/batch_norm_finalize.wgsl").to_string()
@@ -118,6 +128,7 @@ impl BatchNormPass {
                 backward,
                 vec4,
                 relu,
+                half,
             } => {
                 let (bindings, shift, acc, extra) = if backward && relu {
                     (
@@ -156,7 +167,7 @@ impl BatchNormPass {
                          part[p.k_off + c] = vec2<f32>(k, 0.0);\n        }",
                     )
                 };
-                include_str!("../../shaders/batch_norm_reduce.wgsl")
+                let tpl = include_str!("../../shaders/batch_norm_reduce.wgsl")
                     .replace("{{BINDINGS}}", bindings)
                     .replace("{{SHIFT}}", shift)
                     .replace("{{ACC}}", acc)
@@ -174,13 +185,14 @@ impl BatchNormPass {
                             },
                             if relu { NORMALISED } else { "" }
                         ),
-                    )
-                    .replace("{{V}}", v(vec4))
+                    );
+                specialise(tpl, vec4, half)
             }
             BatchNormPass::Apply {
                 backward,
                 vec4,
                 relu,
+                half,
             } => {
                 let (bindings, body) = match (backward, relu) {
                     (true, false) => (
@@ -210,11 +222,42 @@ impl BatchNormPass {
                          out[i] = max(normalised(x[p.x_off + i], co[o], co[o + p.c]), {{V}}(0.0));",
                     ),
                 };
-                include_str!("../../shaders/batch_norm_apply.wgsl")
+                let tpl = include_str!("../../shaders/batch_norm_apply.wgsl")
                     .replace("{{BINDINGS}}", &bindings)
-                    .replace("{{BODY}}", body)
-                    .replace("{{V}}", v(vec4))
+                    .replace("{{BODY}}", body);
+                specialise(tpl, vec4, half)
             }
         }
     }
+}
+
+/// A sweeping pass's template with `{{V}}` (the unit it computes in: `f32` or `vec4<f32>`)
+/// filled in. With `half`, x, g and the output are stored as f16 (`f16` or `vec4<f16>`): each
+/// load of x or g converts to the f32 unit and the store rounds back, so the sums and the
+/// arithmetic stay f32 as in PyTorch's kernels for f16 input.
+fn specialise(tpl: String, vec4: bool, half: bool) -> String {
+    let v = if vec4 { "vec4<f32>" } else { "f32" };
+    if !half {
+        return tpl.replace("{{V}}", v);
+    }
+    let h = if vec4 { "vec4<f16>" } else { "f16" };
+    let mut s = format!("enable f16;\n\n{tpl}");
+    for name in ["x", "g", "out"] {
+        s = s.replace(
+            &format!("{name}: array<{{{{V}}}}>"),
+            &format!("{name}: array<{h}>"),
+        );
+    }
+    for load in ["x[p.x_off + i]", "g[p.g_off + i]", "x[p.x_off + c * p.s]"] {
+        s = s.replace(load, &format!("{{{{V}}}}({load})"));
+    }
+    // The apply pass's one store, `out[i] = <expr>;`, rounds to f16.
+    if let Some(at) = s.find("out[i] = ") {
+        let start = at + "out[i] = ".len();
+        if let Some(len) = s[start..].find(';') {
+            s.insert(start + len, ')');
+            s.insert_str(start, &format!("{h}("));
+        }
+    }
+    s.replace("{{V}}", v)
 }

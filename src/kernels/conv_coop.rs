@@ -24,9 +24,10 @@ const PARAMS: &str = "struct Params {\n    m: u32,\n    n: u32,\n    k: u32,\n  
     dh: u32,\n    dw: u32,\n    cg: u32,\n    flags: u32,\n    taps: u32,\n    pad1: u32,\n}\n";
 
 /// The convolution's gather: `conv_row` finds an output pixel's window once, `conv_slice` a
-/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`; with flags bit 2,
-/// the weight's tap t serves as tap `taps - 1 - t`: the input gradient's rotated kernel, with
-/// no flipped copy of the weight), `gather` the eight
+/// K slice's tap and first channel (the slice lies in one tap: `fits_conv`; in the flipped
+/// variant the weight's tap t serves as tap `taps - 1 - t`: the input gradient's rotated
+/// kernel, with no flipped copy of the weight; a variant, because a branch on a flag cost the
+/// forward pass 2% on the H200), `gather` the eight
 /// channels of one pixel at one tap (zeros in the padding and past the last pixel), as one
 /// 16-byte load of the NHWC input.
 const GATHER: &str =
@@ -39,8 +40,7 @@ fn conv_row(m: u32, v: u32) -> Row {\n    \
     return Row(p.off_a / 8u + img * p.h * p.w * p.c8 + v, i32((q / p.ow) * p.sh) - i32(p.ph), \
     i32((q % p.ow) * p.sw) - i32(p.pw), m < p.m);\n}\n\n\
 fn conv_slice(k: u32) -> Slice {\n    \
-    var tap = k / p.cg;\n    \
-    if (p.flags & 4u) != 0u {\n        tap = p.taps - 1u - tap;\n    }\n    \
+    let tap = {{TAP}};\n    \
     return Slice(i32((tap / p.kw) * p.dh), i32((tap % p.kw) * p.dw), (k % p.cg) / 8u);\n}\n\n\
 fn gather(r: Row, s: Slice) -> vec4<u32> {\n    \
     let ih = r.ih + s.dy;\n    \
@@ -103,17 +103,30 @@ impl CoopTile {
     /// The convolution's forward pass on this tile (`ConvCoop`): A gathered from the NHWC
     /// input, B the weight as `[o][tap][ci]` (transposed: `b_t`), C NCHW (flags bit 1) or
     /// `[pixel][o]` (NHWC).
-    pub fn conv_source(&self) -> String {
+    /// With `flip`, the weight's taps are read in reverse.
+    pub fn conv_source(&self, flip: bool) -> String {
+        let tap = if flip {
+            "p.taps - 1u - k / p.cg"
+        } else {
+            "k / p.cg"
+        };
         // The bias binding, the gather, and the bias reads shared with the product's epilogue.
-        let extra = format!("{BIAS_BINDING}{GATHER}\n{BIAS8}");
-        self.generate(LAYOUT, CoopKind::Conv, Some([PARAMS, &extra]))
+        let extra = format!("{BIAS_BINDING}{}\n{BIAS8}", GATHER.replace("{{TAP}}", tap));
+        self.generate(LAYOUT, CoopKind::Conv { flip }, Some([PARAMS, &extra]))
     }
 
     /// The convolution kernel's name, as the profiler prints it.
-    pub fn conv_name(&self) -> String {
+    pub fn conv_name(&self, flip: bool) -> String {
         format!(
-            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}",
-            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}{}",
+            self.wm,
+            self.wn,
+            self.tm,
+            self.tn,
+            self.bk,
+            self.depth,
+            self.group,
+            if flip { "_flip" } else { "" }
         )
     }
 

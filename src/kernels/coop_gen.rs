@@ -18,8 +18,12 @@ pub(super) enum CoopKind {
     /// A product: A and B read from memory, C f16 through the epilogue's patches.
     Product,
     /// A convolution's forward pass (`conv_coop.rs`): A gathered from the NHWC input
-    /// (`conv_row`, `conv_slice`, `gather`), C f16, NCHW or NHWC, with a bias.
-    Conv,
+    /// (`conv_row`, `conv_slice`, `gather`), C f16, NCHW or NHWC, with a bias; `flip`, the
+    /// weight's taps read in reverse (the input's gradient).
+    Conv {
+        /// The taps in reverse.
+        flip: bool,
+    },
     /// A convolution's weight gradient (`conv_coop.rs`): A the output's gradient, NHWC (`[k][m]`,
     /// read through `wgrad_a` with bounds), B gathered from the NHWC input (`wgrad_col`,
     /// `wgrad_b`); workgroup layer z takes K slice z (`p.k` deep), and C is one f32 partial
@@ -85,7 +89,7 @@ impl Gen {
     fn name(&self) -> String {
         match self.kind {
             CoopKind::Product => self.tile.name(self.layout),
-            CoopKind::Conv => self.tile.conv_name(),
+            CoopKind::Conv { flip } => self.tile.conv_name(flip),
             CoopKind::ConvWgrad => self.tile.wgrad_name(),
         }
     }
@@ -178,7 +182,7 @@ impl Gen {
                      let s{x}{i} = {r} * {row}u + ({q} % {vecs}u) * 4u;"
                 );
                 match (self.kind, x) {
-                    (CoopKind::Conv, "a") => {
+                    (CoopKind::Conv { .. }, "a") => {
                         let _ = writeln!(s, "    let pa{i} = conv_row(m0 + {r}, {q} % {vecs}u);");
                     }
                     // Both operands staged k-major: `r` is the load's row along K.
@@ -212,7 +216,7 @@ impl Gen {
                 format!("{k} * ld{x}8")
             };
             match (self.kind, x) {
-                (CoopKind::Conv, "a") => {
+                (CoopKind::Conv { .. }, "a") => {
                     let _ = writeln!(s, "{indent}let sl{set} = conv_slice({k});");
                     for i in 0..count {
                         let _ = writeln!(s, "{indent}{decl}ra{set}{i} = gather(pa{i}, sl{set});");
@@ -412,7 +416,7 @@ impl Gen {
     /// Patches of a whole row of tiles (fewer barriers) were measured slower: the 128x128
     /// shape fell from 292 to 173 TFLOP/s with two tiles per patch.
     fn epilogue(&self, s: &mut String) {
-        let conv = self.kind == CoopKind::Conv;
+        let conv = matches!(self.kind, CoopKind::Conv { .. });
         let _ = writeln!(
             s,
             "    let lane = li % 32u;\n    \

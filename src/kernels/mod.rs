@@ -110,7 +110,7 @@ pub enum Kernel {
     MatmulCoop(CoopTile, CoopLayout),
     /// The f16 convolution's forward pass on the tensor-core kernel, gathering its input from
     /// NHWC (`matmul_coop.rs`, `CoopTile::conv_source`).
-    ConvCoop(CoopTile),
+    ConvCoop(CoopTile, bool),
     /// The f16 convolution's weight gradient on tensor cores: B gathered from the NHWC input, K
     /// split over workgroup layers into f32 partials (`conv_coop.rs`, `CoopTile::wgrad_source`).
     ConvCoopWgrad(CoopTile),
@@ -242,7 +242,11 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l))),
             )
-            .chain(CoopTile::CONV.map(Kernel::ConvCoop))
+            .chain(
+                CoopTile::CONV
+                    .into_iter()
+                    .flat_map(|t| [false, true].map(|flip| Kernel::ConvCoop(t, flip))),
+            )
             .chain(CoopTile::WGRAD.map(Kernel::ConvCoopWgrad))
             .chain(
                 OptimKernel::ALL
@@ -348,7 +352,7 @@ impl Kernel {
                 per_dtype(&src, *d)
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
-            Kernel::ConvCoop(t) => Cow::Owned(t.conv_source()),
+            Kernel::ConvCoop(t, flip) => Cow::Owned(t.conv_source(*flip)),
             Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_source()),
             Kernel::Optim(k, d) => Cow::Owned(k.source(*d)),
             Kernel::SgdMulti(d, n) => Cow::Owned(float_io(&optim::sgd_multi_source(*n), *d, true).into_owned()),
@@ -520,7 +524,7 @@ impl Kernel {
             Kernel::Pool2dBackward(d) => Cow::Owned(format!("pool2d_backward_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
-            Kernel::ConvCoop(t) => Cow::Owned(t.conv_name()),
+            Kernel::ConvCoop(t, flip) => Cow::Owned(t.conv_name(*flip)),
             Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_name()),
             Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
             Kernel::Optim(k, d) => Cow::Owned(format!(
@@ -587,7 +591,7 @@ impl Kernel {
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
             Kernel::MatmulCoop(..) => 4,
-            Kernel::ConvCoop(_) => 4,
+            Kernel::ConvCoop(..) => 4,
             Kernel::ConvCoopWgrad(_) => 3,
             Kernel::Pool2d(_) => 2,
             Kernel::Pool2dArgmax(_) => 2,
@@ -652,7 +656,7 @@ impl Kernel {
                 | Kernel::FlashAttn(_)
         ) || (matches!(
             self,
-            Kernel::MatmulCoop(..) | Kernel::ConvCoop(_) | Kernel::ConvCoopWgrad(_)
+            Kernel::MatmulCoop(..) | Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_)
         ) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
@@ -678,7 +682,7 @@ impl Kernel {
             Kernel::Pool2d(_) | Kernel::Pool2dArgmax(_) | Kernel::Pool2dBackward(_) => 64,
             Kernel::ScatterAdd(_) => 128,
             Kernel::MatmulCoop(..) => 48,
-            Kernel::ConvCoop(_) | Kernel::ConvCoopWgrad(_) => 112,
+            Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_) => 112,
             Kernel::Optim(..) => 64,
             Kernel::SgdMulti(_, n) => {
                 (4 * optim::sgd_multi_immediates(*n) as u32).next_multiple_of(16)

@@ -4,7 +4,8 @@
 //!
 //! Policy, as PyTorch's CUDA autocast lists it (`autocast_mode.cpp`): matmul, linear and conv2d
 //! ("lower precision") cast their float inputs to f16; softmax, log_softmax, the losses,
-//! layer_norm, batch_norm, sum/mean/prod, exp, log and pow ("fp32") cast f16 inputs to f32;
+//! layer_norm, sum/mean/prod, exp, log and pow ("fp32") cast f16 inputs to f32; batch_norm is
+//! on no list (its kernels take f16 input with f32 parameters, as PyTorch's);
 //! binary ops of mixed float dtypes promote to the widest. f64 tensors are never cast (not
 //! eligible, as in PyTorch). Outside an enabled region nothing is cast.
 

@@ -1,6 +1,6 @@
 //! Batch normalisation (PyTorch's `F.batch_norm`) over dim 1 of [N, C, ...].
 //!
-//! On a GPU, f32 tensors take the fused path: three launches forward (per-channel partial sums,
+//! On a GPU, f32 and f16 inputs (f16 with f32 parameters) take the fused path: three launches forward (per-channel partial sums,
 //! a per-channel finalize that also updates the running statistics, one elementwise pass) and
 //! three backward, saving only the input and a [4, C] block of statistics, as PyTorch's native
 //! kernel does. The composite formula built from reductions and broadcasts saved five
@@ -16,7 +16,10 @@ const OP: &str = "batch_norm";
 
 /// Batch normalisation of `x` [N, C, ...] per channel: with the batch's statistics in training
 /// (updating `running_mean`/`running_var` in place with `momentum` and the unbiased variance,
-/// where given) and with the running statistics in evaluation. f32 under autocast.
+/// where given) and with the running statistics in evaluation. f16 input takes f32 parameters
+/// (autocast's activations with a module's f32 weights, as PyTorch's kernels): the statistics
+/// and arithmetic f32, the output f16. Under autocast nothing is cast (batch_norm is on none of
+/// PyTorch's lists).
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm(
     x: &Tensor,
@@ -61,36 +64,40 @@ fn normalise(
     [momentum, eps]: [f64; 2],
     relu: bool,
 ) -> Result<Tensor> {
-    super::autocast::fp32_unary(x, |x| {
-        check(x, running_mean, running_var, weight, bias, training)?;
-        let c = x.shape()[1];
-        let ones;
-        let zeros;
-        let weight = match weight {
-            Some(w) => w,
-            None => {
-                ones = Tensor::ones(&[c], x.dtype(), x.device())?;
-                &ones
-            }
-        };
-        let bias = match bias {
-            Some(b) => b,
-            None => {
-                zeros = Tensor::zeros(&[c], x.dtype(), x.device())?;
-                &zeros
-            }
-        };
-        let running = running_mean.zip(running_var);
-        if fused_suits(x, running, weight, bias) {
-            fused(x, running, weight, bias, training, [momentum, eps], relu)
-        } else if relu {
-            composite(x, running, weight, bias, training, momentum, eps)?.relu()
-        } else {
-            composite(x, running, weight, bias, training, momentum, eps)
+    let params = check(x, running_mean, running_var, weight, bias, training)?;
+    let c = x.shape()[1];
+    let ones;
+    let zeros;
+    let weight = match weight {
+        Some(w) => w,
+        None => {
+            ones = Tensor::ones(&[c], params, x.device())?;
+            &ones
         }
+    };
+    let bias = match bias {
+        Some(b) => b,
+        None => {
+            zeros = Tensor::zeros(&[c], params, x.device())?;
+            &zeros
+        }
+    };
+    let running = running_mean.zip(running_var);
+    if fused_suits(x, running, weight, bias) {
+        return fused(x, running, weight, bias, training, [momentum, eps], relu);
+    }
+    // Mixed (f16 input, f32 parameters): the reference in the parameters' dtype, the output
+    // back in the input's.
+    // Autocast stays out of the formula's steps (its reductions are on the f32 list).
+    super::autocast::suspended(|| {
+        let xp = x.to_dtype(params)?;
+        let y = composite(&xp, running, weight, bias, training, momentum, eps)?;
+        let y = if relu { y.relu()? } else { y };
+        y.to_dtype(x.dtype())
     })
 }
 
+/// Checks the operands; returns the parameters' dtype (the input's where none is given).
 fn check(
     x: &Tensor,
     running_mean: Option<&Tensor>,
@@ -98,7 +105,7 @@ fn check(
     weight: Option<&Tensor>,
     bias: Option<&Tensor>,
     training: bool,
-) -> Result<()> {
+) -> Result<DType> {
     if x.rank() < 2 {
         return Err(Error::InvalidArgument {
             op: OP,
@@ -129,6 +136,27 @@ fn check(
         }
         same_device(OP, x, t)?;
     }
+    // As PyTorch's kernels: the parameters and running statistics share one dtype, the input's
+    // or, for f16 input (autocast's activations), f32.
+    let params = [weight, bias, running_mean, running_var]
+        .into_iter()
+        .flatten()
+        .map(|t| t.dtype())
+        .next()
+        .unwrap_or(x.dtype());
+    let mixed = x.dtype() == DType::F16 && params == DType::F32;
+    for t in [weight, bias, running_mean, running_var]
+        .into_iter()
+        .flatten()
+    {
+        if t.dtype() != params || (params != x.dtype() && !mixed) {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: if mixed { params } else { x.dtype() },
+                got: t.dtype(),
+            });
+        }
+    }
     if running_mean.is_some() != running_var.is_some() {
         return Err(Error::InvalidArgument {
             op: OP,
@@ -150,11 +178,11 @@ fn check(
             ),
         });
     }
-    Ok(())
+    Ok(params)
 }
 
-/// The fused kernels take f32 everywhere on a GPU, 1-D contiguous per-channel tensors, and
-/// sizes that index in 32 bits.
+/// The fused kernels take an f32 or f16 input with f32 per-channel tensors (1-D, contiguous)
+/// on a GPU, and sizes that index in 32 bits.
 fn fused_suits(
     x: &Tensor,
     running: Option<(&Tensor, &Tensor)>,
@@ -168,7 +196,7 @@ fn fused_suits(
     !x.device().is_cpu()
         && x.numel() > 0
         && x.numel() < u32::MAX as usize / 2
-        && x.dtype() == DType::F32
+        && matches!(x.dtype(), DType::F32 | DType::F16)
         && per_channel
             .iter()
             .all(|t| t.dtype() == DType::F32 && t.is_contiguous())
@@ -290,6 +318,7 @@ fn reduce(
         backward,
         vec4: sh.vec4,
         relu: relu && backward,
+        half: x.dtype() == DType::F16,
     });
     let mut blocks = vec![&x.storage.block];
     if let (Some(g), Some(stats)) = (g, stats) {
@@ -318,7 +347,7 @@ fn apply(
     relu: bool,
     stats: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let out = Tensor::empty(x.shape(), DType::F32, x.device())?;
+    let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
     let units = x.numel() / sh.unit;
     let imm = [
         u32_of(OP, units)?,
@@ -338,6 +367,7 @@ fn apply(
         backward: g.is_some(),
         vec4: sh.vec4,
         relu,
+        half: x.dtype() == DType::F16,
     });
     let mut blocks = vec![&x.storage.block, &co.storage.block, &out.storage.block];
     if let Some(g) = g {
@@ -446,7 +476,8 @@ fn fused(
             Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
                 let x = xs.get()?;
                 let stats = ss.get()?;
-                let g = g.contiguous()?;
+                // The gradient in the input's dtype (the output's), contiguous.
+                let g = g.to_dtype(x.dtype())?.contiguous()?;
                 let sh = Shape::of(&x, Some(&g));
                 let part = reduce(&x, Some(&g), Some(&stats), &sh, relu)?;
                 let c = sh.c;

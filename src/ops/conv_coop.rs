@@ -7,8 +7,8 @@
 //!
 //! - Forward (`Kernel::ConvCoop`): A gathered from the input, B the weight as `[o][tap][c]`.
 //! - Input gradient: at stride 1 the forward pass of the output's gradient with the kernel
-//!   rotated (`Geometry::rotated`; the kernel reads the weight's taps in reverse, flags bit 2,
-//!   so the weight's copy is only transposed, `[c][tap][o]`); at a larger stride, phase by
+//!   rotated (`Geometry::rotated`; the kernel's flipped variant reads the weight's taps in
+//!   reverse, so the weight's copy is only transposed, `[c][tap][o]`); at a larger stride, phase by
 //!   phase (`conv_gemm::Phases`), each phase such a pass with its sub-kernel, copied into every
 //!   s-th row and column.
 //! - Weight gradient (`Kernel::ConvCoopWgrad`): `[o][tap, c] = gy^T @ gathered x`, K (the
@@ -80,7 +80,7 @@ fn run(
     if !aligned(&[xh, wp, &y]) {
         return Ok(None);
     }
-    let flags = bias.is_some() as usize | (nchw as usize) << 1 | (flip as usize) << 2;
+    let flags = bias.is_some() as usize | (nchw as usize) << 1;
     let imm = [
         m,
         n,
@@ -116,7 +116,7 @@ fn run(
     );
     let bias_block = bias.map_or(&wp.storage.block, |t| &t.storage.block);
     launch_groups(
-        Kernel::ConvCoop(tile),
+        Kernel::ConvCoop(tile, flip),
         &[
             &xh.storage.block,
             &wp.storage.block,
