@@ -131,51 +131,7 @@ pub(super) fn narrow_product(
             tune::class(k)
         )
     };
-    // A row-major B on whole vec4s (the head's `g @ W`): four columns an invocation, 16-byte
-    // loads of B and stores (`short4`), is a candidate too. (It adds no bias: a Linear's
-    // `W^T` is never a row-major B.) On the H100, 512x4096 by K = 10: 9 us against `short`'s 16
-    // (the tuner had judged it by a warm-up full of latency: `tune::Best`).
-    let vec4 = kind == Narrow::Short
-        && fused.is_none()
-        && b.strides()[1] == 1
-        && [n, b.layout().offset, b.strides()[0], out.layout().offset]
-            .iter()
-            .all(|v| v.is_multiple_of(4));
-    // A row-major A by a transposed row-major W on whole vec4s along K (the head's `h @ W^T`),
-    // on an adapter with subgroups: `rows4`. On the H100, 512x10 by K = 4096: `rows` 21 us,
-    // `rows4` 10 us (f16: 19 and 10; one row a workgroup on the same loads, 12 us, was
-    // dropped).
-    let rows4 = kind == Narrow::Rows
-        && a.device()
-            .adapter_info()
-            .is_some_and(|info| info.features.subgroups)
-        && a.strides()[1] == 1
-        && b.strides()[0] == 1
-        && [
-            k,
-            a.layout().offset,
-            a.strides()[0],
-            b.layout().offset,
-            b.strides()[1],
-        ]
-        .iter()
-        .all(|v| v.is_multiple_of(4));
-    let mut candidates = vec![(Some(kind), "narrow")];
-    if vec4 {
-        candidates.push((Some(Narrow::Short4), "narrow_vec4"));
-    }
-    if rows4 {
-        candidates.push((Some(Narrow::Rows4), "narrow_vec4"));
-    }
-    candidates.push((None, "tiled"));
-    // On a CPU adapter the general product is the default (first: what runs untuned, and the
-    // first timed, with its own key's tuning inside its preparation while the budget is
-    // whole). On lavapipe it won every narrow key measured: the head 512x4096x10 in 67 ms
-    // against `rows`' 210 (a workgroup per row, its shares added over eight barriers), the
-    // head's input gradient 64x128x10 in 0.20 ms against 0.41-0.56.
-    if tune::on_cpu_adapter(a.device()) {
-        candidates.rotate_right(1);
-    }
+    let candidates = candidates(kind, a, b, k, fused.is_some(), &out);
     let work = (m * n * k) as u64;
     let tiled = || matmul_with(a, b, bias, false).map(drop);
     let pick = tune::pick_prepared(
@@ -216,6 +172,66 @@ pub(super) fn narrow_product(
         Some(_) => Ok(Some(out)),
         None => add_bias(out, bias).map(Some),
     }
+}
+
+/// The kernels the tuner times for a narrow product of `kind` (`out` its output, `fused`
+/// whether the bias rides in the kernel): the narrow kernel, its vec4 form where the operands
+/// allow, and the tiled path (`None`).
+fn candidates(
+    kind: Narrow,
+    a: &Tensor,
+    b: &Tensor,
+    k: usize,
+    fused: bool,
+    out: &Tensor,
+) -> Vec<(Option<Narrow>, &'static str)> {
+    let n = out.shape()[1];
+    // A row-major B on whole vec4s (the head's `g @ W`): four columns an invocation, 16-byte
+    // loads of B and stores (`short4`), is a candidate too. (It adds no bias: a Linear's
+    // `W^T` is never a row-major B.) On the H100, 512x4096 by K = 10: 9 us against `short`'s 16
+    // (the tuner had judged it by a warm-up full of latency: `tune::Best`).
+    let vec4 = kind == Narrow::Short
+        && !fused
+        && b.strides()[1] == 1
+        && [n, b.layout().offset, b.strides()[0], out.layout().offset]
+            .iter()
+            .all(|v| v.is_multiple_of(4));
+    // A row-major A by a transposed row-major W on whole vec4s along K (the head's `h @ W^T`),
+    // on an adapter with subgroups: `rows4`. On the H100, 512x10 by K = 4096: `rows` 21 us,
+    // `rows4` 10 us (f16: 19 and 10; one row a workgroup on the same loads, 12 us, was
+    // dropped).
+    let rows4 = kind == Narrow::Rows
+        && a.device()
+            .adapter_info()
+            .is_some_and(|info| info.features.subgroups)
+        && a.strides()[1] == 1
+        && b.strides()[0] == 1
+        && [
+            k,
+            a.layout().offset,
+            a.strides()[0],
+            b.layout().offset,
+            b.strides()[1],
+        ]
+        .iter()
+        .all(|v| v.is_multiple_of(4));
+    let mut candidates = vec![(Some(kind), "narrow")];
+    if vec4 {
+        candidates.push((Some(Narrow::Short4), "narrow_vec4"));
+    }
+    if rows4 {
+        candidates.push((Some(Narrow::Rows4), "narrow_vec4"));
+    }
+    candidates.push((None, "tiled"));
+    // On a CPU adapter the general product is the default (first: what runs untuned, and the
+    // first timed, with its own key's tuning inside its preparation while the budget is
+    // whole). On lavapipe it won every narrow key measured: the head 512x4096x10 in 67 ms
+    // against `rows`' 210 (a workgroup per row, its shares added over eight barriers), the
+    // head's input gradient 64x128x10 in 0.20 ms against 0.41-0.56.
+    if tune::on_cpu_adapter(a.device()) {
+        candidates.rotate_right(1);
+    }
+    candidates
 }
 
 /// One launch of a narrow kernel, its operands held (A, B, the output, and the fourth binding:

@@ -9,12 +9,15 @@
 //! - elementwise (the launches; the formulas are `base`'s) with `grad.rs`, in-place ops
 //!   (`inplace.rs`), reductions, softmax, predicates (compare, cast, where), indexing, random,
 //!   composites, `sum_to`;
-//! - `linear.rs` (`linear`, `linear_relu`); products: `matmul.rs`, `matmul_choice.rs` (which
-//!   kernel a product takes), `matmul_narrow.rs` (a narrow side or a short K, and `grouped`, which
+//! - `linear.rs` (`linear`, `linear_relu`); products: `matmul.rs` (the ops),
+//!   `matmul_plan.rs` (the planner: a checked product's route, the flattened operands, and one
+//!   launch function per kernel family), `matmul_choice.rs` (the conditions each family sets),
+//!   `matmul_narrow.rs` (a narrow side or a short K, and `grouped`, which
 //!   holds a product backward's `short4` and `cols` launches until both are recorded and sends
 //!   them as one dispatch), `matmul_words.rs` (the word products' launches), `matmul_grad.rs` (a
 //!   product's backward, with the row sums and ReLU mask its kernels take in passing);
-//! - `batch_norm.rs` (the fused GPU path for f32, the composite formula as the CPU reference);
+//! - `batch_norm.rs` (the fused GPU path for f32 and f16 input, the composite formula as the CPU
+//!   reference);
 //!   convolution (`conv.rs`; `conv_gemm.rs` picks the implicit GEMM on Vulkan, Metal and DX12
 //!   GPUs and lays out its weight copies and K splits; `conv_coop.rs` the f16 forward pass and
 //!   both gradients on tensor cores) with pooling, and `conv_grad.rs`;
@@ -45,6 +48,7 @@ mod matmul;
 mod matmul_choice;
 mod matmul_grad;
 mod matmul_narrow;
+mod matmul_plan;
 mod matmul_words;
 mod predicate;
 mod random;
