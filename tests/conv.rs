@@ -193,8 +193,9 @@ fn pooling_matches_the_cpu_and_pytorch() {
 /// 16) and ragged channels, strides, padding, dilation, groups, 1x1, more rows than one tile,
 /// a non-contiguous input, a wgrad whose pixels are split, and f16 where the adapter has it.
 /// f32 cases of one group with channels multiples of 4 take the weight's gradient from NHWC
-/// copies on vec4 loads (`WgradVec4`, or `PointwiseWgrad` from NCHW for a 1x1); the others
-/// (10, 9 and 3 input channels, groups) the scalar NCHW gather.
+/// copies on vec4 loads (`WgradVec4`, or `PointwiseWgrad` from NCHW for a 1x1; the 7x7 stem's
+/// 3 input channels padded to 4); the others (10 and 9 input channels, groups) the scalar NCHW
+/// gather.
 #[test]
 fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -310,8 +311,9 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
 /// device in f16: output and all three gradients. The input's gradient at stride 1 (3x3,
 /// dilated, 1x1) as the rotated forward pass, strided (3x3 at an odd size, a 1x1 whose odd
 /// rows and columns receive nothing) phase by phase; the weight's gradient with 64 and 128
-/// output channels (tiles of 64 and 128 rows), taps x channels padded to whole tiles, and
-/// pixels split over several partials, the last one short.
+/// output channels (tiles of 64 and 128 rows), taps x channels padded to whole tiles, pixels
+/// split over several partials, the last one short, and a stem's three input channels padded
+/// to eight.
 #[test]
 fn f16_convolution_gradients_on_tensor_cores_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -321,7 +323,7 @@ fn f16_convolution_gradients_on_tensor_cores_match_the_cpu() {
         dilation: (d, d),
         groups: 1,
     };
-    let cases: [([usize; 4], [usize; 4], Conv2dParams); 7] = [
+    let cases: [([usize; 4], [usize; 4], Conv2dParams); 8] = [
         ([2, 64, 10, 10], [64, 64, 3, 3], p(1, 1, 1)),
         ([2, 64, 9, 9], [128, 64, 1, 1], p(2, 0, 1)),
         ([2, 128, 9, 9], [128, 128, 3, 3], p(2, 1, 1)),
@@ -329,6 +331,8 @@ fn f16_convolution_gradients_on_tensor_cores_match_the_cpu() {
         ([1, 64, 12, 12], [64, 64, 3, 3], p(1, 2, 2)),
         ([4, 64, 16, 16], [64, 64, 3, 3], p(1, 1, 1)),
         ([3, 64, 15, 15], [128, 64, 3, 3], p(1, 1, 1)),
+        // A stem: three input channels, padded to eight for the weight's gradient.
+        ([2, 3, 20, 20], [64, 3, 7, 7], p(2, 3, 1)),
     ];
     for dev in gpus() {
         if !dev.adapter_info().is_some_and(|a| a.features.shader_f16) {

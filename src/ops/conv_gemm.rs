@@ -355,14 +355,7 @@ pub(super) fn grads(
     const OP: &str = "conv2d_backward";
     // The NHWC copy of the output's gradient, made on first use.
     let mut gh: Option<Tensor> = None;
-    let nhwc_gy = |gh: &mut Option<Tensor>| -> Result<Tensor> {
-        if let Some(t) = gh {
-            return Ok(t.clone());
-        }
-        let t = nhwc(gy)?;
-        *gh = Some(t.clone());
-        Ok(t)
-    };
+    let nhwc_gy = |gh: &mut Option<Tensor>| nhwc_once(gy, gh);
     let (rotated, phases) = (g.rotated(), phases(g));
     let coop_dx = needs[0]
         .then(|| super::conv_coop::input_grad_tile(gy, rotated.as_ref(), phases.as_ref()))
@@ -403,30 +396,79 @@ pub(super) fn grads(
     } else {
         None
     };
-    let coop_dw = match (
-        x.filter(|_| needs[1]),
-        super::conv_coop::weight_grad_tile(gy, g),
-    ) {
-        (Some(x), Some(tile)) => {
-            super::conv_coop::weight_grad(&nhwc_gy(&mut gh)?, &nhwc(x)?, g, tile)?
-        }
-        _ => None,
-    };
     let dw = match x.filter(|_| needs[1]) {
-        _ if coop_dw.is_some() => coop_dw,
-        Some(x) if pointwise_suits(x, g) && gy.layout().offset.is_multiple_of(4) => {
-            Some(weight_grad(gy, x, g, ConvMode::PointwiseWgrad)?)
-        }
-        Some(x) if wgrad_vec4_suits(gy, g) => Some(weight_grad(
-            &nhwc_gy(&mut gh)?,
-            &nhwc(x)?,
-            g,
-            ConvMode::WgradVec4,
-        )?),
-        Some(x) => Some(weight_grad(gy, &x.contiguous()?, g, ConvMode::Wgrad)?),
+        Some(x) => Some(match padded_weight_grad(gy, x, g, &mut gh)? {
+            Some(dw) => dw,
+            None => weight_grad_of(gy, x, g, &mut gh)?,
+        }),
         None => None,
     };
     Ok([dx, dw])
+}
+
+/// `gy` as a contiguous NHWC copy, made once (kept in `gh`).
+fn nhwc_once(gy: &Tensor, gh: &mut Option<Tensor>) -> Result<Tensor> {
+    if let Some(t) = gh {
+        return Ok(t.clone());
+    }
+    let t = nhwc(gy)?;
+    *gh = Some(t.clone());
+    Ok(t)
+}
+
+/// The weight's gradient by the first kernel that takes it: tensor cores (f16), the pointwise
+/// kernel from NCHW, the vec4 kernel from NHWC copies, or the scalar gather from NCHW. `gh`
+/// caches the NHWC copy of the output's gradient.
+fn weight_grad_of(
+    gy: &Tensor,
+    x: &Tensor,
+    g: &Geometry,
+    gh: &mut Option<Tensor>,
+) -> Result<Tensor> {
+    if let Some(tile) = super::conv_coop::weight_grad_tile(gy, g) {
+        let coop = super::conv_coop::weight_grad(&nhwc_once(gy, gh)?, &nhwc(x)?, g, tile)?;
+        if let Some(dw) = coop {
+            return Ok(dw);
+        }
+    }
+    if pointwise_suits(x, g) && gy.layout().offset.is_multiple_of(4) {
+        return weight_grad(gy, x, g, ConvMode::PointwiseWgrad);
+    }
+    if wgrad_vec4_suits(gy, g) {
+        let (gh, xh) = (nhwc_once(gy, gh)?, nhwc(x)?);
+        return weight_grad(&gh, &xh, g, ConvMode::WgradVec4);
+    }
+    weight_grad(gy, &x.contiguous()?, g, ConvMode::Wgrad)
+}
+
+/// The weight's gradient where the input has fewer channels than a vector (a stem's 3 RGB
+/// channels): the input copied to NHWC with its channels padded by zeros to a vector (4 in
+/// f32, 8 in f16), so that the vec4 kernel (f32) or the tensor-core kernel (f16) takes it in
+/// place of the scalar gather, and the padding's gradients dropped after. `None` where the
+/// padded shape takes no vector kernel either.
+fn padded_weight_grad(
+    gy: &Tensor,
+    x: &Tensor,
+    g: &Geometry,
+    gh: &mut Option<Tensor>,
+) -> Result<Option<Tensor>> {
+    let width = if gy.dtype() == DType::F16 { 8 } else { 4 };
+    if g.p.groups != 1 || g.c >= width || forced().nchw {
+        return Ok(None);
+    }
+    let gp = Geometry { c: width, ..*g };
+    let tile = super::conv_coop::weight_grad_tile(gy, &gp);
+    if tile.is_none() && !wgrad_vec4_suits(gy, &gp) {
+        return Ok(None);
+    }
+    let xh = Tensor::zeros(&[g.n, g.h, g.w, width], x.dtype(), x.device())?;
+    xh.narrow(3, 0, g.c)?.copy_(&x.permute(&[0, 2, 3, 1])?)?;
+    let gh = nhwc_once(gy, gh)?;
+    let dw = match tile {
+        Some(tile) => super::conv_coop::weight_grad(&gh, &xh, &gp, tile)?,
+        None => Some(weight_grad(&gh, &xh, &gp, ConvMode::WgradVec4)?),
+    };
+    dw.map(|dw| dw.narrow(1, 0, g.c)?.contiguous()).transpose()
 }
 
 /// The input's gradient at stride 1 as the forward pass of `rotated` (`Geometry::rotated`):
