@@ -193,9 +193,8 @@ fn pooling_matches_the_cpu_and_pytorch() {
 /// 16) and ragged channels, strides, padding, dilation, groups, 1x1, more rows than one tile,
 /// a non-contiguous input, a wgrad whose pixels are split, and f16 where the adapter has it.
 /// f32 cases of one group with channels multiples of 4 take the weight's gradient from NHWC
-/// copies on vec4 loads (`WgradVec4`, or `PointwiseWgrad` from NCHW for a 1x1; the 7x7 stem's
-/// 3 input channels padded to 4); the others (10 and 9 input channels, groups) the scalar NCHW
-/// gather.
+/// copies on vec4 loads (`WgradVec4`, or `PointwiseWgrad` from NCHW for a 1x1); the others
+/// (10, 9 and 3 input channels, groups) the scalar NCHW gather.
 #[test]
 fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
