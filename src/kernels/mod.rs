@@ -130,7 +130,8 @@ pub enum Kernel {
     /// `shaders/amp_multi.wgsl`: the same over up to `AMP_MULTI` f32 gradients of whole vec4s
     /// in one launch.
     AmpUnscaleMulti,
-    /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`), f32.
+    /// One pass of the fused batch normalisation (`shaders/batch_norm_*.wgsl`): f32 or f16 input,
+    /// f32 statistics.
     BatchNorm(BatchNormPass),
     /// One pass of flash attention (`shaders/flash_attn_*.wgsl`).
     FlashAttn(FlashAttnKernel),
