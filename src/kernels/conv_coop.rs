@@ -117,8 +117,17 @@ impl CoopTile {
 
     /// The convolution kernel's name, as the profiler prints it.
     pub fn conv_name(&self, flip: bool) -> String {
-        let flip = if flip { "_flip" } else { "" };
-        format!("conv_coop_f16_{}{flip}", self.shape_name())
+        format!(
+            "conv_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}{}",
+            self.wm,
+            self.wn,
+            self.tm,
+            self.tn,
+            self.bk,
+            self.depth,
+            self.group,
+            if flip { "_flip" } else { "" }
+        )
     }
 
     /// Whether the convolution kernel takes `og` output channels of `cg` input channels each
@@ -209,6 +218,9 @@ impl CoopTile {
 
     /// The weight gradient kernel's name, as the profiler prints it.
     pub fn wgrad_name(&self) -> String {
-        format!("conv_coop_wgrad_f16_{}", self.shape_name())
+        format!(
+            "conv_coop_wgrad_f16_{}x{}_{}x{}_k{}_d{}_g{}",
+            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
+        )
     }
 }

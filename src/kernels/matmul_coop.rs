@@ -367,19 +367,17 @@ impl CoopTile {
             && self.shared_bytes() <= shared_limit
     }
 
-    /// The shape as kernel names spell it: `{wm}x{wn}_{tm}x{tn}_k{bk}_d{depth}_g{group}`.
-    pub(super) fn shape_name(&self) -> String {
-        format!(
-            "{}x{}_{}x{}_k{}_d{}_g{}",
-            self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
-        )
-    }
-
     /// The kernel's name for `layout`, as the profiler and tuner print it.
     pub fn name(&self, layout: CoopLayout) -> String {
         format!(
-            "matmul_coop_f16_{}{}{}",
-            self.shape_name(),
+            "matmul_coop_f16_{}x{}_{}x{}_k{}_d{}_g{}{}{}",
+            self.wm,
+            self.wn,
+            self.tm,
+            self.tn,
+            self.bk,
+            self.depth,
+            self.group,
             if layout.a_t { "_at" } else { "" },
             if layout.b_t { "_bt" } else { "" }
         )

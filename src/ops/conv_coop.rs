@@ -31,15 +31,6 @@ fn conv_tile(x: &Tensor, g: &Geometry) -> Option<CoopTile> {
     CoopTile::for_conv(g.o, g.c, info.limits.max_compute_workgroup_storage_size)
 }
 
-/// The kernels' geometry immediates, in their order: input size, channel vectors, output
-/// size, kernel width, the window (stride, padding, dilation), channels.
-fn geometry(g: &Geometry) -> impl Iterator<Item = usize> {
-    [g.h, g.w, g.c / 8, g.oh, g.ow, g.kw]
-        .into_iter()
-        .chain(g.p.window())
-        .chain([g.c])
-}
-
 /// Whether every operand starts on a 16-byte vector.
 fn aligned(ts: &[&Tensor]) -> bool {
     ts.iter().all(|t| t.layout().offset.is_multiple_of(8))
@@ -103,10 +94,16 @@ fn run(
         k,
         y.layout().offset,
         bias.map_or(0, |b| b.layout().offset),
+        g.h,
+        g.w,
+        g.c / 8,
+        g.oh,
+        g.ow,
+        g.kw,
     ]
     .into_iter()
-    .chain(geometry(g))
-    .chain([flags, g.kh * g.kw, 0])
+    .chain(g.p.window())
+    .chain([g.c, flags, g.kh * g.kw, 0])
     .map(|v| u32_of(op, v))
     .collect::<Result<Vec<u32>>>()?;
     for t in [xh, wp, &y] {
@@ -220,6 +217,7 @@ pub(super) fn weight_grad(
         .next_multiple_of(tile.k_step() as usize);
     let splits = k_total.div_ceil(k);
     let partial = Tensor::empty(&[splits, mp, np], DType::F32, gh.device())?;
+    let p = g.p;
     let imm = [
         mp,
         np,
@@ -235,10 +233,16 @@ pub(super) fn weight_grad(
         k_total,
         m,
         n,
+        g.h,
+        g.w,
+        g.c / 8,
+        g.oh,
+        g.ow,
+        g.kw,
     ]
     .into_iter()
-    .chain(geometry(g))
-    .chain([0])
+    .chain(p.window())
+    .chain([g.c, 0])
     .map(|v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
     for t in [gh, xh, &partial] {
