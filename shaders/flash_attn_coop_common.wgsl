@@ -3,6 +3,14 @@
 // the staging of q, k and v. A staged row is DP f16 padded by eight (16 bytes), so that the
 // rows of a 16 x 16 cooperative load fall in different banks; the layout constants come from
 // `kernels/attention_coop.rs`.
+//
+// The backward passes' tiles are double-buffered: while the subgroups multiply tile t (in buffer t % 2), the
+// lanes' phase between the two barriers of an iteration stores tile t + 1 into the other
+// buffer and issues the loads of tile t + 2. An iteration is then
+//   products of tile t into the patches | barrier | lanes: patches -> ps, tile t + 1 stored |
+//   barrier | products with ps and tile t
+// and every buffer is written only after the barrier that follows its last reads (two
+// barriers a tile where a single buffer needed four).
 // A staged row, in vec4<f16>s.
 const RS4: u32 = {{RS4}}u;
 // A row of a subgroup's probabilities (BT keys, padded), in vec4<f16>s.
@@ -16,9 +24,11 @@ const BH4: u32 = BT / 8u;
 // of results a lane holds.
 const DP8: u32 = DP / 8u;
 
-// 64 staged rows: 64 queries (or keys) for the subgroups' fixed operands, else a tile's BT
-// keys then its BT values (BT = 32).
-var<workgroup> kv: array<vec4<f16>, 64u * RS4>;
+// KV_BUFFERS (the forward 1, the backward passes 2) buffers of 2 BT staged rows each: a
+// tile's BT keys then its BT values (or queries then output gradients); the first 64 rows
+// first hold the subgroups' fixed operands (BT = 32).
+const KVB: u32 = 2u * BT * RS4;
+var<workgroup> kv: array<vec4<f16>, {{KV_BUFFERS}}u * KVB>;
 // Each subgroup's 16 rows of f16 probabilities (or score gradients).
 var<workgroup> ps: array<vec4<f16>, 64u * RP4>;
 // Each subgroup's 16 rows of f32 results leaving the cooperative matrices.
@@ -95,15 +105,27 @@ struct Tile {
     b: array<vec4<u32>, NPT>,
 }
 
-// Stores a loaded tile into `kv`; by the whole workgroup.
-fn put_tile(t: Tile, li: u32) {
+// Stores a loaded tile into buffer `buf` of `kv`; by the whole workgroup.
+fn put_tile(t: Tile, buf: u32, li: u32) {
+    let at = buf * KVB;
     for (var s = 0u; s < NPT; s++) {
         let e = li + s * 128u;
         if e < BT * DP8 {
-            put8((e / DP8) * RS4 + (e % DP8) * 2u, t.a[s]);
-            put8((BT + e / DP8) * RS4 + (e % DP8) * 2u, t.b[s]);
+            put8(at + (e / DP8) * RS4 + (e % DP8) * 2u, t.a[s]);
+            put8(at + (BT + e / DP8) * RS4 + (e % DP8) * 2u, t.b[s]);
         }
     }
+}
+
+// The workgroup's first row (query, or key in the dK/dV pass) of `len`: workgroups are
+// launched heads first (x: the (b, h), y: the 64-row block), and under causality the blocks
+// that see the most tiles run first (`heaviest_last`: the forward and dQ passes, whose last
+// query block sees every key), so that the longest workgroups do not start in the last wave.
+fn block_row(by: u32, len: u32, heaviest_last: bool) -> u32 {
+    if heaviest_last && (p.flags & 1u) != 0u {
+        return ((len + 63u) / 64u - 1u - by) * 64u;
+    }
+    return by * 64u;
 }
 
 // Keys j0 .. j0 + BT of (b, h) `n` and their values (zeros past lk and the head dims).

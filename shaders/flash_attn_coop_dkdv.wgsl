@@ -1,7 +1,8 @@
 // Flash attention's backward, second pass, on cooperative matrices: the key and value
 // gradients for 64 keys of one (b, h), 16 per subgroup, which holds its keys and values as
 // matrix operands. Per tile of BT queries (under causality from the first tile that sees the
-// workgroup's keys): the queries and output gradients are staged, S^T = k q^T and
+// workgroup's keys; double-buffered, `flash_attn_coop_common.wgsl`): the queries and output
+// gradients are staged, S^T = k q^T and
 // dP^T = v dO^T leave through the subgroup's patches, the lanes (two per key) form
 // P^T * keep into `ps` and dS^T = P^T * (dP^T * keep - delta) into `ps2`, rounded to f16, and
 // the subgroup accumulates dV += (P * keep)^T dO and dK += dS^T q in f32 matrices.
@@ -20,9 +21,9 @@
 
 var<workgroup> res2: array<vec4<f32>, 64u * PW4>;
 var<workgroup> ps2: array<vec4<f16>, 64u * RP4>;
-// The tile's log-sum-exps and deltas.
-var<workgroup> lt: array<vec4<f32>, BT / 4u>;
-var<workgroup> dt: array<vec4<f32>, BT / 4u>;
+// The log-sum-exps and deltas of a tile, in two buffers as the tiles are.
+var<workgroup> lt: array<vec4<f32>, BT / 2u>;
+var<workgroup> dt: array<vec4<f32>, BT / 2u>;
 
 // Vector c8 of the output gradient's row i (zeros past lq and the head dim).
 fn dout8(n: u32, i: u32, c8: u32) -> vec4<u32> {
@@ -41,12 +42,29 @@ fn load_qo(n: u32, qb: u32, i0: u32, li: u32) -> Tile {
     return t;
 }
 
+// The log-sum-exp and delta of query i0 + li of a tile, for the invocations li < BT.
+fn load_stats(n: u32, i0: u32, li: u32) -> vec2<f32> {
+    let i = i0 + min(li, BT - 1u);
+    let ic = min(i, p.lq - 1u);
+    return vec2<f32>(select(MASKED, stats[n * p.lq + ic], i < p.lq),
+        stats[p.n * p.lq + n * p.lq + ic]);
+}
+
+// Stores them into buffer `buf` of `lt` and `dt`.
+fn put_stats(x: vec2<f32>, buf: u32, li: u32) {
+    if li < BT {
+        let at = buf * BT + li;
+        lt[at / 4u][at % 4u] = x.x;
+        dt[at / 4u][at % 4u] = x.y;
+    }
+}
+
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32,
         @builtin(local_invocation_index) li: u32) {
-    let n = wid.y;
-    let col0 = wid.x * 64u;
+    let n = wid.x;
+    let col0 = block_row(wid.y, p.lk, false);
     let kb = base8(p.k_off, p.k_sb, p.k_sh, n);
     let vb = base8(p.v_off, p.v_sb, p.v_sh, n);
     let qb = base8(p.q_off, p.q_sb, p.q_sh, n);
@@ -72,19 +90,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     if (p.flags & 1u) != 0u {
         i_start = col0 / BT * BT;
     }
-    var next = load_qo(n, qb, i_start, li);
+    // The staged k and v are in the subgroups' operands before the first tile overwrites them.
+    workgroupBarrier();
+    put_tile(load_qo(n, qb, i_start, li), 0u, li);
+    put_stats(load_stats(n, i_start, li), 0u, li);
+    var next = load_qo(n, qb, i_start + BT, li);
+    var next_stats = load_stats(n, i_start + BT, li);
+    workgroupBarrier();
     for (var i0 = i_start; i0 < p.lq; i0 += BT) {
-        workgroupBarrier();
-        put_tile(next, li);
-        for (var rr = li; rr < BT; rr += 128u) {
-            let ic = min(i0 + rr, p.lq - 1u);
-            lt[rr / 4u][rr % 4u] = select(MASKED, stats[n * p.lq + ic], i0 + rr < p.lq);
-            dt[rr / 4u][rr % 4u] = stats[p.n * p.lq + n * p.lq + ic];
-        }
-        workgroupBarrier();
-        next = load_qo(n, qb, i0 + BT, li);
+        let cur = ((i0 - i_start) / BT) % 2u;
+        let kvb = cur * KVB;
+        let st = cur * (BT / 4u);
 {{SCORES}}
         workgroupBarrier();
+        put_tile(next, 1u - cur, li);
+        put_stats(next_stats, 1u - cur, li);
+        next = load_qo(n, qb, i0 + 2u * BT, li);
+        next_stats = load_stats(n, i0 + 2u * BT, li);
         // A tile whose every query sees the key, with no mask or dropout, skips the per-score
         // checks.
         let clear = (p.flags & 6u) == 0u && j < p.lk && i0 + BT <= p.lq
@@ -95,18 +117,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
             var pz = vec4<f32>(0.0);
             var ds = vec4<f32>(0.0);
             if clear {
-                pz = exp(s4 * p.scale - lt[h * BH4 + c]);
-                ds = pz * (dp4 - dt[h * BH4 + c]);
+                pz = exp(s4 * p.scale - lt[st + h * BH4 + c]);
+                ds = pz * (dp4 - dt[st + h * BH4 + c]);
             } else {
                 for (var e = 0u; e < 4u; e++) {
                     let ii = h * BH + c * 4u + e;
                     let i = i0 + ii;
-                    let lse = lt[ii / 4u][ii % 4u];
+                    let lse = lt[st + ii / 4u][ii % 4u];
                     if visible(i, j) && lse > DEAD {
                         let pr = exp(s4[e] * p.scale + mask_at(n, i, j) - lse);
                         let z = keep(n, i, j);
                         pz[e] = pr * z;
-                        ds[e] = pr * (dp4[e] * z - dt[ii / 4u][ii % 4u]);
+                        ds[e] = pr * (dp4[e] * z - dt[st + ii / 4u][ii % 4u]);
                     }
                 }
             }

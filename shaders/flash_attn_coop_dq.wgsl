@@ -1,7 +1,8 @@
 // Flash attention's backward, first pass, on cooperative matrices: the query gradient for 64
 // query rows of one (b, h), 16 per subgroup. Each lane pair first takes its row's
 // delta = dO . O (written after the log-sum-exps, for the second pass); the subgroup holds its
-// queries and output gradients as matrix operands. Per tile of BT keys: S = q k^T and
+// queries and output gradients as matrix operands. Per tile of BT keys (double-buffered,
+// `flash_attn_coop_common.wgsl`): S = q k^T and
 // dP = dO v^T leave through the subgroup's patches, the lanes form
 // dS = P * (dP * keep - delta) with P = exp(s * scale + mask - lse), rounded to f16 into `ps`,
 // and the subgroup accumulates dQ += dS k in f32 matrices, scaled once at the end.
@@ -34,8 +35,8 @@ fn dout8(b: u32, c8: u32) -> vec4<u32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32,
         @builtin(local_invocation_index) li: u32) {
-    let n = wid.y;
-    let row0 = wid.x * 64u;
+    let n = wid.x;
+    let row0 = block_row(wid.y, p.lq, true);
     stage_q(n, row0, li);
     workgroupBarrier();
 {{LOAD_QA}}
@@ -66,14 +67,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         stats[p.n * p.lq + n * p.lq + i] = delta;
     }
 {{ACC_INIT}}
-    var next = load_kv(n, 0u, li);
+    // The staged q and dO are in the subgroups' operands before the first tile overwrites them.
+    workgroupBarrier();
+    put_tile(load_kv(n, 0u, li), 0u, li);
+    var next = load_kv(n, BT, li);
+    workgroupBarrier();
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
-        workgroupBarrier();
-        put_tile(next, li);
-        workgroupBarrier();
-        next = load_kv(n, j0 + BT, li);
+        let kvb = ((j0 / BT) % 2u) * KVB;
 {{SCORES}}
         workgroupBarrier();
+        put_tile(next, (j0 / BT + 1u) % 2u, li);
+        next = load_kv(n, j0 + 2u * BT, li);
         // A tile wholly visible to the row, with no mask or dropout, skips the per-score checks.
         let clear = (p.flags & 6u) == 0u && j0 + BT <= p.lk && i < p.lq && lse > DEAD
             && ((p.flags & 1u) == 0u || j0 + BT <= i + 1u);

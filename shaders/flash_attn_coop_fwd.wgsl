@@ -1,7 +1,8 @@
 // Flash attention's forward pass on cooperative matrices (tensor cores), f16 storage read and
 // written as 16-byte vectors (eight elements; `ops/attention.rs` sends only aligned rows): a
 // workgroup of four subgroups takes 64 query rows of one (b, h), each subgroup 16 of them.
-// Per tile of BT keys: the tile's keys and values are staged in workgroup memory as f16, each
+// Per tile of BT keys: the tile's keys and values are staged in workgroup memory as f16 (one
+// buffer: the forward's wide patch leaves no room for a second within 48 KiB), each
 // subgroup multiplies its queries by the keys (S, 16 x BT in f32) and stores S into its own
 // patch; its 32 lanes (two per row, each half the tile) take the online softmax there (the
 // running max, the rescale alpha, the probabilities rounded to f16 into `ps`, the running sum
@@ -25,8 +26,8 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32,
         @builtin(local_invocation_index) li: u32) {
-    let n = wid.y;
-    let row0 = wid.x * 64u;
+    let n = wid.x;
+    let row0 = block_row(wid.y, p.lq, true);
     stage_q(n, row0, li);
     workgroupBarrier();
 {{LOAD_QA}}
@@ -42,9 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     var next = load_kv(n, 0u, li);
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         workgroupBarrier();
-        put_tile(next, li);
+        put_tile(next, 0u, li);
         workgroupBarrier();
         next = load_kv(n, j0 + BT, li);
+        let kvb = 0u;
 {{SCORES}}
         workgroupBarrier();
         var x: array<vec4<f32>, BH4>;

@@ -231,6 +231,53 @@ fn f16_kernels_match_the_cpu_composite_in_f32() {
     }
 }
 
+/// Output and gradients of attention over [1, 2, 300, 64] under an additive mask that hides
+/// the keys after each query (causality) and grows by 0.375 a key (12 a tile of 32), so that every row's running maximum passes the
+/// forward's lazy-rescale threshold again in every tile it sees (`flash_attn_coop_fwd.wgsl`).
+fn growing_maximum(dtype: DType, dev: &Device) -> Vec<Vec<f32>> {
+    let (t, d) = (300, 64);
+    let ramp: Vec<f32> = (0..t * t)
+        .map(|e| match e % t <= e / t {
+            true => 0.375 * (e % t) as f32,
+            false => f32::NEG_INFINITY,
+        })
+        .collect();
+    let mask = Tensor::from_slice(&ramp, &[t, t], dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let leaf = |seed| {
+        tensor(&[1, 2, t, d], seed, dtype, dev)
+            .requires_grad_(true)
+            .unwrap()
+    };
+    let (q, k, v) = (leaf(1), leaf(2), leaf(3));
+    let out = sdpa(&q, &k, &v, Some(&mask), 0.0, false, None).unwrap();
+    out.backward_with(&tensor(&[1, 2, t, d], 5, dtype, dev), false)
+        .unwrap();
+    [out, q.grad().unwrap(), k.grad().unwrap(), v.grad().unwrap()]
+        .iter()
+        .map(host)
+        .collect()
+}
+
+#[test]
+fn a_running_maximum_that_keeps_growing_matches_the_cpu() {
+    let want = growing_maximum(DType::F32, &Device::cpu().unwrap());
+    for dev in fused() {
+        let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+        for (dtype, tol) in [(DType::F32, 2e-4), (DType::F16, 3e-2)] {
+            if dtype == DType::F16 && !f16 {
+                continue;
+            }
+            let got = growing_maximum(dtype, &dev);
+            for (what, (g, w)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+                assert_close(&format!("{dev:?} {dtype:?} {what}"), g, w, tol);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_noncontiguous_query_reads_through_its_strides() {
     for dev in devices() {

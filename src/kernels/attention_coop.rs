@@ -14,14 +14,17 @@ use std::fmt::Write;
 /// Keys (or queries) of a tile.
 pub(super) const COOP_BT: u32 = 32;
 
-/// Workgroup memory the forward (the largest pass) needs for head-dim class `dp`, in bytes.
+/// Workgroup memory the largest pass needs for head-dim class `dp`, in bytes: the forward's
+/// one buffer of 2 x 32 staged rows, 64 rows of f16 probabilities and a patch as wide as the
+/// head; the dK/dV pass's two buffers, two f32 patches and two f16 patches of 64 rows, and the
+/// double-buffered log-sum-exps and deltas of a tile (47,616 bytes at 64, inside the 48 KiB
+/// NVIDIA's Vulkan offers).
 pub(super) fn shared_bytes(dp: u32) -> u32 {
-    let l = Layout::new(dp, true);
-    // kv, ps, patch (the backward passes' extra patch and probabilities are smaller than the
-    // forward's wide patch for dp >= 32; counted anyway).
-    let fwd = 64 * l.rs4 * 8 + 64 * l.rp4 * 8 + 64 * l.pw4 * 16;
+    let f = Layout::new(dp, true);
+    let fwd = 2 * COOP_BT * f.rs4 * 8 + 64 * f.rp4 * 8 + 64 * f.pw4 * 16;
     let b = Layout::new(dp, false);
-    let dkdv = 64 * b.rs4 * 8 + 2 * 64 * b.rp4 * 8 + 2 * 64 * b.pw4 * 16 + 2 * 4 * COOP_BT;
+    let kv = 2 * 2 * COOP_BT * b.rs4 * 8;
+    let dkdv = kv + 2 * 64 * b.pw4 * 16 + 2 * 64 * b.rp4 * 8 + 2 * 2 * COOP_BT * 4;
     fwd.max(dkdv)
 }
 
@@ -52,11 +55,12 @@ impl Layout {
         operands_a(name, "kv", ("RS4", self.rs4), self.dp / 16, "    ")
     }
 
-    /// Operand B from the staged rows of `kv`: the 16 x 16 block at 16-row block `row` and
-    /// 16-column block `col`, loaded with `load` (`coopLoad` reads it transposed).
+    /// Operand B from the staged rows of the current tile's buffer of `kv` (at `kvb`): the
+    /// 16 x 16 block at 16-row block `row` and 16-column block `col`, loaded with `load`
+    /// (`coopLoad` reads it transposed).
     fn rows_b(&self, load: &str, row: u32, col: u32) -> String {
         format!(
-            "{load}<coop_mat16x16<f16, B>>(&kv[{}u], {}u)",
+            "{load}<coop_mat16x16<f16, B>>(&kv[kvb + {}u], {}u)",
             (row * 16) * self.rs4 + col * 4,
             self.rs4
         )
@@ -188,19 +192,12 @@ fn operands_a(name: &str, buf: &str, stride: (&str, u32), count: u32, indent: &s
 /// The WGSL of a cooperative-matrix pass.
 pub(super) fn source(k: &FlashAttnKernel) -> String {
     let bt = COOP_BT;
-    let (body, l) = match k.pass {
-        FlashPass::Forward => (
-            include_str!("../../shaders/flash_attn_coop_fwd.wgsl"),
-            Layout::new(k.dp, true),
-        ),
-        FlashPass::BackwardDq => (
-            include_str!("../../shaders/flash_attn_coop_dq.wgsl"),
-            Layout::new(k.dp, false),
-        ),
-        FlashPass::BackwardDkDv => (
-            include_str!("../../shaders/flash_attn_coop_dkdv.wgsl"),
-            Layout::new(k.dp, false),
-        ),
+    let forward = k.pass == FlashPass::Forward;
+    let l = Layout::new(k.dp, forward);
+    let body = match k.pass {
+        FlashPass::Forward => include_str!("../../shaders/flash_attn_coop_fwd.wgsl"),
+        FlashPass::BackwardDq => include_str!("../../shaders/flash_attn_coop_dq.wgsl"),
+        FlashPass::BackwardDkDv => include_str!("../../shaders/flash_attn_coop_dkdv.wgsl"),
     };
     let mut src = body.to_string();
     let mut put = |key: &str, val: String| src = src.replace(&format!("{{{{{key}}}}}"), &val);
@@ -252,7 +249,8 @@ pub(super) fn source(k: &FlashAttnKernel) -> String {
     let shared = include_str!("../../shaders/flash_attn_coop_common.wgsl")
         .replace("{{RS4}}", &l.rs4.to_string())
         .replace("{{RP4}}", &l.rp4.to_string())
-        .replace("{{PW4}}", &l.pw4.to_string());
+        .replace("{{PW4}}", &l.pw4.to_string())
+        .replace("{{KV_BUFFERS}}", if forward { "1" } else { "2" });
     let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
     src.replace("{{COOP_SHARED}}", &shared)
         .replace("{{COMMON}}", &common)
