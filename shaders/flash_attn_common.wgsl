@@ -114,6 +114,17 @@ fn keep(n: u32, i: u32, j: u32) -> f32 {
     return 1.0 / (1.0 - p.drop_p);
 }
 
+// The workgroup's first row (query, or key in the dK/dV pass) of `len`: workgroups are
+// launched heads first (x: the (b, h), y: the 64-row block), and under causality the blocks
+// that see the most tiles run first (`heaviest_last`: the forward and dQ passes, whose last
+// query block sees every key), so that the longest workgroups do not start in the last wave.
+fn block_row(by: u32, len: u32, heaviest_last: bool) -> u32 {
+    if heaviest_last && (p.flags & 1u) != 0u {
+        return ((len + WG - 1u) / WG - 1u - by) * WG;
+    }
+    return by * WG;
+}
+
 fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }

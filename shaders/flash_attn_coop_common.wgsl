@@ -117,17 +117,6 @@ fn put_tile(t: Tile, buf: u32, li: u32) {
     }
 }
 
-// The workgroup's first row (query, or key in the dK/dV pass) of `len`: workgroups are
-// launched heads first (x: the (b, h), y: the 64-row block), and under causality the blocks
-// that see the most tiles run first (`heaviest_last`: the forward and dQ passes, whose last
-// query block sees every key), so that the longest workgroups do not start in the last wave.
-fn block_row(by: u32, len: u32, heaviest_last: bool) -> u32 {
-    if heaviest_last && (p.flags & 1u) != 0u {
-        return ((len + 63u) / 64u - 1u - by) * 64u;
-    }
-    return by * 64u;
-}
-
 // Keys j0 .. j0 + BT of (b, h) `n` and their values (zeros past lk and the head dims).
 fn load_kv(n: u32, j0: u32, li: u32) -> Tile {
     let kb = base8(p.k_off, p.k_sb, p.k_sh, n);

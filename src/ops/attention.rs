@@ -553,12 +553,9 @@ impl Bound {
         ];
         blocks.extend_from_slice(outputs);
         let (row_blocks, heads) = (u32_of(OP, along.div_ceil(WG_ROWS))?, u32_of(OP, self.rows)?);
-        // The tensor-core kernels take the (b, h) along x and the row blocks along y, the
-        // heaviest first under causality (`flash_attn_coop_common.wgsl`'s `block_row`).
-        let groups = match kernel.coop {
-            true => (heads, row_blocks, 1),
-            false => (row_blocks, heads, 1),
-        };
+        // The (b, h) along x and the row blocks along y, the heaviest first under causality
+        // (`flash_attn_common.wgsl`'s `block_row`).
+        let groups = (heads, row_blocks, 1);
         launch_groups(Kernel::FlashAttn(kernel), &blocks, &self.imm, groups)
     }
 }
