@@ -473,17 +473,13 @@ impl Kernel {
                 &include_str!("../../shaders/cross_entropy.wgsl").replace("{{COMMON}}", NLL_COMMON),
                 *d,
             ),
+            Kernel::CopyRows(2) => Cow::Borrowed(include_str!("../../shaders/copy_rows_halves.wgsl")),
             Kernel::CopyRows(unit) => {
-                let (enables, u) = match unit {
-                    2 => ("enable f16;", "f16"),
-                    16 => ("", "vec4<u32>"),
-                    _ => ("", "u32"),
+                let u = match unit {
+                    16 => "vec4<u32>",
+                    _ => "u32",
                 };
-                Cow::Owned(
-                    include_str!("../../shaders/copy_rows.wgsl")
-                        .replace("{{ENABLES}}", enables)
-                        .replace("{{U}}", u),
-                )
+                Cow::Owned(include_str!("../../shaders/copy_rows.wgsl").replace("{{U}}", u))
             }
         }
     }

@@ -232,8 +232,9 @@ pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)>
 /// `x` (2-D, unit stride along its rows) into a new contiguous `[rows, cols]` tensor of its
 /// dtype: its first `cols` columns where that is fewer, zeros after its columns where more.
 /// One pass of `shaders/copy_rows.wgsl` in 4-byte words (16-byte vectors where every count
-/// and offset allows) where the rows are whole words, else in f16 elements for f16 where the
-/// adapter has f16; `None` otherwise, or on the CPU, for the caller's elementwise path. No graph is recorded: for copies inside an op.
+/// and offset allows) where the rows are whole words, else two 2-byte elements to a word
+/// (`shaders/copy_rows_halves.wgsl`); `None` otherwise, or on the CPU, for the caller's
+/// elementwise path. No graph is recorded: for copies inside an op.
 pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     const OP: &str = "copy_rows";
     let [rows, x_cols] = *x.shape() else {
@@ -249,11 +250,9 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     let copied = x_cols.min(cols);
     // (A fresh output starts at offset 0: only the source's counts and offset decide.)
     let bytes = [copied, cols, stride, x.layout.offset].map(|v| v * es);
-    // f16 rows of any length (GPT-2's 50257 logits) in 2-byte units where the adapter has f16.
-    let halves = x.dtype() == DType::F16
-        && x.device()
-            .adapter_info()
-            .is_some_and(|a| a.features.shader_f16);
+    // 2-byte rows of any length (GPT-2's 50257 logits) in 2-byte units, two to a word
+    // (`shaders/copy_rows_halves.wgsl`).
+    let halves = es == 2;
     let Some(unit) = [16, 4, 2]
         .into_iter()
         .filter(|&u| u > 2 || halves)
@@ -274,11 +273,13 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         .into_iter()
         .map(|v| u32_of(OP, v))
         .collect::<Result<Vec<u32>>>()?;
+    // The halves kernel writes a word (two elements) an invocation.
+    let invocations = if unit == 2 { total.div_ceil(2) } else { total };
     launch(
         Kernel::CopyRows(unit as u8),
         &[&x.storage.block, &out.storage.block],
         &imm,
-        total as u64,
+        invocations as u64,
     )?;
     Ok(Some(out))
 }
