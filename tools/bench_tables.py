@@ -35,7 +35,13 @@ SUITE_SOURCES = {
     "transfer": ["src/host", "src/device", "src/ops/transfer.rs"],
     "loader": ["src/data", "src/host", "src/device"],
     "ckpt": ["src/training.rs", "src/base/fs.rs", "src/nn", "src/optim"],
+    # sdpa, layer_norm and gelu, forward and backward through the graph.
+    "attention": KERNELS + ["src/autograd", "src/graph"],
+    # The GPT-2 step (AMP, AdamW, save_on_cpu's pinned pool) and its memory.
+    "gpt": KERNELS + ["src/nn", "src/optim", "src/autograd", "src/graph", "src/amp", "src/alloc",
+                      "src/host"],
 }
+# Any other suite (`plan`: the dry run of everything) goes stale with any change under src/.
 SUITE_TITLES = {
     "ops": "elementwise, reductions, softmax, transpose", "matmul": "matrix products",
     "conv": "convolution", "resnet": "ResNet step", "train": "MLP training steps",
