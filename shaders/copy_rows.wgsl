@@ -1,10 +1,10 @@
 // Rows copied between row strides, in 4-byte words (`{{U}}`: u32, or vec4<u32> where every
 // count and offset is a multiple of 16 bytes; 2-byte rows of any length go through
 // `copy_rows_halves.wgsl`), any dtype:
-// out[r, c] = x[r, c] for c < the source's columns, else zero, into a contiguous output. It pads a ragged operand with zeros
-// to whole tensor-core tiles, and keeps the first columns of a padded product, each in one
-// pass at the word width, where the strided elementwise copy moves one f16 per invocation
-// (and the pad was a fill and a copy).
+// out[r, c] = x[r, c] for c < the source's columns, else zero, into a contiguous output. It
+// pads a ragged operand with zeros to whole tensor-core tiles, and keeps the first columns of
+// a padded product, each in one pass at the word width, where the strided elementwise copy
+// moves one element per invocation (and the pad was a fill and a copy).
 struct Params {
     // Output words (or vec4s) in all, and per row.
     total: u32,

@@ -4,9 +4,9 @@
 // rows of a 16 x 16 cooperative load fall in different banks; the layout constants come from
 // `kernels/attention_coop.rs`.
 //
-// The backward passes' tiles are double-buffered: while the subgroups multiply tile t (in buffer t % 2), the
-// lanes' phase between the two barriers of an iteration stores tile t + 1 into the other
-// buffer and issues the loads of tile t + 2. An iteration is then
+// The backward passes' tiles are double-buffered: while the subgroups multiply tile t (in
+// buffer t % 2), the lanes' phase between the two barriers of an iteration stores tile t + 1
+// into the other buffer and issues the loads of tile t + 2. An iteration is then
 //   products of tile t into the patches | barrier | lanes: patches -> ps, tile t + 1 stored |
 //   barrier | products with ps and tile t
 // and every buffer is written only after the barrier that follows its last reads (two
