@@ -76,6 +76,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 var<workgroup> partial: array<f32, 256>;
 
+// The sum of a workgroup of 256's terms `s`, in every invocation.
+fn row_sum(t: u32, s: f32) -> f32 {
+    partial[t] = s;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        if t < k {
+            partial[t] += partial[t + k];
+        }
+        workgroupBarrier();
+    }
+    return partial[0];
+}
+
 @compute @workgroup_size(256)
 fn rows_tree(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let r = wid.x + wid.y * nw.x;
@@ -88,15 +101,7 @@ fn rows_tree(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid
     for (var j = t; j < p.inner; j += 256u) {
         s += term_at(base + j);
     }
-    partial[t] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if t < k {
-            partial[t] += partial[t + k];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
+    let total = row_sum(t, s);
     for (var j = t; j < p.inner; j += 256u) {
         store(p.out_off + base + j, grad_at(base + j, total));
     }

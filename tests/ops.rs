@@ -587,6 +587,77 @@ fn softmax_matches_the_cpu() {
     }
 }
 
+/// Contiguous rows that are not whole vec4s (GPT-2's 50257 logits) take the words kernels on
+/// a GPU (16-byte chunks inside a row, the elements a row shares a chunk with its neighbours
+/// one at a time); forced here, since a CPU adapter picks the serial loop. Rows shorter than a
+/// chunk, rows whose ends fall anywhere in a chunk, rows starting at an offset of whole chunks
+/// and at one that is not (the strided kernel), NaN and all -inf rows, forward and backward
+/// of both ops, against the CPU.
+#[test]
+fn softmax_rows_of_any_length_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    kiln::kernels::tune::force_variant("softmax", Some("tree"));
+    kiln::kernels::tune::force_variant("softmax backward", Some("tree"));
+    for dev in gpus() {
+        for (dtype, rtol, atol) in dtypes(&dev) {
+            for (rows, cols) in [(5, 3), (4, 13), (9, 37), (3, 1001), (3, 9001)] {
+                // Eight spare elements, so that a narrow from 8 elements (f16's chunk) or 1
+                // in is still inside.
+                let mut values = random(rows * cols + 8, cols as u64, -6.0, 6.0);
+                if cols > 8 {
+                    values[cols + 5] = f64::NAN;
+                    for v in &mut values[2 * cols..3 * cols] {
+                        *v = f64::NEG_INFINITY;
+                    }
+                }
+                let weights = random(rows * cols, 7, -1.0, 1.0);
+                for skip in [0usize, 8, 1] {
+                    let run = |d: &Device, log: bool| {
+                        let all =
+                            Tensor::from_f64_slice(&values, &[rows * cols + 8], dtype, d).unwrap();
+                        let x = all
+                            .narrow(0, skip, rows * cols)
+                            .unwrap()
+                            .reshape(&[rows as isize, cols as isize])
+                            .unwrap()
+                            .detach()
+                            .requires_grad_(true)
+                            .unwrap();
+                        let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
+                        let w = Tensor::from_f64_slice(&weights, &[rows, cols], dtype, d).unwrap();
+                        // The weights' NaN-free rows keep the backward's NaNs to the NaN rows.
+                        y.mul(&w)
+                            .unwrap()
+                            .sum(&[], false)
+                            .unwrap()
+                            .backward()
+                            .unwrap();
+                        (
+                            y.to_f64_vec().unwrap(),
+                            x.grad().unwrap().to_f64_vec().unwrap(),
+                        )
+                    };
+                    for log in [false, true] {
+                        let (got, want) = (run(&dev, log), run(&cpu, log));
+                        let what =
+                            format!("{dev:?} {dtype} [{rows}, {cols}] from {skip} log {log}");
+                        close(&got.0, &want.0, rtol * 10.0, atol * 10.0, &what);
+                        close(
+                            &got.1,
+                            &want.1,
+                            rtol * 10.0,
+                            atol * 10.0,
+                            &format!("{what} grad"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    kiln::kernels::tune::force_variant("softmax", None);
+    kiln::kernels::tune::force_variant("softmax backward", None);
+}
+
 /// In-place ops write through any view, bump the version shared by all views, and refuse
 /// writes PyTorch refuses.
 #[test]

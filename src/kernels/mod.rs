@@ -41,7 +41,7 @@ pub use matmul_wide::{MatmulWide, UboWindows};
 pub use optim::{sgd_multi_immediates, sgd_multi_slots, OptimKernel, SGD_MULTI};
 pub use predicate::{PredicateForm, PredicateKernel};
 pub use reduce::{ReduceKernel, ReduceOp, ReduceStrategy};
-pub use softmax::SoftmaxKernel;
+pub use softmax::{RowLayout, SoftmaxKernel};
 
 use crate::base::DType;
 use std::borrow::Cow;
@@ -575,7 +575,8 @@ impl Kernel {
         match self {
             Kernel::Fill => 1,
             Kernel::Elementwise(k) => k.bindings(),
-            Kernel::Reduce(_) | Kernel::Transpose(_) | Kernel::Softmax(_) => 2,
+            Kernel::Reduce(_) | Kernel::Transpose(_) => 2,
+            Kernel::Softmax(k) => k.bindings(),
             Kernel::TransposePairs | Kernel::TransposeWords => 2,
             Kernel::TransposeTwo(_) => 4,
             Kernel::Matmul(_) | Kernel::MatmulReg(_) | Kernel::Matmul128(..) => 3,
@@ -604,7 +605,7 @@ impl Kernel {
             Kernel::Nll(..) => 5,
             // Five blocks, and the forward's assert flag.
             Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
-            Kernel::SoftmaxBackward(..) => 3,
+            Kernel::SoftmaxBackward(k) => 3 * k.bindings() / 2,
             Kernel::FlashAttn(k) => k.bindings(),
             Kernel::LayerNorm(_) => 5,
         }
@@ -641,20 +642,35 @@ impl Kernel {
         if software && matches!(self, Kernel::FlashAttn(_)) {
             return false;
         }
-        matches!(
+        // The words kernels and the halves copy stream whole rows with their loads unrolled:
+        // naga's loop-bounding counter kept the loads of an unrolled iteration apart (H200:
+        // the f16 [8192, 50257] log_softmax 1.97 ms checked).
+        let streaming = matches!(
             self,
-            Kernel::Matmul(_)
-                | Kernel::MatmulReg(_)
-                | Kernel::MatmulWide(_)
-                | Kernel::Matmul128(..)
-                | Kernel::Matmul128Vec4(..)
-                | Kernel::ConvGemm(_)
-                | Kernel::Reduce(_)
-                | Kernel::FlashAttn(_)
-        ) || (matches!(
-            self,
-            Kernel::MatmulCoop(..) | Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_)
-        ) && std::env::var("KILN_COOP_CHECKED").is_err())
+            Kernel::Softmax(SoftmaxKernel {
+                layout: RowLayout::Words,
+                ..
+            }) | Kernel::SoftmaxBackward(SoftmaxKernel {
+                layout: RowLayout::Words,
+                ..
+            }) | Kernel::CopyRows(2)
+        );
+        streaming
+            || matches!(
+                self,
+                Kernel::Matmul(_)
+                    | Kernel::MatmulReg(_)
+                    | Kernel::MatmulWide(_)
+                    | Kernel::Matmul128(..)
+                    | Kernel::Matmul128Vec4(..)
+                    | Kernel::ConvGemm(_)
+                    | Kernel::Reduce(_)
+                    | Kernel::FlashAttn(_)
+            )
+            || (matches!(
+                self,
+                Kernel::MatmulCoop(..) | Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_)
+            ) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
     /// Bytes of immediates.
@@ -709,6 +725,7 @@ impl Kernel {
             Kernel::Nll(_, true) => "backward",
             Kernel::CrossEntropy(_, false) => "forward",
             Kernel::CrossEntropy(_, true) => "backward",
+            Kernel::SoftmaxBackward(k) if k.layout == RowLayout::Words => "rows_words",
             Kernel::SoftmaxBackward(k) if !k.serial => "rows_tree",
             _ => "main",
         }

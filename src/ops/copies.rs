@@ -273,8 +273,8 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         .into_iter()
         .map(|v| u32_of(OP, v))
         .collect::<Result<Vec<u32>>>()?;
-    // The halves kernel writes a word (two elements) an invocation.
-    let invocations = if unit == 2 { total.div_ceil(2) } else { total };
+    // The halves kernel writes 16 bytes (eight elements) an invocation.
+    let invocations = if unit == 2 { total.div_ceil(8) } else { total };
     launch(
         Kernel::CopyRows(unit as u8),
         &[&x.storage.block, &out.storage.block],

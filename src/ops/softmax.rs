@@ -2,7 +2,7 @@
 //! on the GPU with an online max and sum; f64 on the CPU reference.
 
 use super::{coalesce_for_kernel, pack_dims, u32_of};
-use crate::kernels::{launch_wg, tune, Kernel, SoftmaxKernel, WORKGROUP};
+use crate::kernels::{launch_wg, tune, Kernel, RowLayout, SoftmaxKernel, WORKGROUP};
 use crate::tensor::{dim, Tensor};
 use crate::{Error, Result};
 
@@ -37,6 +37,9 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
             let contiguous = c.contiguous;
             let vector =
                 contiguous && inner.is_multiple_of(4) && xp.layout.offset.is_multiple_of(4);
+            // Contiguous rows that are not whole vec4s (GPT-2's 50257 logits): the workgroup
+            // per row reads them 16 bytes at a time (`RowLayout::Words`).
+            let words = contiguous && !vector && words_fit(x.dtype, &[xp.layout.offset]);
             let unit = if vector { 4 } else { 1 };
             let mut imm = vec![
                 u32_of(op, rows)?,
@@ -50,9 +53,14 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
             ];
             pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
             let run = |serial: bool| {
+                let layout = match (vector, words && !serial) {
+                    (true, _) => RowLayout::Vec4,
+                    (false, true) => RowLayout::Words,
+                    (false, false) => RowLayout::Strided,
+                };
                 let kernel = Kernel::Softmax(SoftmaxKernel {
                     dtype: x.dtype,
-                    vector,
+                    layout,
                     serial,
                 });
                 // An invocation per row (serial) or a workgroup per row.
@@ -60,11 +68,19 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                     true => (rows as u64, 64),
                     false => (rows as u64 * WORKGROUP as u64, WORKGROUP),
                 };
-                let blocks = [&xp.storage.block, &out.storage.block];
-                launch_wg(kernel, &blocks, &imm, threads, workgroup)
+                let (x, o) = (&xp.storage.block, &out.storage.block);
+                let blocks: &[&crate::device::DeviceBlock] = match layout {
+                    RowLayout::Words => &[x, o, x, o],
+                    _ => &[x, o],
+                };
+                launch_wg(kernel, blocks, &imm, threads, workgroup)
             };
             let key = || {
-                let layout = if vector { "vec4" } else { "strided" };
+                let layout = match (vector, words) {
+                    (true, _) => "vec4",
+                    (false, true) => "words",
+                    (false, false) => "strided",
+                };
                 let (r, n) = (tune::class(rows), tune::class(inner));
                 format!("{} {layout} rows {r} inner {n}", x.dtype)
             };
@@ -122,6 +138,8 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
     // Whole vec4s of the dtype at vec4-aligned offsets: the kernels read and write vec4 units.
     let offsets = [y.layout.offset, g.layout.offset, out.layout.offset];
     let vec4 = inner.is_multiple_of(4) && offsets.iter().all(|o| o.is_multiple_of(4));
+    // Else 16-byte chunks inside the rows where the offsets allow (`RowLayout::Words`).
+    let words = !vec4 && words_fit(y.dtype, &offsets);
     let unit = if vec4 { 4 } else { 1 };
     let imm = [
         u32_of(OP, rows)?,
@@ -134,18 +152,27 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
         0,
     ];
     u32_of(OP, y.layout.offset.max(g.layout.offset) + y.numel())?;
-    let blocks = [&y.storage.block, &g.storage.block, &out.storage.block];
+    let (yb, gb, ob) = (&y.storage.block, &g.storage.block, &out.storage.block);
     let run = |serial: bool| {
         let (threads, workgroup) = match serial {
             true => (rows as u64, 64),
             false => (rows as u64 * 256, 256),
         };
+        let layout = match (vec4, words && !serial) {
+            (true, _) => RowLayout::Vec4,
+            (false, true) => RowLayout::Words,
+            (false, false) => RowLayout::Strided,
+        };
         let kernel = Kernel::SoftmaxBackward(SoftmaxKernel {
             dtype: y.dtype,
-            vector: vec4,
+            layout,
             serial,
         });
-        launch_wg(kernel, &blocks, &imm, threads, workgroup)
+        let blocks: &[&crate::device::DeviceBlock] = match layout {
+            RowLayout::Words => &[yb, gb, ob, yb, gb, ob],
+            _ => &[yb, gb, ob],
+        };
+        launch_wg(kernel, blocks, &imm, threads, workgroup)
     };
     let candidates: Vec<(bool, &str)> = if inner <= 64 || tune::on_gl_cpu_adapter(y.device()) {
         vec![(true, "serial")]
@@ -155,7 +182,11 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
         vec![(false, "tree"), (true, "serial")]
     };
     let key = || {
-        let layout = if vec4 { "vec4" } else { "scalar" };
+        let layout = match (vec4, words) {
+            (true, _) => "vec4",
+            (false, true) => "words",
+            (false, false) => "scalar",
+        };
         let (r, n) = (tune::class(rows), tune::class(inner));
         format!("{} {layout} rows {r} inner {n}", y.dtype)
     };
@@ -163,6 +194,13 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
     let serial = tune::pick(y.device(), "softmax backward", key, work, &candidates, run)?;
     run(serial)?;
     Ok(Some(out))
+}
+
+/// Whether rows of `dtype` whose tensors start at element `offsets` can take the words kernels
+/// (`RowLayout::Words`): 2- or 4-byte floats, every offset a whole 16-byte chunk.
+fn words_fit(dtype: crate::tensor::DType, offsets: &[usize]) -> bool {
+    let es = dtype.size_bytes();
+    matches!(es, 2 | 4) && offsets.iter().all(|o| (o * es).is_multiple_of(16))
 }
 
 /// softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g), along `d`.
