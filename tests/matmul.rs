@@ -283,7 +283,9 @@ fn on_device(t: &Tensor, dev: &Device, transposed: bool) -> Tensor {
 /// or N, `g^T @ x` with A transposed; a long K over a narrow N, which takes split-K; few output
 /// tiles of two row-major operands), against the CPU's f32 product of the same f16 values: only
 /// f16 roundings of partial results differ. On adapters with cooperative matrices the ragged
-/// dim is padded with zeros to whole tiles, and the few tiles take the eight-subgroup tile.
+/// dim is padded with zeros to whole tiles, the few tiles take the eight-subgroup tile, and
+/// few tiles over a long K with A transposed (a weight gradient) take K split into f32
+/// partials.
 #[test]
 fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -302,6 +304,10 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
             // along M), alone and with a ragged N.
             (301, 256, 128, true, false),
             (301, 64, 150, true, false),
+            // Few 128 x 128 output tiles over a long K (a weight gradient `g^T @ x`), too many
+            // for the widened route: on tensor cores K is split across workgroup layers into
+            // f32 partials, summed, then rounded.
+            (256, 1024, 512, true, false),
         ] {
             let a = Tensor::randn(&[m, k], DType::F32, &cpu)
                 .unwrap()
@@ -315,6 +321,13 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
             let gb = on_device(&b, &dev, b_t);
             let got = ga.matmul(&gb).unwrap();
             assert_eq!(got.dtype(), DType::F16);
+            let coop = dev
+                .adapter_info()
+                .is_some_and(|a| a.features.cooperative_matrix);
+            if coop && a_t && k >= 1024 {
+                let trace = product_trace(&ga, &gb);
+                assert!(trace.contains("_partials"), "{dev:?} {m}x{k}x{n}: {trace}");
+            }
             let got = got.to_f64_vec().unwrap();
             let want = a
                 .to_dtype(DType::F32)

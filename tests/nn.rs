@@ -624,6 +624,43 @@ fn int64_buffers_load_from_safetensors() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// nll_loss's own backward kernel (four elements an invocation, rows crossing inside a group
+/// of four, a count that is not a multiple of four, ignored rows), on log-probabilities that
+/// are a leaf (no log_softmax before it to fuse with), in f32 and f16, against the CPU.
+#[test]
+fn nll_loss_backward_on_a_leaf_matches_the_cpu() {
+    use kiln::nn::nll_loss;
+    let cpu = Device::cpu().unwrap();
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        for (n, c) in [(37usize, 10usize), (5, 3), (3, 1001)] {
+            let values: Vec<f32> = (0..n * c)
+                .map(|i| -((i * 7919 % 1000) as f32) / 200.0)
+                .collect();
+            let targets: Vec<i32> = (0..n as i32)
+                .map(|i| if i % 5 == 3 { -100 } else { (i * 7) % c as i32 })
+                .collect();
+            for dtype in [DType::F32, DType::F16] {
+                let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+                if dtype == DType::F16 && !f16 {
+                    continue;
+                }
+                let grad = |d: &Device| {
+                    let lp = Tensor::from_slice(&values, &[n, c], d)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                        .requires_grad_(true)
+                        .unwrap();
+                    let y = Tensor::from_slice(&targets, &[n], d).unwrap();
+                    nll_loss(&lp, &y).unwrap().backward().unwrap();
+                    lp.grad().unwrap().to_f64_vec().unwrap()
+                };
+                assert_eq!(grad(&dev), grad(&cpu), "{dev:?} {dtype} [{n}, {c}]");
+            }
+        }
+    }
+}
+
 /// cross_entropy (log_softmax, then nll_loss as one op) against its definition in f64: the
 /// mean over the rows whose target is not -100 (PyTorch's ignore_index), and the logits'
 /// gradient (softmax - one_hot) / count on those rows, zero on the ignored ones; softmax's

@@ -17,6 +17,10 @@ const MAIN: &str = "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgr
 pub(super) enum CoopKind {
     /// A product: A and B read from memory, C f16 through the epilogue's patches.
     Product,
+    /// A product whose K is split across workgroup layers (`matmul_plan::coop_partials`):
+    /// layer z reads its K slice through the batch strides, and C is one f32 partial
+    /// `[m][n]` per layer, stored straight from the accumulators.
+    Partials,
     /// A convolution's forward pass (`conv_coop.rs`): A gathered from the NHWC input
     /// (`conv_row`, `conv_slice`, `gather`), C f16, NCHW or NHWC, with a bias; `flip`, the
     /// weight's taps read in reverse (the input's gradient).
@@ -79,7 +83,7 @@ impl Gen {
         }
         self.k_loop(&mut s);
         match self.kind {
-            CoopKind::ConvWgrad => self.partials(&mut s),
+            CoopKind::ConvWgrad | CoopKind::Partials => self.partials(&mut s),
             _ => self.epilogue(&mut s),
         }
         s.push_str("}\n");
@@ -89,6 +93,7 @@ impl Gen {
     fn name(&self) -> String {
         match self.kind {
             CoopKind::Product => self.tile.name(self.layout),
+            CoopKind::Partials => format!("{}_partials", self.tile.name(self.layout)),
             CoopKind::Conv { flip } => self.tile.conv_name(flip),
             CoopKind::ConvWgrad => self.tile.wgrad_name(),
         }
@@ -126,7 +131,7 @@ impl Gen {
              let sg_n = (sg % {wn}u) * {sn}u;\n",
             name = self.name(),
             c_type = match self.kind {
-                CoopKind::ConvWgrad => "array<f32>",
+                CoopKind::ConvWgrad | CoopKind::Partials => "array<f32>",
                 _ => "array<vec4<u32>>",
             },
             // Tiles along M rounded up (a convolution's pixels need not fill the last).
@@ -392,14 +397,19 @@ impl Gen {
         let _ = writeln!(s, "    }}");
     }
 
-    /// The weight gradient's epilogue: each accumulator stored row-major, as f32, straight
-    /// into the layer's partial (whose rows and columns are padded to whole tiles).
+    /// The weight gradient's and the split product's epilogue: each accumulator stored
+    /// row-major, as f32, straight into the layer's partial (whose rows and columns are padded
+    /// to whole tiles; the product's partials are a fresh tensor, at offset 0).
     fn partials(&self, s: &mut String) {
+        let off = match self.kind {
+            CoopKind::ConvWgrad => "p.off_c + ",
+            _ => "",
+        };
         for i in 0..self.tile.tm {
             for j in 0..self.tile.tn {
                 let _ = writeln!(
                     s,
-                    "    let o{i}_{j} = p.off_c + (bt * p.m + m0 + sg_m + {r}u) * ldc + n0 + sg_n + {c}u;\n    \
+                    "    let o{i}_{j} = {off}(bt * p.m + m0 + sg_m + {r}u) * ldc + n0 + sg_n + {c}u;\n    \
                      coopStoreT(c{i}_{j}, &c[o{i}_{j}], ldc);",
                     r = i * 16,
                     c = j * 16

@@ -388,6 +388,12 @@ impl CoopTile {
         self.generate(layout, CoopKind::Product, None)
     }
 
+    /// The kernel whose workgroup layer z multiplies K slice z into an f32 partial (the
+    /// batch's strides step through K; no bias).
+    pub fn partials_source(&self, layout: CoopLayout) -> String {
+        self.generate(layout, CoopKind::Partials, None)
+    }
+
     /// The kernel for `layout` of `kind` (`coop_gen.rs`), with `header_extra`: the WGSL of its
     /// immediates (in place of the product's) and of its bindings and functions after the
     /// operands' (a convolution's gather there: with the gather declared before them, the same

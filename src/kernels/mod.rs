@@ -108,6 +108,9 @@ pub enum Kernel {
     /// f16 matmul on cooperative matrices (tensor cores), generated per tile shape by
     /// `matmul_coop.rs`.
     MatmulCoop(CoopTile, CoopLayout),
+    /// `MatmulCoop` with K split across workgroup layers into f32 partials (a weight
+    /// gradient's few output tiles over a long K: `matmul_plan::coop_partials`).
+    MatmulCoopPartials(CoopTile, CoopLayout),
     /// The f16 convolution's forward pass on the tensor-core kernel, gathering its input from
     /// NHWC (`matmul_coop.rs`, `CoopTile::conv_source`).
     ConvCoop(CoopTile, bool),
@@ -243,6 +246,7 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|t| CoopLayout::ALL.map(|l| Kernel::MatmulCoop(t, l))),
             )
+            .chain(CoopLayout::ALL.map(|l| Kernel::MatmulCoopPartials(CoopTile::DEFAULT, l)))
             .chain(
                 CoopTile::CONV
                     .into_iter()
@@ -353,6 +357,7 @@ impl Kernel {
                 per_dtype(&src, *d)
             }
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.source(*l)),
+            Kernel::MatmulCoopPartials(t, l) => Cow::Owned(t.partials_source(*l)),
             Kernel::ConvCoop(t, flip) => Cow::Owned(t.conv_source(*flip)),
             Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_source()),
             Kernel::Optim(k, d) => Cow::Owned(k.source(*d)),
@@ -521,6 +526,7 @@ impl Kernel {
             Kernel::Pool2dBackward(d) => Cow::Owned(format!("pool2d_backward_{d}")),
             Kernel::ScatterAdd(d) => Cow::Owned(format!("scatter_add_{d}")),
             Kernel::MatmulCoop(t, l) => Cow::Owned(t.name(*l)),
+            Kernel::MatmulCoopPartials(t, l) => Cow::Owned(format!("{}_partials", t.name(*l))),
             Kernel::ConvCoop(t, flip) => Cow::Owned(t.conv_name(*flip)),
             Kernel::ConvCoopWgrad(t) => Cow::Owned(t.wgrad_name()),
             Kernel::ColumnSum(i, o) => Cow::Owned(format!("colsum_{i}_{o}")),
@@ -588,7 +594,7 @@ impl Kernel {
             Kernel::Random(_) => 1,
             Kernel::ArgReduce(_) => 3,
             Kernel::Gather(_) | Kernel::Conv2d(_) | Kernel::ScatterAdd(_) => 4,
-            Kernel::MatmulCoop(..) => 4,
+            Kernel::MatmulCoop(..) | Kernel::MatmulCoopPartials(..) => 4,
             Kernel::ConvCoop(..) => 4,
             Kernel::ConvCoopWgrad(_) => 3,
             Kernel::Pool2d(_) => 2,
@@ -669,7 +675,10 @@ impl Kernel {
             )
             || (matches!(
                 self,
-                Kernel::MatmulCoop(..) | Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_)
+                Kernel::MatmulCoop(..)
+                    | Kernel::MatmulCoopPartials(..)
+                    | Kernel::ConvCoop(..)
+                    | Kernel::ConvCoopWgrad(_)
             ) && std::env::var("KILN_COOP_CHECKED").is_err())
     }
 
@@ -694,7 +703,7 @@ impl Kernel {
             Kernel::Conv2d(_) => 80,
             Kernel::Pool2d(_) | Kernel::Pool2dArgmax(_) | Kernel::Pool2dBackward(_) => 64,
             Kernel::ScatterAdd(_) => 128,
-            Kernel::MatmulCoop(..) => 48,
+            Kernel::MatmulCoop(..) | Kernel::MatmulCoopPartials(..) => 48,
             Kernel::ConvCoop(..) | Kernel::ConvCoopWgrad(_) => 112,
             Kernel::Optim(..) => 64,
             Kernel::SgdMulti(_, n) => {

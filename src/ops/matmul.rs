@@ -144,7 +144,12 @@ pub(super) fn coop_split(
         // (`contiguous` copies the kept rows word by word, `super::copy_rows`.)
         return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
     }
-    let kp = kc + t.k_step() as usize;
+    // A long K padded to four k steps where that adds at most 1/256 of it, so that a product
+    // with few output tiles can split K in halves or quarters (`matmul_plan::coop_partials`:
+    // GPT-2's head gradient `g @ W`, K = 50257 -> 50304 rather than 50272); else to the next.
+    let step = t.k_step() as usize;
+    let four = k.next_multiple_of(4 * step);
+    let kp = if four - k <= k / 256 { four } else { kc + step };
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
     // The padded product has the same [m, n]: its kernel can add the bias.
     matmul_forward(&ap, &bp, bias).map(Some)
