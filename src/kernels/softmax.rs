@@ -11,7 +11,7 @@ pub enum RowLayout {
     /// Any rows, an element at a time (the forward through the coalesced dims and strides).
     Strided,
     /// Contiguous rows of 2- or 4-byte elements at offsets of whole 16-byte chunks, the chunks
-    /// inside a row as vec4<u32> and the elements it shares a chunk with its neighbours one
+    /// inside a row as `vec4<u32>` and the elements it shares a chunk with its neighbours one
     /// at a time (`shaders/softmax_words.wgsl`, `softmax_backward_words.wgsl`); a workgroup
     /// per row only.
     Words,
@@ -103,7 +103,7 @@ impl SoftmaxKernel {
     }
 
     /// A words kernel's template with its chunk (16 bytes of the dtype), its unroll and the
-    /// conversions of a chunk (`{{GET}}` from the vec4<u32> `w`, `{{PUT}}` from `v`).
+    /// conversions of a chunk (`{{GET}}` from the `vec4<u32>` `w`, `{{PUT}}` from `v`).
     fn words(&self, src: &str) -> String {
         let (chunk, get, put) = match self.dtype {
             DType::F16 => (
