@@ -57,13 +57,15 @@ def git(*args):
 
 
 def changed_sources(commit, paths):
-    """Files under `paths` whose code (comments and whitespace aside) differs between `commit`
-    and HEAD, or None where the commit is unknown here."""
+    """Files under `paths` whose code (comments and whitespace aside; Markdown files are not
+    code) differs between `commit` and HEAD, or None where the commit is unknown here."""
     base = commit.split("-dirty")[0].split("-g")[-1]
     if git("cat-file", "-e", base + "^{commit}") is None:
         return None
     names = git("diff", "--name-only", base, "HEAD", "--", *paths) or ""
-    return [n for n in names.split("\n") if n and code_of(base, n) != code_of("HEAD", n)]
+    # Documents among the sources (`src/kernels/families.md`) are not code.
+    return [n for n in names.split("\n")
+            if n and not n.endswith(".md") and code_of(base, n) != code_of("HEAD", n)]
 
 
 def code_of(rev, path):
