@@ -658,6 +658,46 @@ fn softmax_rows_of_any_length_match_the_cpu() {
     kiln::kernels::tune::force_variant("softmax backward", None);
 }
 
+/// One long row (a sampled token's 50257 logits) in the kernel each adapter picks by itself:
+/// Mesa's llvmpipe breaks out of an invocation's loops after 65535 loop headers, so on CPU
+/// adapters a row too long for the serial kernel takes the tree (a 16001-element row came
+/// back zero after its 5843rd element). Strided and vec4 rows, forward and backward, against
+/// the CPU.
+#[test]
+fn one_long_row_is_whole_on_every_adapter() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        for n in [30011usize, 140000] {
+            let values = random(n, 3, -6.0, 6.0);
+            let weights = random(n, 4, -1.0, 1.0);
+            for log in [false, true] {
+                let run = |d: &Device| {
+                    let x = Tensor::from_f64_slice(&values, &[1, n], DType::F32, d)
+                        .unwrap()
+                        .requires_grad_(true)
+                        .unwrap();
+                    let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
+                    let w = Tensor::from_f64_slice(&weights, &[1, n], DType::F32, d).unwrap();
+                    y.mul(&w)
+                        .unwrap()
+                        .sum(&[], false)
+                        .unwrap()
+                        .backward()
+                        .unwrap();
+                    (
+                        y.to_f64_vec().unwrap(),
+                        x.grad().unwrap().to_f64_vec().unwrap(),
+                    )
+                };
+                let (got, want) = (run(&dev), run(&cpu));
+                let what = format!("{dev:?} [1, {n}] log {log}");
+                close(&got.0, &want.0, 1e-3, 1e-6, &what);
+                close(&got.1, &want.1, 1e-3, 1e-6, &format!("{what} grad"));
+            }
+        }
+    }
+}
+
 /// In-place ops write through any view, bump the version shared by all views, and refuse
 /// writes PyTorch refuses.
 #[test]

@@ -294,6 +294,20 @@ pub(crate) fn on_cpu_adapter(device: &Device) -> bool {
         .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu)
 }
 
+/// Loop headers an invocation may pass on a CPU adapter: Mesa's llvmpipe (lavapipe, and GL's
+/// llvmpipe) breaks out of every loop of an invocation once it has passed 65535 loop headers
+/// in all (gallivm's loop limiter), silently. On the dev box (2026-11-29) the serial softmax of
+/// one row of 16001 f32 wrote the first 5843 elements of its second pass and left the rest
+/// zero, of 12001 the first 9843: 21844 elements read or written, three headers each (the
+/// row's loop, and the index's loop over one dim entered and left).
+pub(crate) const CPU_ADAPTER_LOOP_HEADERS: usize = 65535;
+
+/// Whether a kernel whose invocation passes `headers` loop headers runs whole on `device`
+/// (anything on a GPU; under `CPU_ADAPTER_LOOP_HEADERS` on a CPU adapter).
+pub(crate) fn loops_fit(device: &Device, headers: usize) -> bool {
+    !on_cpu_adapter(device) || headers < CPU_ADAPTER_LOOP_HEADERS
+}
+
 /// Whether `device` is GL's llvmpipe, where a kernel with barriers in a loop ran thousands of
 /// times slower than its barrier-free peer (2026-11-26, the dev box: the tiled 2048^2
 /// transpose 8.0 s a run, the tree softmax of 1024^2 6.4 s, against 17 ms and 11 ms for their

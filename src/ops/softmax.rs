@@ -85,8 +85,15 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                 format!("{} {layout} rows {r} inner {n}", x.dtype)
             };
             // The workgroup tree first on a GPU, the serial loop on a CPU adapter (lavapipe:
-            // tree 61.6 ms, serial 10.9 for 1024^2), the tree not at all on GL's llvmpipe.
-            let candidates: Vec<(bool, &str)> = if tune::on_gl_cpu_adapter(x.device()) {
+            // tree 61.6 ms, serial 10.9 for 1024^2), the tree not at all on GL's llvmpipe;
+            // but a row too long for llvmpipe's loop limit takes the tree alone there. The
+            // serial kernel reads and writes each unit, strided units through a loop over
+            // the dims (entered and left).
+            let per_unit = if vector { 1 } else { c.shape.len() + 2 };
+            let serial_fits = tune::loops_fit(x.device(), 2 * (inner / unit) * per_unit + 8);
+            let candidates: Vec<(bool, &str)> = if !serial_fits {
+                vec![(false, "tree")]
+            } else if tune::on_gl_cpu_adapter(x.device()) {
                 vec![(true, "serial")]
             } else if tune::on_cpu_adapter(x.device()) {
                 vec![(true, "serial"), (false, "tree")]
@@ -174,7 +181,10 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
         };
         launch_wg(kernel, blocks, &imm, threads, workgroup)
     };
-    let candidates: Vec<(bool, &str)> = if inner <= 64 || tune::on_gl_cpu_adapter(y.device()) {
+    // A row too long for llvmpipe's loop limit (two loops over its units) takes the tree.
+    let candidates: Vec<(bool, &str)> = if !tune::loops_fit(y.device(), 2 * (inner / unit) + 8) {
+        vec![(false, "tree")]
+    } else if inner <= 64 || tune::on_gl_cpu_adapter(y.device()) {
         vec![(true, "serial")]
     } else if tune::on_cpu_adapter(y.device()) {
         vec![(true, "serial"), (false, "tree")]
