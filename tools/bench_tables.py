@@ -14,7 +14,9 @@ Inputs:
   ceiling's value in the row's unit).
 
 A figure whose commit is older than the code that produces it (a later commit touched the
-suite's sources, `SUITE_SOURCES`) says so in its table. Rows of the `autotune` suite are kernel
+suite's sources, `SUITE_SOURCES`) says so in its table, unless the JSON's meta names a later
+commit checked by hand to run the figures' kernels unchanged (`unchanged_through`: commit and
+why, printed beside the figures); then only code after that commit counts. Rows of the `autotune` suite are kernel
 choices, not figures: their count is given and the JSON file holds them.
 """
 import json, pathlib, re, subprocess, sys
@@ -117,9 +119,17 @@ def table(adapter, rows, meta, reference):
         + "."
         + (f" Bound by {machine['bound']}." if machine.get("bound") else "")
     )
+    # A later commit whose changes were checked to leave what these figures ran as it was
+    # (`"unchanged_through": {"commit": ..., "why": ...}` in the JSON's meta, written by hand):
+    # the figures go stale only with code after it.
+    through = meta.get("unchanged_through")
+    if through:
+        out[-1] += (f" The code through `{through['commit']}` runs these figures' kernels as"
+                    f" `{meta['commit']}` did: {through['why']}.")
+    since = through["commit"] if through else meta["commit"]
     stale = {}
     for suite in sorted({r["suite"] for r in rows}):
-        files = changed_sources(meta["commit"], SUITE_SOURCES.get(suite, ["src"]))
+        files = changed_sources(since, SUITE_SOURCES.get(suite, ["src"]))
         if files is None:
             stale[suite] = "commit unknown here"
         elif files:
