@@ -587,6 +587,23 @@ fn softmax_matches_the_cpu() {
     }
 }
 
+/// softmax (or log_softmax) of `x` (a leaf that requires grad) along dim 1, and x's gradient
+/// from `sum(y * w)` with `w` the `weights` in x's shape and dtype.
+fn softmax_and_grad(x: &Tensor, log: bool, weights: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
+    let w = Tensor::from_f64_slice(weights, x.shape(), x.dtype(), x.device()).unwrap();
+    y.mul(&w)
+        .unwrap()
+        .sum(&[], false)
+        .unwrap()
+        .backward()
+        .unwrap();
+    (
+        y.to_f64_vec().unwrap(),
+        x.grad().unwrap().to_f64_vec().unwrap(),
+    )
+}
+
 /// Contiguous rows that are not whole vec4s (GPT-2's 50257 logits) take the words kernels on
 /// a GPU (16-byte chunks inside a row, the elements a row shares a chunk with its neighbours
 /// one at a time); forced here, since a CPU adapter picks the serial loop. Rows shorter than a
@@ -623,19 +640,8 @@ fn softmax_rows_of_any_length_match_the_cpu() {
                             .detach()
                             .requires_grad_(true)
                             .unwrap();
-                        let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
-                        let w = Tensor::from_f64_slice(&weights, &[rows, cols], dtype, d).unwrap();
                         // The weights' NaN-free rows keep the backward's NaNs to the NaN rows.
-                        y.mul(&w)
-                            .unwrap()
-                            .sum(&[], false)
-                            .unwrap()
-                            .backward()
-                            .unwrap();
-                        (
-                            y.to_f64_vec().unwrap(),
-                            x.grad().unwrap().to_f64_vec().unwrap(),
-                        )
+                        softmax_and_grad(&x, log, &weights)
                     };
                     for log in [false, true] {
                         let (got, want) = (run(&dev, log), run(&cpu, log));
@@ -676,18 +682,7 @@ fn one_long_row_is_whole_on_every_adapter() {
                         .unwrap()
                         .requires_grad_(true)
                         .unwrap();
-                    let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap();
-                    let w = Tensor::from_f64_slice(&weights, &[1, n], DType::F32, d).unwrap();
-                    y.mul(&w)
-                        .unwrap()
-                        .sum(&[], false)
-                        .unwrap()
-                        .backward()
-                        .unwrap();
-                    (
-                        y.to_f64_vec().unwrap(),
-                        x.grad().unwrap().to_f64_vec().unwrap(),
-                    )
+                    softmax_and_grad(&x, log, &weights)
                 };
                 let (got, want) = (run(&dev), run(&cpu));
                 let what = format!("{dev:?} [1, {n}] log {log}");
