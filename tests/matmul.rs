@@ -373,6 +373,44 @@ fn f16_products_of_ragged_and_narrow_shapes_match_the_cpu() {
     }
 }
 
+/// K too long for one invocation on a CPU adapter (llvmpipe breaks out of an invocation's loops
+/// after 65535 loop headers; these shapes came back wrong by up to 3.0 with K = 65535, which no
+/// route split), in f32 and f16, with a narrow side and without, against the CPU: on CPU
+/// adapters K goes in slices whose products are summed.
+#[test]
+fn products_longer_than_llvmpipes_loop_limit_match_the_cpu() {
+    let cpu = Device::cpu().unwrap();
+    for dev in gpus() {
+        let f16 = dev.adapter_info().is_some_and(|a| a.features.shader_f16);
+        for (m, k, n) in [(16, 65535, 16), (16, 65537, 1), (64, 70001, 10)] {
+            for dtype in [DType::F32, DType::F16] {
+                if dtype == DType::F16 && !f16 {
+                    continue;
+                }
+                let draw = |shape: &[usize]| {
+                    Tensor::randn(shape, DType::F32, &cpu)
+                        .unwrap()
+                        .mul_scalar(0.1)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                let (a, b) = (draw(&[m, k]), draw(&[k, n]));
+                let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let want = wide(&a).matmul(&wide(&b)).unwrap().to_f64_vec().unwrap();
+                let on = |t: &Tensor| t.to_device(&dev).unwrap();
+                let got = on(&a).matmul(&on(&b)).unwrap().to_f64_vec().unwrap();
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 2e-3 * (1.0 + w.abs()),
+                        "{dev:?} {dtype} {m}x{k}x{n}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// f32 products split for the kernels, against the CPU: too few tiles to fill a large GPU, K
 /// split into chunks summed after (a long K of 4096 over a 512x10 output; a K of 512 under a
 /// wide, flat output, the MLP's 10x4096 head gradient `g^T @ h` with A transposed; and a

@@ -124,6 +124,10 @@ pub(super) enum Route {
     /// Few output tiles over a long K: `s` independent chunks of K as a batched product
     /// (views, no copies), then a sum over them.
     Chunks(usize),
+    /// On a CPU adapter, K longer than llvmpipe's loop limit lets one invocation walk
+    /// (`CPU_K_LIMIT`): products of K slices of `len` (narrowed views, the last shorter),
+    /// summed in f32.
+    KSlices(usize),
     /// The f16 tensor-core kernel with a ragged dim padded (`matmul::coop_split`), which may
     /// decline; then `Direct`.
     CoopPadded,
@@ -134,6 +138,12 @@ pub(super) enum Route {
 impl Route {
     /// The first route for `p`; `narrow` offers the narrow kernels.
     pub fn of(p: &Product, narrow: bool) -> Route {
+        if p.matrices() && p.k > CPU_K_LIMIT && tune::on_cpu_adapter(p.a.device()) {
+            return match p.a.dtype() {
+                DType::F16 => Route::Widened,
+                _ => Route::KSlices(CPU_K_LIMIT / 2),
+            };
+        }
         if narrow && p.matrices() {
             return Route::Narrow;
         }
@@ -322,6 +332,12 @@ fn coop(
     )?;
     Ok(fused.is_some())
 }
+
+/// The longest K one product takes on a CPU adapter: llvmpipe breaks out of an invocation's
+/// loops after 65535 loop headers (`tune::CPU_ADAPTER_LOOP_HEADERS`), and its kernels pass
+/// about one per K value (dev box, 2026-11-29: 16x65535x16, 16x65535x1 and 512x65535x10 came
+/// back wrong, by up to 3.0, where K was odd and no route split it; K of 32767 was right).
+const CPU_K_LIMIT: usize = 32768;
 
 /// Workgroups of the 128 x 128 tensor-core tile that run at once on a 132-SM GPU (H100,
 /// H200): two to an SM. Vulkan does not say how many SMs an adapter has.
@@ -804,6 +820,26 @@ pub(super) fn run(
             let wide = |t: &Tensor| super::predicate::to_dtype(t, DType::F32);
             let out = super::matmul::matmul_forward(&wide(&p.a)?, &wide(&p.b)?, None)?;
             add_bias(super::predicate::to_dtype(&out, DType::F16)?, bias)
+        }
+        Route::KSlices(len) => {
+            let mut sum: Option<Tensor> = None;
+            for k0 in (0..k).step_by(len) {
+                let kl = len.min(k - k0);
+                let part = super::matmul::matmul_forward(
+                    &p.a2.narrow(1, k0, kl)?,
+                    &p.b2.narrow(0, k0, kl)?,
+                    None,
+                )?;
+                sum = Some(match sum {
+                    None => part,
+                    Some(s) => s.add(&part)?,
+                });
+            }
+            let sum = sum.ok_or_else(|| crate::Error::InvalidArgument {
+                op: OP,
+                msg: "K slices of an empty K".into(),
+            })?;
+            add_bias(sum.reshape(&p.result_shape())?, bias)
         }
         Route::Chunks(s) => {
             let ks = (k / s) as isize;
