@@ -18,6 +18,16 @@ pub enum RowLayout {
 }
 
 impl RowLayout {
+    /// The layout a kernel takes: vec4 rows as vec4s; else words rows (`words`: they fit) in a
+    /// workgroup per row, the words kernels having no serial form; else strided.
+    pub fn of(vec4: bool, words: bool, serial: bool) -> RowLayout {
+        match (vec4, words && !serial) {
+            (true, _) => RowLayout::Vec4,
+            (false, true) => RowLayout::Words,
+            (false, false) => RowLayout::Strided,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             RowLayout::Vec4 => "vec4",

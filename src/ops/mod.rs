@@ -48,6 +48,7 @@ mod matmul;
 mod matmul_choice;
 mod matmul_grad;
 mod matmul_narrow;
+mod matmul_partials;
 mod matmul_plan;
 mod matmul_words;
 mod predicate;

@@ -53,11 +53,7 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
             ];
             pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
             let run = |serial: bool| {
-                let layout = match (vector, words && !serial) {
-                    (true, _) => RowLayout::Vec4,
-                    (false, true) => RowLayout::Words,
-                    (false, false) => RowLayout::Strided,
-                };
+                let layout = RowLayout::of(vector, words, serial);
                 let kernel = Kernel::Softmax(SoftmaxKernel {
                     dtype: x.dtype,
                     layout,
@@ -165,11 +161,7 @@ fn backward_rows(y: &Tensor, g: &Tensor, d: isize, log: bool) -> Result<Option<T
             true => (rows as u64, 64),
             false => (rows as u64 * 256, 256),
         };
-        let layout = match (vec4, words && !serial) {
-            (true, _) => RowLayout::Vec4,
-            (false, true) => RowLayout::Words,
-            (false, false) => RowLayout::Strided,
-        };
+        let layout = RowLayout::of(vec4, words, serial);
         let kernel = Kernel::SoftmaxBackward(SoftmaxKernel {
             dtype: y.dtype,
             layout,
