@@ -17,7 +17,7 @@ const MAIN: &str = "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgr
 pub(super) enum CoopKind {
     /// A product: A and B read from memory, C f16 through the epilogue's patches.
     Product,
-    /// A product whose K is split across workgroup layers (`matmul_plan::coop_partials`):
+    /// A product whose K is split across workgroup layers (`matmul_partials::coop_partials`):
     /// layer z reads its K slice through the batch strides, and C is one f32 partial
     /// `[m][n]` per layer, stored straight from the accumulators.
     Partials,

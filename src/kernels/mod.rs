@@ -109,7 +109,7 @@ pub enum Kernel {
     /// `matmul_coop.rs`.
     MatmulCoop(CoopTile, CoopLayout),
     /// `MatmulCoop` with K split across workgroup layers into f32 partials (a weight
-    /// gradient's few output tiles over a long K: `matmul_plan::coop_partials`).
+    /// gradient's few output tiles over a long K: `matmul_partials::coop_partials`).
     MatmulCoopPartials(CoopTile, CoopLayout),
     /// The f16 convolution's forward pass on the tensor-core kernel, gathering its input from
     /// NHWC (`matmul_coop.rs`, `CoopTile::conv_source`).

@@ -145,7 +145,7 @@ pub(super) fn coop_split(
         return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
     }
     // A long K padded to four k steps where that adds at most 1/256 of it, so that a product
-    // with few output tiles can split K in halves or quarters (`matmul_plan::coop_partials`:
+    // with few output tiles can split K in halves or quarters (`matmul_partials::coop_partials`:
     // GPT-2's head gradient `g @ W`, K = 50257 -> 50304 rather than 50272); else to the next.
     let step = t.k_step() as usize;
     let four = k.next_multiple_of(4 * step);
