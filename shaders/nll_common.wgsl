@@ -1,26 +1,6 @@
-// What `nll.wgsl` and `cross_entropy.wgsl` share: their immediates, the check of a row's
-// target, and the forward's sum over the workgroup (each file declares the bindings these
-// read: `labels`, `out`, `total`, `flag`).
-struct Params {
-    n: u32,
-    c: u32,
-    // The input (strides s0, s1) in a forward; the upstream gradient (0-d) in a backward.
-    x_off: u32,
-    s0: u32,
-    s1: u32,
-    t_off: u32,
-    st: u32,
-    // forward: the loss; backward: the contiguous [N, C] gradient.
-    out_off: u32,
-    // total_weight (f32).
-    tw_off: u32,
-    ignore: i32,
-    // cross_entropy: log_softmax's output, contiguous [N, C].
-    y_off: u32,
-    pad0: u32,
-}
-
-var<immediate> p: Params;
+// What `nll.wgsl` and `cross_entropy.wgsl` share besides their immediates (`nll_params.wgsl`):
+// the check of a row's target, and the forward's sum over the workgroup (each file declares
+// the bindings these read: `labels`, `out`, `total`, `flag`).
 
 var<workgroup> sums: array<f32, 256>;
 var<workgroup> counts: array<f32, 256>;

@@ -193,6 +193,124 @@ fn cross_entropy_under_autocast_allocates_what_pytorch_does() {
     }
 }
 
+/// Under autocast, the backward of f16 logits' cross_entropy (nll_loss's, the f32 copy's and
+/// log_softmax's) runs as one kernel where the engine offers it (Note [Backward epilogues],
+/// through a cast): the same loss, gradient and allocator statistics as the three kernels with
+/// epilogues off, the gradient against the formula in f64, and only the one kernel running.
+/// Shapes: rows shorter than a 16-byte chunk (C = 3), a last chunk the tensor ends inside,
+/// rows of thousands, ignored rows.
+#[test]
+fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
+    let cpu = Device::cpu().unwrap();
+    for (n, c) in [(37usize, 3usize), (40, 101), (9, 5003)] {
+        cpu.manual_seed(6);
+        let x16 = randn(&[n, c], &cpu)
+            .mul_scalar(3.0)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let labels: Vec<i32> = (0..n as i32)
+            .map(|i| {
+                if i % 7 == 3 {
+                    -100
+                } else {
+                    (i * 31) % c as i32
+                }
+            })
+            .collect();
+        let xs = x16.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        let count = labels.iter().filter(|&&t| t != -100).count() as f64;
+        // d loss / d x = (softmax(x) - onehot) / count on a counted row.
+        let want: Vec<f64> = (0..n * c)
+            .map(|e| {
+                let (i, j) = (e / c, e % c);
+                if labels[i] == -100 {
+                    return 0.0;
+                }
+                let row = &xs[i * c..(i + 1) * c];
+                let m = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+                let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+                let p = (xs[e] as f64 - m).exp() / z;
+                (p - (labels[i] == j as i32) as u8 as f64) / count
+            })
+            .collect();
+        for dev in devices().into_iter().filter(|d| !d.is_cpu() && has_f16(d)) {
+            let y = Tensor::from_slice(&labels, &[n], &dev).unwrap();
+            let run = |fused: bool| {
+                kiln::autograd::set_backward_epilogues(fused);
+                let x = x16.to_device(&dev).unwrap().requires_grad_(true).unwrap();
+                let l = with_autocast(DeviceType::Gpu, DType::F16, true, || cross_entropy(&x, &y))
+                    .unwrap()
+                    .unwrap();
+                l.backward().unwrap();
+                kiln::autograd::set_backward_epilogues(true);
+                let g = x.grad().unwrap().to_dtype(DType::F32).unwrap();
+                (l.item::<f32>().unwrap(), g.to_vec::<f32>().unwrap())
+            };
+            let stats = |fused: bool| {
+                run(fused);
+                dev.synchronize().unwrap();
+                let before = dev.memory_stats();
+                dev.reset_peak_memory_stats();
+                let out = run(fused);
+                dev.synchronize().unwrap();
+                let after = dev.memory_stats();
+                let delta: Vec<(String, i64)> = after
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("allocation") || k.contains("bytes"))
+                    .filter(|(k, _)| !k.contains("reserved") && !k.contains("segment"))
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v - if k.ends_with(".peak") { 0 } else { before[k] },
+                        )
+                    })
+                    .collect();
+                (out, delta)
+            };
+            let ((fused, fused_stats), (plain, plain_stats)) = (stats(true), stats(false));
+            assert_eq!(
+                fused_stats, plain_stats,
+                "{dev:?} {n}x{c}: allocator statistics"
+            );
+            assert_eq!(fused.0, plain.0, "{dev:?} {n}x{c}: loss");
+            let s = 1.0 / count;
+            for (e, ((a, b), w)) in fused.1.iter().zip(&plain.1).zip(&want).enumerate() {
+                // f16 gradients: the fused kernel rounds once, the three kernels three times.
+                assert!(
+                    (a - b).abs() as f64 <= 2e-3 * s && (*a as f64 - w).abs() <= 4e-3 * s,
+                    "{dev:?} {n}x{c} element {e}: fused {a}, three kernels {b}, f64 {w}"
+                );
+            }
+            assert!(fused.1.iter().any(|v| *v != 0.0));
+            if dev.adapter_info().unwrap().features.timestamp_query {
+                let ran = |fused: bool| {
+                    let options = kiln::profiler::ProfileOptions {
+                        devices: vec![dev.clone()],
+                        profile_memory: false,
+                    };
+                    let (_, prof) = kiln::profiler::profile(&options, || {
+                        run(fused);
+                        dev.synchronize()
+                    })
+                    .unwrap();
+                    let t = prof.chrome_trace_json();
+                    [
+                        "cross_entropy_backward_f16_words_from_f32",
+                        "nll_loss_backward_f32",
+                        "cast_f32_f16",
+                        // (Kernels; the op is `log_softmax_backward` either way.)
+                        "softmax_backward_",
+                    ]
+                    .map(|k| t.contains(k))
+                };
+                assert_eq!(ran(true), [true, false, false, false], "{dev:?} {n}x{c}");
+                assert_eq!(ran(false), [false, true, true, true], "{dev:?} {n}x{c}");
+            }
+        }
+    }
+}
+
 #[test]
 fn nested_and_disabled_regions_and_the_weight_cast_cache() {
     for dev in devices().into_iter().filter(has_f16) {

@@ -5,7 +5,7 @@
 
 use crate::alloc::MemoryCategory;
 use crate::base::lock;
-use crate::graph::{AutogradMeta, Edge, Epilogue, Node};
+use crate::graph::{AutogradMeta, Edge, Epilogue, Finish, Node};
 use crate::tensor::GradModeGuard;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -173,7 +173,7 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
     }
 
     // Nodes whose formula a producer's kernel applied: their gradient passes through.
-    let mut fused: HashSet<usize> = HashSet::new();
+    let mut fused: HashMap<usize, Through> = HashMap::new();
     let mut pending: HashMap<usize, Tensor> = HashMap::new();
     pending.insert(key(root_node), grad);
     let mut ready = BinaryHeap::from([Ready(root_node.clone())]);
@@ -198,18 +198,21 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
             accumulate(&out_meta, g.clone())?;
         }
         let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
-        let grads = if fused.remove(&key(&node)) {
-            pass_through(&node, g.clone(), retain_graph)?
+        let grads = if let Some(through) = fused.remove(&key(&node)) {
+            pass_through(&node, g.clone(), through, retain_graph)?
         } else {
             // The formulas of the nodes fed only by this one, for its kernels to apply (Note
-            // [Backward epilogues]).
+            // [Backward epilogues]), and the nodes each one passes through.
+            let mut passed: HashMap<usize, Vec<(usize, Pass)>> = HashMap::new();
             let offers: Vec<(usize, Epilogue)> = node
                 .edges
                 .iter()
                 .enumerate()
                 .filter_map(|(i, e)| match e {
                     Some(Edge::Node(next)) if deps.get(&key(next)) == Some(&1) => {
-                        next.epilogue().map(|ep| (i, ep))
+                        let (ep, nodes) = offer(next, &deps)?;
+                        passed.insert(i, nodes);
+                        Some((i, ep))
                     }
                     _ => None,
                 })
@@ -230,9 +233,13 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                 let (grads, applied) = crate::graph::with_offers(offers, || {
                     crate::ops::autocast::suspended(|| f(&g, &needs))
                 });
-                for i in applied {
-                    if let Some(Some(Edge::Node(next))) = node.edges.get(i) {
-                        fused.insert(key(next));
+                for (i, mut finish) in applied {
+                    for (k, pass) in passed.remove(&i).into_iter().flatten() {
+                        let through = match pass {
+                            Pass::Twin => Through::Twin,
+                            Pass::Cast => Through::Finish(finish.take()),
+                        };
+                        fused.insert(k, through);
                     }
                 }
                 grads?
@@ -273,19 +280,73 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
     frame.run()
 }
 
+/// How a node whose formula its producer's kernel applied passes its gradient on.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// As its own backward would have allocated its output (a twin allocated and freed).
+    Twin,
+    /// A float cast (`Epilogue::CastThen`): its step runs the producer's `Finish`.
+    Cast,
+}
+
+enum Through {
+    Twin,
+    Finish(Option<Finish>),
+}
+
+/// The epilogue `next` (fed only by the node offering) offers, and the nodes that pass their
+/// gradient through when it is applied: `next`'s own, or, for a float cast that offers none,
+/// the cast followed by the epilogue of the node before it, where that node is fed only by the
+/// cast (Note [Backward epilogues]).
+fn offer(next: &Arc<Node>, deps: &HashMap<usize, usize>) -> Option<(Epilogue, Vec<(usize, Pass)>)> {
+    if let Some(ep) = next.epilogue() {
+        return Some((ep, vec![(key(next), Pass::Twin)]));
+    }
+    let from = next.cast_from()?;
+    let [Some(Edge::Node(before))] = next.edges.as_slice() else {
+        return None;
+    };
+    if deps.get(&key(before)) != Some(&1) {
+        return None;
+    }
+    let ep = before.epilogue()?;
+    Some((
+        Epilogue::CastThen(from, Box::new(ep)),
+        vec![(key(next), Pass::Cast), (key(before), Pass::Twin)],
+    ))
+}
+
 /// A node whose formula the producer of `g` applied in its kernel (Note [Backward epilogues]):
-/// `g` goes on along its one edge. Its own output, which PyTorch's backward would allocate
-/// here, is allocated and freed unwritten, so that the allocator sees the same sizes live as
-/// PyTorch's (the output while the input gradient lives, then one of them).
-fn pass_through(node: &Node, g: Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
-    {
+/// `g` goes on along its one edge. A twin of its own output, which PyTorch's backward would
+/// allocate here, is allocated and freed unwritten (`Through::Twin`), so that the allocator
+/// sees the same sizes live as PyTorch's (the output while the input gradient lives, then one
+/// of them); a cast passed through (`Through::Finish`) runs what its producer left to do,
+/// which allocates the cast's output.
+fn pass_through(
+    node: &Node,
+    g: Tensor,
+    through: Through,
+    retain_graph: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let g = {
         let _scope = crate::alloc::kiln_scope(
             || crate::alloc::op_frame_name(node.name, true),
             "kiln autograd",
         );
-        let twin = Tensor::empty(g.shape(), g.dtype(), g.device())?;
-        drop(twin);
-    }
+        match through {
+            Through::Twin => {
+                drop(Tensor::empty(g.shape(), g.dtype(), g.device())?);
+                g
+            }
+            Through::Finish(Some(finish)) => finish(g)?,
+            Through::Finish(None) => {
+                return Err(Error::Autograd {
+                    op: "backward",
+                    msg: format!("{}: a fused gradient came without its last step", node.name),
+                })
+            }
+        }
+    };
     if !retain_graph {
         *lock(&node.backward) = None;
     }

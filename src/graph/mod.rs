@@ -127,6 +127,16 @@ pub(crate) struct Node {
 //   PyTorch's allocator statistics, M's output is allocated and freed there, unwritten, as
 //   `linear_relu` does with the linear's output: the same sizes are live at every point as in
 //   PyTorch's backward (its output and its input gradient both, then one).
+// - Through a cast: where M is a float cast's `ToCopyBackward0` that offers nothing itself,
+//   fed only by N, and the node L before it (M's only edge) offers an epilogue and is fed only
+//   by M, N is offered `CastThen(M's input dtype, L's epilogue)`. PyTorch's three backwards
+//   allocate N's gradient, then M's beside it, free N's, then L's beside M's, and free M's;
+//   and N's saved tensors go between the first two. So N, accepting, only allocates its
+//   gradient (with what the rest needs from N written into it) and leaves a `Finish` to M's
+//   step (`accept_with`), which allocates M's output, writes L's input gradient there in one
+//   kernel, and passes it on; L passes it on as above. Under autocast this is nll_loss's
+//   backward through the f32 copy of f16 log-probabilities into log_softmax's (GPT-2's AMP
+//   step: two passes over an f32 [8192, 50257] gone).
 // The offers are per backward call (a checkpoint's backward runs a nested pass inside one).
 
 /// A formula a node's backward can hand to the kernel that produces its incoming gradient.
@@ -140,6 +150,11 @@ pub(crate) enum Fusable {
     /// `LogSoftmaxBackward0` over the rows of a matrix: the gradient minus exp(output) times
     /// the gradient's row sums.
     LogSoftmaxRows(Weak<Saved>),
+    /// `ToCopyBackward0` of a float cast from this dtype: the gradient cast back. Never offered
+    /// alone (a cast costs its producer's kernel as much as its own); offered with the formula
+    /// of the node before it, where that node's gradient comes only from the cast
+    /// (`Epilogue::CastThen`).
+    Cast(DType),
 }
 
 /// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
@@ -149,6 +164,9 @@ pub(crate) enum Epilogue {
     ReluMask(Tensor),
     /// log_softmax's backward along dim 1, given its output (a matrix).
     LogSoftmaxRows(Tensor),
+    /// The gradient cast to this dtype (a `ToCopyBackward0`), then the epilogue of the node
+    /// before the cast.
+    CastThen(DType, Box<Epilogue>),
 }
 
 impl Fusable {
@@ -160,12 +178,24 @@ impl Fusable {
             Fusable::LogSoftmaxRows(saved) => {
                 saved.upgrade()?.get().ok().map(Epilogue::LogSoftmaxRows)
             }
+            Fusable::Cast(_) => None,
         }
     }
 }
 
-/// The offers of the backward call running now: (edge index, epilogue, accepted).
-type Offers = Vec<(usize, Epilogue, bool)>;
+/// What a node's backward that accepted an `Epilogue::CastThen` leaves to the cast's step: the
+/// gradient the cast receives in, the gradient it passes on out (Note [Backward epilogues]).
+pub(crate) type Finish = Box<dyn FnOnce(Tensor) -> Result<Tensor>>;
+
+/// An offer of the backward call running now: its edge, its epilogue, and whether it was
+/// accepted (with what is left to the cast's step, for `CastThen`).
+struct Offer {
+    edge: usize,
+    epilogue: Epilogue,
+    accepted: Option<Option<Finish>>,
+}
+
+type Offers = Vec<Offer>;
 
 thread_local! {
     /// The fusable formula of the node being built (set by its backward builder).
@@ -184,31 +214,52 @@ pub(crate) fn offered(edge: usize) -> Option<Epilogue> {
     OFFERS.with(|o| {
         o.borrow()
             .iter()
-            .find(|(e, _, _)| *e == edge)
-            .map(|(_, ep, _)| ep.clone())
+            .find(|x| x.edge == edge)
+            .map(|x| x.epilogue.clone())
     })
 }
 
 /// Says that the gradient along `edge` was computed with its offered epilogue applied.
 pub(crate) fn accept(edge: usize) {
+    accepted(edge, None);
+}
+
+/// Says that the gradient along `edge` was computed with its offered `Epilogue::CastThen`
+/// applied, `finish` being left to the cast's step.
+pub(crate) fn accept_with(edge: usize, finish: Finish) {
+    accepted(edge, Some(finish));
+}
+
+fn accepted(edge: usize, finish: Option<Finish>) {
     OFFERS.with(|o| {
-        if let Some(entry) = o.borrow_mut().iter_mut().find(|(e, _, _)| *e == edge) {
-            entry.2 = true;
+        if let Some(entry) = o.borrow_mut().iter_mut().find(|x| x.edge == edge) {
+            entry.accepted = Some(finish);
         }
     });
 }
 
 /// Runs `f` (a node's backward) with `offers` in place, restoring the enclosing call's after;
-/// returns `f`'s result and the edges whose epilogue was applied.
+/// returns `f`'s result and the edges whose epilogue was applied, with what each left to a
+/// cast's step.
 pub(crate) fn with_offers<R>(
     offers: Vec<(usize, Epilogue)>,
     f: impl FnOnce() -> R,
-) -> (R, Vec<usize>) {
-    let mine: Offers = offers.into_iter().map(|(e, ep)| (e, ep, false)).collect();
+) -> (R, Vec<(usize, Option<Finish>)>) {
+    let mine: Offers = offers
+        .into_iter()
+        .map(|(edge, epilogue)| Offer {
+            edge,
+            epilogue,
+            accepted: None,
+        })
+        .collect();
     let outer = OFFERS.with(|o| std::mem::replace(&mut *o.borrow_mut(), mine));
     let r = f();
     let mine = OFFERS.with(|o| std::mem::replace(&mut *o.borrow_mut(), outer));
-    let accepted = mine.into_iter().filter(|e| e.2).map(|e| e.0).collect();
+    let accepted = mine
+        .into_iter()
+        .filter_map(|x| x.accepted.map(|f| (x.edge, f)))
+        .collect();
     (r, accepted)
 }
 
@@ -239,11 +290,25 @@ impl Node {
     pub(crate) fn epilogue(&self) -> Option<Epilogue> {
         // (Most nodes offer nothing: no lock is taken for them.)
         let fusable = self.fusable.as_ref()?;
-        if !backward_epilogues() || lock(&self.retained).is_some() || lock(&self.backward).is_none()
-        {
+        if !self.can_fuse() {
             return None;
         }
         fusable.epilogue()
+    }
+
+    /// The dtype a float cast's backward casts its gradient back to, where this node is such a
+    /// cast that can be fused now.
+    pub(crate) fn cast_from(&self) -> Option<DType> {
+        match self.fusable.as_ref()? {
+            Fusable::Cast(from) if self.can_fuse() => Some(*from),
+            _ => None,
+        }
+    }
+
+    /// Whether the engine may apply this node's formula in its producer's kernel: epilogues on,
+    /// the output not retaining its gradient, the backward not yet run.
+    fn can_fuse(&self) -> bool {
+        backward_epilogues() && lock(&self.retained).is_none() && lock(&self.backward).is_some()
     }
 }
 

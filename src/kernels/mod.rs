@@ -151,6 +151,13 @@ pub enum Kernel {
     /// `shaders/cross_entropy.wgsl` for one float dtype: log_softmax and nll_loss forward in
     /// one kernel (`false`), or their two backwards in one (`true`).
     CrossEntropy(DType, bool),
+    /// `shaders/cross_entropy_backward_words.wgsl`: `CrossEntropy`'s backward 16 bytes an
+    /// invocation, for log_softmax's output (and the gradient) of the first dtype and an
+    /// upstream gradient of the second.
+    CrossEntropyWords(DType, DType),
+    /// `shaders/nll_rows.wgsl`: nll_loss's backward as one record a row, for an upstream
+    /// gradient of this dtype.
+    NllRows(DType),
     /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in units of
     /// this many bytes: 16 (vectors of words), 4 (words) or 2 (f16 elements).
     CopyRows(u8),
@@ -296,6 +303,10 @@ impl Kernel {
                     .into_iter()
                     .flat_map(|d| [false, true].map(move |b| Kernel::CrossEntropy(d, b))),
             )
+            .chain([DType::F32, DType::F16].into_iter().flat_map(|d| {
+                [DType::F32, DType::F16].map(move |g| Kernel::CrossEntropyWords(d, g))
+            }))
+            .chain([DType::F32, DType::F16].map(Kernel::NllRows))
             .collect()
     }
 
@@ -478,6 +489,25 @@ impl Kernel {
                 &include_str!("../../shaders/cross_entropy.wgsl").replace("{{COMMON}}", NLL_COMMON),
                 *d,
             ),
+            Kernel::CrossEntropyWords(d, g) => {
+                let f16 = *d == DType::F16 || *g == DType::F16;
+                Cow::Owned(
+                    softmax::words_chunks(
+                        include_str!("../../shaders/cross_entropy_backward_words.wgsl"),
+                        *d,
+                    )
+                    .replace("{{COMMON}}", NLL_PARAMS)
+                    .replace("{{ENABLES}}", if f16 { "enable f16;" } else { "" })
+                    .replace("{{G}}", g.name())
+                    .replace("{{T}}", d.name()),
+                )
+            }
+            Kernel::NllRows(g) => Cow::Owned(
+                include_str!("../../shaders/nll_rows.wgsl")
+                    .replace("{{COMMON}}", NLL_PARAMS)
+                    .replace("{{ENABLES}}", if *g == DType::F16 { "enable f16;" } else { "" })
+                    .replace("{{G}}", g.name()),
+            ),
             Kernel::CopyRows(2) => Cow::Borrowed(include_str!("../../shaders/copy_rows_halves.wgsl")),
             Kernel::CopyRows(unit) => {
                 let u = match unit {
@@ -554,6 +584,11 @@ impl Kernel {
                 "cross_entropy_{}_{d}",
                 if *backward { "backward" } else { "forward" }
             )),
+            Kernel::CrossEntropyWords(d, g) => Cow::Owned(match d == g {
+                true => format!("cross_entropy_backward_{d}_words"),
+                false => format!("cross_entropy_backward_{d}_words_from_{g}"),
+            }),
+            Kernel::NllRows(g) => Cow::Owned(format!("nll_loss_backward_rows_from_{g}")),
             Kernel::CopyRows(unit) => Cow::Borrowed(match unit {
                 2 => "copy_rows_f16",
                 16 => "copy_rows_vec4",
@@ -611,6 +646,9 @@ impl Kernel {
             Kernel::Nll(..) => 5,
             // Five blocks, and the forward's assert flag.
             Kernel::CrossEntropy(_, backward) => 6 - *backward as u32,
+            // y and the gradient bound twice (scalars, 16-byte chunks).
+            Kernel::CrossEntropyWords(..) => 7,
+            Kernel::NllRows(_) => 4,
             Kernel::SoftmaxBackward(k) => 3 * k.bindings() / 2,
             Kernel::FlashAttn(k) => k.bindings(),
             Kernel::LayerNorm(_) => 5,
@@ -660,6 +698,7 @@ impl Kernel {
                 layout: RowLayout::Words,
                 ..
             }) | Kernel::CopyRows(2)
+                | Kernel::CrossEntropyWords(..)
         );
         streaming
             || matches!(
@@ -718,7 +757,10 @@ impl Kernel {
             Kernel::LayerNorm(_) => 48,
             Kernel::CastVec4(..) => 16,
             Kernel::CopyRows(_) => 32,
-            Kernel::Nll(..) | Kernel::CrossEntropy(..) => 48,
+            Kernel::Nll(..)
+            | Kernel::CrossEntropy(..)
+            | Kernel::CrossEntropyWords(..)
+            | Kernel::NllRows(_) => 48,
             Kernel::SoftmaxBackward(..) => 32,
         }
     }
@@ -759,7 +801,11 @@ fn short4_source(first: u32) -> String {
 }
 
 /// What `shaders/nll.wgsl` and `shaders/cross_entropy.wgsl` share.
-const NLL_COMMON: &str = include_str!("../../shaders/nll_common.wgsl");
+const NLL_PARAMS: &str = include_str!("../../shaders/nll_params.wgsl");
+const NLL_COMMON: &str = concat!(
+    include_str!("../../shaders/nll_params.wgsl"),
+    include_str!("../../shaders/nll_common.wgsl")
+);
 
 /// A kernel specialised by dtype alone: `{{T}}` is the element type, f16 enabled where used.
 pub(crate) fn per_dtype(src: &str, d: DType) -> Cow<'static, str> {

@@ -112,31 +112,14 @@ impl SoftmaxKernel {
             .replace("{{STORE}}", &store)
     }
 
-    /// A words kernel's template with its chunk (16 bytes of the dtype), its unroll and the
-    /// conversions of a chunk (`{{GET}}` from the `vec4<u32>` `w`, `{{PUT}}` from `v`).
+    /// A words kernel's template with its chunk, its unroll and its chunk conversions
+    /// (`words_chunks`).
     fn words(&self, src: &str) -> String {
-        let (chunk, get, put) = match self.dtype {
-            DType::F16 => (
-                8,
-                "return array<vec4<f32>, CV>(vec4<f32>(unpack2x16float(w.x), \
-                 unpack2x16float(w.y)), vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));",
-                "return vec4<u32>(pack2x16float(v[0].xy), pack2x16float(v[0].zw), \
-                 pack2x16float(v[1].xy), pack2x16float(v[1].zw));",
-            ),
-            _ => (
-                4,
-                "return array<vec4<f32>, CV>(bitcast<vec4<f32>>(w));",
-                "return bitcast<vec4<u32>>(v[0]);",
-            ),
-        };
         let unroll = WORDS_UNROLL
             .iter()
             .find(|(d, _)| *d == self.dtype)
             .map_or(4, |&(_, u)| u);
-        src.replace("{{CHUNK}}", &chunk.to_string())
-            .replace("{{UNROLL}}", &unroll.to_string())
-            .replace("{{GET}}", get)
-            .replace("{{PUT}}", put)
+        words_chunks(src, self.dtype).replace("{{UNROLL}}", &unroll.to_string())
     }
 
     /// The backward's kernel name (`shaders/softmax_backward.wgsl`).
@@ -209,4 +192,27 @@ impl SoftmaxKernel {
         }
         v
     }
+}
+
+/// A template that reads and writes 16-byte chunks of `dtype` (2- or 4-byte floats) as
+/// `vec4<u32>`: `{{CHUNK}}` (the elements of a chunk) and the conversions of a chunk (`{{GET}}`
+/// from the `vec4<u32>` `w` to `CV` vec4<f32>s, `{{PUT}}` from those, `v`, back).
+pub(crate) fn words_chunks(src: &str, dtype: DType) -> String {
+    let (chunk, get, put) = match dtype {
+        DType::F16 => (
+            8,
+            "return array<vec4<f32>, CV>(vec4<f32>(unpack2x16float(w.x), \
+             unpack2x16float(w.y)), vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));",
+            "return vec4<u32>(pack2x16float(v[0].xy), pack2x16float(v[0].zw), \
+             pack2x16float(v[1].xy), pack2x16float(v[1].zw));",
+        ),
+        _ => (
+            4,
+            "return array<vec4<f32>, CV>(bitcast<vec4<f32>>(w));",
+            "return bitcast<vec4<u32>>(v[0]);",
+        ),
+    };
+    src.replace("{{CHUNK}}", &chunk.to_string())
+        .replace("{{GET}}", get)
+        .replace("{{PUT}}", put)
 }

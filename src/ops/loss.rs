@@ -5,6 +5,7 @@
 //! the same sums on the host, where a bad target is an error at once.
 
 use super::u32_of;
+use crate::graph::Epilogue;
 use crate::kernels::{launch, launch_groups, Kernel};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
@@ -55,14 +56,33 @@ fn nll_recorded(
                 let target = saved.get()?;
                 let input = input.get()?;
                 // With log_softmax's backward in the same kernel where it was offered (Note
-                // [Backward epilogues]).
-                if let Some(crate::graph::Epilogue::LogSoftmaxRows(y)) = crate::graph::offered(0) {
-                    if let Some(grad) =
-                        backward_through_log_softmax(g, &target, &tw, &y, ignore_index)?
-                    {
-                        crate::graph::accept(0);
-                        return Ok(vec![Some(grad), None]);
+                // [Backward epilogues]), and under autocast the f32 copy's backward between
+                // them too.
+                match crate::graph::offered(0) {
+                    Some(Epilogue::LogSoftmaxRows(y)) => {
+                        if let Some(grad) =
+                            backward_through_log_softmax(g, &target, &tw, &y, ignore_index)?
+                        {
+                            crate::graph::accept(0);
+                            return Ok(vec![Some(grad), None]);
+                        }
                     }
+                    Some(Epilogue::CastThen(to, then)) => {
+                        if let Epilogue::LogSoftmaxRows(y) = *then {
+                            let through = backward_through_copy(
+                                g,
+                                [&target, &tw],
+                                (&y, to),
+                                &input,
+                                ignore_index,
+                            )?;
+                            if let Some((grad, finish)) = through {
+                                crate::graph::accept_with(0, finish);
+                                return Ok(vec![Some(grad), None]);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
                 let grad = backward(g, &target, &tw, input.shape(), input.dtype(), ignore_index)?;
                 Ok(vec![Some(grad), None])
@@ -252,8 +272,10 @@ pub fn cross_entropy(logits: &Tensor, target: &Tensor, ignore_index: i32) -> Res
 }
 
 /// The gradient of log_softmax's input [N, C] from nll_loss's upstream `g` (0-d), given
-/// log_softmax's output `y` (`shaders/cross_entropy.wgsl`'s `backward`), on a GPU where `y` is
-/// a contiguous matrix of `g`'s dtype; `None` elsewhere.
+/// log_softmax's output `y`, on a GPU where `y` is a contiguous matrix; `None` elsewhere.
+/// 16 bytes an invocation where `y` starts at a whole 16-byte chunk
+/// (`shaders/cross_entropy_backward_words.wgsl`), else an element an invocation
+/// (`shaders/cross_entropy.wgsl`, for a `g` of `y`'s dtype only).
 fn backward_through_log_softmax(
     g: &Tensor,
     target: &Tensor,
@@ -261,12 +283,8 @@ fn backward_through_log_softmax(
     y: &Tensor,
     ignore: i32,
 ) -> Result<Option<Tensor>> {
-    let fits = !y.device().is_cpu()
-        && y.rank() == 2
-        && y.is_contiguous()
-        && g.dtype() == y.dtype()
-        && g.device() == y.device()
-        && matches!(y.dtype(), DType::F32 | DType::F16);
+    let words = words_fit(y);
+    let fits = rows_fit(y, g) && (words || g.dtype() == y.dtype());
     if !fits {
         return Ok(None);
     }
@@ -276,17 +294,124 @@ fn backward_through_log_softmax(
         return Ok(Some(out));
     }
     let imm = immediates([n, c], g, target, [&out, total], ignore, Some(y))?;
-    launch(
-        Kernel::CrossEntropy(y.dtype(), true),
-        &[
-            &g.storage.block,
-            &target.storage.block,
-            &out.storage.block,
-            &total.storage.block,
-            &y.storage.block,
-        ],
-        &imm,
-        u32_of(OP, n * c)? as u64,
-    )?;
+    let (gb, tb, ob, wb, yb) = (
+        &g.storage.block,
+        &target.storage.block,
+        &out.storage.block,
+        &total.storage.block,
+        &y.storage.block,
+    );
+    if words {
+        launch_words(y, &[gb, tb, ob, wb, yb, yb, ob], &imm, g.dtype())?;
+    } else {
+        let numel = u32_of(OP, n * c)? as u64;
+        launch(
+            Kernel::CrossEntropy(y.dtype(), true),
+            &[gb, tb, ob, wb, yb],
+            &imm,
+            numel,
+        )?;
+    }
     Ok(Some(out))
+}
+
+/// Under autocast, nll_loss's backward on `copied` (autocast's f32 copy of log_softmax's f16
+/// output `y`, of dtype `to`), with the copy's and log_softmax's backwards applied after it
+/// (Note [Backward epilogues]): nll_loss's own gradient, of `copied`'s shape and dtype, with
+/// only each row's factor and target written into it (`shaders/nll_rows.wgsl`), and the
+/// copy's step, which allocates the copy's gradient and writes log_softmax's input gradient
+/// there from those records and `y` (`shaders/cross_entropy_backward_words.wgsl`). So the
+/// allocator sees PyTorch's sizes in PyTorch's order, nll_loss's saved input freed between,
+/// and neither the f32 gradient nor the f16 copy of it is written or read whole. `None` where
+/// `y` is not a contiguous matrix starting at a 16-byte chunk on a GPU, or a row of `copied`
+/// holds less than a record (8 bytes).
+fn backward_through_copy(
+    g: &Tensor,
+    [target, total]: [&Tensor; 2],
+    (y, to): (&Tensor, DType),
+    copied: &Tensor,
+    ignore: i32,
+) -> Result<Option<(Tensor, crate::graph::Finish)>> {
+    let fits = rows_fit(y, g)
+        && words_fit(y)
+        && y.dtype() == to
+        && copied.shape() == y.shape()
+        && y.shape()[1] * copied.dtype().size_bytes() >= 8;
+    if !fits {
+        return Ok(None);
+    }
+    let (n, c) = (y.shape()[0], y.shape()[1]);
+    let records = Tensor::empty(copied.shape(), copied.dtype(), copied.device())?;
+    // (A fresh tensor starts at a whole word; its records at word `at`.)
+    let at = records.layout().offset * copied.dtype().size_bytes() / 4;
+    if n > 0 {
+        let mut imm = immediates([n, c], g, target, [&records, total], ignore, None)?;
+        imm[7] = u32_of(OP, at)?;
+        launch(
+            Kernel::NllRows(g.dtype()),
+            &[
+                &g.storage.block,
+                &target.storage.block,
+                &records.storage.block,
+                &total.storage.block,
+            ],
+            &imm,
+            u32_of(OP, n)? as u64,
+        )?;
+    }
+    let y = y.clone();
+    let finish: crate::graph::Finish = Box::new(move |records: Tensor| {
+        let out = Tensor::empty(&[n, c], y.dtype(), y.device())?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let mut imm = immediates(
+            [n, c],
+            &records,
+            &records,
+            [&out, &records],
+            ignore,
+            Some(&y),
+        )?;
+        imm[5] = u32_of(OP, at)?;
+        imm[11] = 1;
+        let (rb, ob, yb) = (&records.storage.block, &out.storage.block, &y.storage.block);
+        launch_words(&y, &[rb, rb, ob, rb, yb, yb, ob], &imm, DType::F32)?;
+        Ok(out)
+    });
+    Ok(Some((records, finish)))
+}
+
+/// Whether log_softmax's output `y` and the upstream `g` suit a fused backward: a contiguous
+/// float matrix on a GPU, `g` on the same device.
+fn rows_fit(y: &Tensor, g: &Tensor) -> bool {
+    !y.device().is_cpu()
+        && y.rank() == 2
+        && y.is_contiguous()
+        && g.device() == y.device()
+        && matches!(y.dtype(), DType::F32 | DType::F16)
+        && matches!(g.dtype(), DType::F32 | DType::F16)
+}
+
+/// Whether `y` starts at a whole 16-byte chunk (`Kernel::CrossEntropyWords`).
+fn words_fit(y: &Tensor) -> bool {
+    (y.layout().offset * y.dtype().size_bytes()).is_multiple_of(16)
+}
+
+/// `Kernel::CrossEntropyWords` over `y`'s chunks, the upstream gradient bound first being of
+/// dtype `g`.
+fn launch_words(
+    y: &Tensor,
+    blocks: &[&crate::device::DeviceBlock],
+    imm: &[u32; 12],
+    g: DType,
+) -> Result<()> {
+    let chunk = 16 / y.dtype().size_bytes() as u64;
+    let numel = u32_of(OP, y.numel())? as u64;
+    launch(
+        Kernel::CrossEntropyWords(y.dtype(), g),
+        blocks,
+        imm,
+        numel.div_ceil(chunk),
+    )
 }

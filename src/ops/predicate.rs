@@ -137,6 +137,11 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
         &[x],
         || to_dtype_forward(x, dtype),
         |_| {
+            // A float cast can pass its backward to the kernel before it (Note [Backward
+            // epilogues]).
+            if from.is_float() {
+                crate::graph::offer_fusion(crate::graph::Fusable::Cast(from));
+            }
             Ok(
                 Box::new(move |g: &Tensor, _: &[bool]| Ok(vec![Some(g.to_dtype(from)?)]))
                     as crate::graph::BackwardFn,
