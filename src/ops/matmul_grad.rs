@@ -61,50 +61,53 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
         }
         // (A classifier head's two gradients go out in one dispatch where that is faster:
         // `matmul_narrow::grouped`.)
-        let (ga, gb) = super::matmul_narrow::grouped(|| {
-            let ga = match needs[0] {
-                true => {
-                    let bp = promote(b_s.as_ref().expect("saved").get()?, 1)?;
-                    let ga = match mask {
-                        Some(mask) if sa.len() == 2 && sb.len() == 2 => {
-                            let (ga, applied) = matmul_masked(&gp, &bp.t()?, mask)?;
-                            masked = applied;
-                            ga
-                        }
-                        _ => gp.matmul(&bp.transpose(-2, -1)?)?,
-                    };
-                    let pa: Vec<usize> = if sa.len() == 1 {
-                        vec![1, sa[0]]
-                    } else {
-                        sa.clone()
-                    };
-                    Some(sum_to(&ga, &pa)?.reshape(&isize_shape(&sa))?)
-                }
-                false => None,
-            };
-            let gb = match needs[1] {
-                true => {
-                    let ap = promote(a_s.as_ref().expect("saved").get()?, 0)?;
-                    let pb: Vec<usize> = if sb.len() == 1 {
-                        vec![sb[0], 1]
-                    } else {
-                        sb.clone()
-                    };
-                    let column_major = b_transposed && ap.rank() == 2 && gp.rank() == 2;
-                    let gb = if column_major && col_sums {
-                        let (product, s) = matmul_row_sums(&gp.t()?, &ap)?;
-                        sums = s;
-                        product.t()?
-                    } else if column_major {
-                        gp.t()?.matmul(&ap)?.t()?
-                    } else {
-                        ap.transpose(-2, -1)?.matmul(&gp)?
-                    };
-                    Some(sum_to(&gb, &pb)?.reshape(&isize_shape(&sb))?)
-                }
-                false => None,
-            };
-            Ok((ga, gb))
+        // (Both products' pads of `g` made once: `matmul::sharing_pads`.)
+        let (ga, gb) = super::matmul::sharing_pads(|| {
+            super::matmul_narrow::grouped(|| {
+                let ga = match needs[0] {
+                    true => {
+                        let bp = promote(b_s.as_ref().expect("saved").get()?, 1)?;
+                        let ga = match mask {
+                            Some(mask) if sa.len() == 2 && sb.len() == 2 => {
+                                let (ga, applied) = matmul_masked(&gp, &bp.t()?, mask)?;
+                                masked = applied;
+                                ga
+                            }
+                            _ => gp.matmul(&bp.transpose(-2, -1)?)?,
+                        };
+                        let pa: Vec<usize> = if sa.len() == 1 {
+                            vec![1, sa[0]]
+                        } else {
+                            sa.clone()
+                        };
+                        Some(sum_to(&ga, &pa)?.reshape(&isize_shape(&sa))?)
+                    }
+                    false => None,
+                };
+                let gb = match needs[1] {
+                    true => {
+                        let ap = promote(a_s.as_ref().expect("saved").get()?, 0)?;
+                        let pb: Vec<usize> = if sb.len() == 1 {
+                            vec![sb[0], 1]
+                        } else {
+                            sb.clone()
+                        };
+                        let column_major = b_transposed && ap.rank() == 2 && gp.rank() == 2;
+                        let gb = if column_major && col_sums {
+                            let (product, s) = matmul_row_sums(&gp.t()?, &ap)?;
+                            sums = s;
+                            product.t()?
+                        } else if column_major {
+                            gp.t()?.matmul(&ap)?.t()?
+                        } else {
+                            ap.transpose(-2, -1)?.matmul(&gp)?
+                        };
+                        Some(sum_to(&gb, &pb)?.reshape(&isize_shape(&sb))?)
+                    }
+                    false => None,
+                };
+                Ok((ga, gb))
+            })
         })?;
         Ok((vec![ga, gb], sums, masked))
     }))
