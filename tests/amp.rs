@@ -197,12 +197,12 @@ fn cross_entropy_under_autocast_allocates_what_pytorch_does() {
 /// log_softmax's) runs as one kernel where the engine offers it (Note [Backward epilogues],
 /// through a cast): the same loss, gradient and allocator statistics as the three kernels with
 /// epilogues off, the gradient against the formula in f64, and only the one kernel running.
-/// Shapes: rows shorter than a 16-byte chunk (C = 3), a last chunk the tensor ends inside,
+/// Shapes: rows shorter than a 16-byte chunk (C = 5), a last chunk the tensor ends inside,
 /// rows of thousands, ignored rows.
 #[test]
 fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
     let cpu = Device::cpu().unwrap();
-    for (n, c) in [(37usize, 3usize), (40, 101), (9, 5003)] {
+    for (n, c) in [(37usize, 5usize), (40, 101), (9, 5003)] {
         cpu.manual_seed(6);
         let x16 = randn(&[n, c], &cpu)
             .mul_scalar(3.0)
@@ -236,12 +236,16 @@ fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
             .collect();
         for dev in devices().into_iter().filter(|d| !d.is_cpu() && has_f16(d)) {
             let y = Tensor::from_slice(&labels, &[n], &dev).unwrap();
+            let offload = std::cell::Cell::new(false);
             let run = |fused: bool| {
                 kiln::autograd::set_backward_epilogues(fused);
                 let x = x16.to_device(&dev).unwrap().requires_grad_(true).unwrap();
-                let l = with_autocast(DeviceType::Gpu, DType::F16, true, || cross_entropy(&x, &y))
-                    .unwrap()
-                    .unwrap();
+                let l = {
+                    let _hooks = offload.get().then(|| kiln::autograd::save_on_cpu(true));
+                    with_autocast(DeviceType::Gpu, DType::F16, true, || cross_entropy(&x, &y))
+                        .unwrap()
+                        .unwrap()
+                };
                 l.backward().unwrap();
                 kiln::autograd::set_backward_epilogues(true);
                 let g = x.grad().unwrap().to_dtype(DType::F32).unwrap();
@@ -268,6 +272,13 @@ fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
                     .collect();
                 (out, delta)
             };
+            // Under save_on_cpu nothing is offered (an offer would bring log_softmax's saved
+            // output back to the device before its backward): the statistics are the three
+            // kernels' too.
+            offload.set(true);
+            let (fused_off, plain_off) = (stats(true), stats(false));
+            assert_eq!(fused_off.1, plain_off.1, "{dev:?} {n}x{c}: save_on_cpu");
+            offload.set(false);
             let ((fused, fused_stats), (plain, plain_stats)) = (stats(true), stats(false));
             assert_eq!(
                 fused_stats, plain_stats,

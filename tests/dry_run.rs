@@ -269,3 +269,58 @@ fn a_resnet50_step_planned_for_an_h200_peaks_where_the_h200_did() {
         "AMP {amp_peak} against f32 {f32_peak}"
     );
 }
+
+/// GPT-2 124M's AMP steps planned for an H200 peak where the H200 did: `bench --suite gpt`'s
+/// batch 8 at T 1024 (three steps, then the peak of one more; targets a tensor of their own)
+/// and its varying lengths (40 steps, T drawn from 64..=1024 by the bench's generator, the
+/// inputs as targets), whose peaks the H200 reported as
+/// 8234.675 and 7904.802 MiB at 07ee478 (2026-11-29). Fused backward kernels (the loss's
+/// through autocast's f32 copy, the tied head's shared pad) must allocate what the kernels
+/// they replace did, in their order: a first build of the loss's fusion left a different
+/// block live and a first build of the shared pad kept pads too long, and the varying run
+/// peaked 2.8 and 184 MiB higher.
+#[test]
+fn gpt2_amp_steps_planned_for_an_h200_peak_where_the_h200_did() {
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    let peak_mib = |lengths: &[usize], timed_from: usize, own_targets: bool| -> kiln::Result<f64> {
+        let dev = Device::planning(kiln::PlanTarget::named("H200")?)?;
+        let config = GptConfig::gpt2();
+        dev.manual_seed(1);
+        let model = gpt2(config.clone(), &dev)?;
+        let mut opt = Adam::adamw(model.parameters(), 3e-4)?;
+        let mut scaler = GradScaler::new().enabled(true);
+        for (i, &t) in lengths.iter().enumerate() {
+            if i == timed_from {
+                dev.reset_peak_memory_stats();
+            }
+            let ids: Vec<i32> = (0..8 * t).map(|e| (e * 7919 % 50257) as i32).collect();
+            let x = Tensor::from_slice(&ids, &[8, t], &dev)?;
+            let y = match own_targets {
+                true => Tensor::from_slice(&ids, &[8, t], &dev)?,
+                false => x.clone(),
+            };
+            opt.zero_grad(true)?;
+            let loss = {
+                let _amp = autocast(DeviceType::Gpu, DType::F16, true)?;
+                model.loss(&x, &y)?
+            };
+            scaler.scale(&loss)?.backward()?;
+            scaler.step(&mut opt)?;
+            scaler.update(None)?;
+        }
+        Ok(dev.max_memory_allocated() as f64 / (1u64 << 20) as f64)
+    };
+    let fixed = peak_mib(&[1024; 4], 3, true).unwrap();
+    assert!((fixed - 8234.675).abs() < 5e-4, "T 1024: {fixed} MiB");
+    let mut s: u64 = 1;
+    let varying: Vec<usize> = (0..40)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            64 + ((s >> 33) as usize) % (1024 - 64 + 1)
+        })
+        .collect();
+    let peak = peak_mib(&varying, 0, false).unwrap();
+    assert!((peak - 7904.802).abs() < 5e-4, "varying T: {peak} MiB");
+}

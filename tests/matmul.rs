@@ -295,7 +295,11 @@ fn a_tied_heads_two_gradients_pad_g_once() {
             .to_dtype(DType::F16)
             .unwrap()
     };
-    let (x, w, g) = (f16(&[128, 64], 1), f16(&[1000, 64], 2), f16(&[128, 1000], 3));
+    let (x, w, g) = (
+        f16(&[128, 64], 1),
+        f16(&[1000, 64], 2),
+        f16(&[128, 1000], 3),
+    );
     let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
     let want_x = f32s(&g).matmul(&f32s(&w)).unwrap().to_f64_vec().unwrap();
     let want_w = f32s(&g)

@@ -233,11 +233,13 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                 let (grads, applied) = crate::graph::with_offers(offers, || {
                     crate::ops::autocast::suspended(|| f(&g, &needs))
                 });
-                for (i, mut finish) in applied {
+                for (i, finishes) in applied {
+                    let mut finishes = finishes.into_iter();
                     for (k, pass) in passed.remove(&i).into_iter().flatten() {
-                        let through = match pass {
-                            Pass::Twin => Through::Twin,
-                            Pass::Cast => Through::Finish(finish.take()),
+                        let through = match (finishes.next(), pass) {
+                            (Some(f), _) => Through::Finish(Some(f)),
+                            (None, Pass::Twin) => Through::Twin,
+                            (None, Pass::Cast) => Through::Finish(None),
                         };
                         fused.insert(k, through);
                     }
@@ -285,10 +287,12 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
 enum Pass {
     /// As its own backward would have allocated its output (a twin allocated and freed).
     Twin,
-    /// A float cast (`Epilogue::CastThen`): its step runs the producer's `Finish`.
+    /// A float cast (`Epilogue::CastThen`): its step runs the `Finish` its producer left.
     Cast,
 }
 
+/// What a node passed through does at its step: `Pass::Twin`'s twin, or the `Finish` its
+/// producer left (`None`: none was left where one had to be, an error).
 enum Through {
     Twin,
     Finish(Option<Finish>),
@@ -320,8 +324,8 @@ fn offer(next: &Arc<Node>, deps: &HashMap<usize, usize>) -> Option<(Epilogue, Ve
 /// `g` goes on along its one edge. A twin of its own output, which PyTorch's backward would
 /// allocate here, is allocated and freed unwritten (`Through::Twin`), so that the allocator
 /// sees the same sizes live as PyTorch's (the output while the input gradient lives, then one
-/// of them); a cast passed through (`Through::Finish`) runs what its producer left to do,
-/// which allocates the cast's output.
+/// of them); where the producer left it a `Finish` (`Through::Finish`), that runs instead and
+/// allocates the node's output.
 fn pass_through(
     node: &Node,
     g: Tensor,

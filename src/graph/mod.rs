@@ -130,13 +130,15 @@ pub(crate) struct Node {
 // - Through a cast: where M is a float cast's `ToCopyBackward0` that offers nothing itself,
 //   fed only by N, and the node L before it (M's only edge) offers an epilogue and is fed only
 //   by M, N is offered `CastThen(M's input dtype, L's epilogue)`. PyTorch's three backwards
-//   allocate N's gradient, then M's beside it, free N's, then L's beside M's, and free M's;
-//   and N's saved tensors go between the first two. So N, accepting, only allocates its
-//   gradient (with what the rest needs from N written into it) and leaves a `Finish` to M's
-//   step (`accept_with`), which allocates M's output, writes L's input gradient there in one
-//   kernel, and passes it on; L passes it on as above. Under autocast this is nll_loss's
-//   backward through the f32 copy of f16 log-probabilities into log_softmax's (GPT-2's AMP
-//   step: two passes over an f32 [8192, 50257] gone).
+//   allocate N's gradient, then M's beside it, free N's (N's saved tensors went between),
+//   then L's beside M's, and free M's. So N, accepting, allocates only its own gradient and
+//   writes there the little the rest needs (a record a row), and leaves a `Finish` to each of
+//   M's and L's steps (`accept_with`): M's allocates its output and copies the records there,
+//   L's allocates its output and writes L's input gradient in one kernel from them. Every
+//   block the three allocate is the one PyTorch's would, in its order; none but the last is
+//   written whole. Under autocast this is nll_loss's backward through the f32 copy of f16
+//   log-probabilities into log_softmax's (GPT-2's AMP step: passes over an f32 and an f16
+//   [8192, 50257] gone).
 // The offers are per backward call (a checkpoint's backward runs a nested pass inside one).
 
 /// A formula a node's backward can hand to the kernel that produces its incoming gradient.
@@ -171,28 +173,36 @@ pub(crate) enum Epilogue {
 
 impl Fusable {
     /// The epilogue, or `None` where a saved tensor was modified in place (the node's own
-    /// backward then raises the error as it would have).
+    /// backward then raises the error as it would have) or a pack hook holds it: unpacked for
+    /// an offer, it would come back to the device before the node's own backward, where
+    /// PyTorch unpacks it (under `save_on_cpu`, GPT-2's AMP step peaked 712 MiB higher).
     fn epilogue(&self) -> Option<Epilogue> {
-        match self {
-            Fusable::ReluMask(saved) => saved.upgrade()?.get().ok().map(Epilogue::ReluMask),
-            Fusable::LogSoftmaxRows(saved) => {
-                saved.upgrade()?.get().ok().map(Epilogue::LogSoftmaxRows)
+        let kept = |saved: &Weak<Saved>| {
+            let saved = saved.upgrade()?;
+            match saved.is_packed() {
+                true => None,
+                false => saved.get().ok(),
             }
+        };
+        match self {
+            Fusable::ReluMask(saved) => kept(saved).map(Epilogue::ReluMask),
+            Fusable::LogSoftmaxRows(saved) => kept(saved).map(Epilogue::LogSoftmaxRows),
             Fusable::Cast(_) => None,
         }
     }
 }
 
-/// What a node's backward that accepted an `Epilogue::CastThen` leaves to the cast's step: the
-/// gradient the cast receives in, the gradient it passes on out (Note [Backward epilogues]).
+/// What a node's backward that accepted an epilogue leaves to the step of a node it passes
+/// through: the gradient that node receives in, the gradient it passes on out (Note [Backward
+/// epilogues]).
 pub(crate) type Finish = Box<dyn FnOnce(Tensor) -> Result<Tensor>>;
 
 /// An offer of the backward call running now: its edge, its epilogue, and whether it was
-/// accepted (with what is left to the cast's step, for `CastThen`).
+/// accepted (with what is left to the steps of the nodes passed through, in their order).
 struct Offer {
     edge: usize,
     epilogue: Epilogue,
-    accepted: Option<Option<Finish>>,
+    accepted: Option<Vec<Finish>>,
 }
 
 type Offers = Vec<Offer>;
@@ -221,30 +231,27 @@ pub(crate) fn offered(edge: usize) -> Option<Epilogue> {
 
 /// Says that the gradient along `edge` was computed with its offered epilogue applied.
 pub(crate) fn accept(edge: usize) {
-    accepted(edge, None);
+    accept_with(edge, Vec::new());
 }
 
-/// Says that the gradient along `edge` was computed with its offered `Epilogue::CastThen`
-/// applied, `finish` being left to the cast's step.
-pub(crate) fn accept_with(edge: usize, finish: Finish) {
-    accepted(edge, Some(finish));
-}
-
-fn accepted(edge: usize, finish: Option<Finish>) {
+/// Says that the offered epilogue along `edge` was taken on, `finishes` being left to the steps
+/// of the nodes it passes through, in their order (an `Epilogue::CastThen`: the cast's, then
+/// the node's before it).
+pub(crate) fn accept_with(edge: usize, finishes: Vec<Finish>) {
     OFFERS.with(|o| {
         if let Some(entry) = o.borrow_mut().iter_mut().find(|x| x.edge == edge) {
-            entry.accepted = Some(finish);
+            entry.accepted = Some(finishes);
         }
     });
 }
 
 /// Runs `f` (a node's backward) with `offers` in place, restoring the enclosing call's after;
-/// returns `f`'s result and the edges whose epilogue was applied, with what each left to a
-/// cast's step.
+/// returns `f`'s result and the edges whose epilogue was applied, with what each left to the
+/// nodes it passes through.
 pub(crate) fn with_offers<R>(
     offers: Vec<(usize, Epilogue)>,
     f: impl FnOnce() -> R,
-) -> (R, Vec<(usize, Option<Finish>)>) {
+) -> (R, Vec<(usize, Vec<Finish>)>) {
     let mine: Offers = offers
         .into_iter()
         .map(|(edge, epilogue)| Offer {

@@ -166,6 +166,11 @@ impl Saved {
         })
     }
 
+    /// Whether a pack hook holds the tensor (getting it runs the unpack hook).
+    pub(crate) fn is_packed(&self) -> bool {
+        matches!(self.value, Value::Packed(..))
+    }
+
     /// The saved tensor (unpacked where a hook packed it), checked against in-place
     /// modification since it was saved.
     pub(crate) fn get(&self) -> Result<Tensor> {

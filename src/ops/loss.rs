@@ -76,8 +76,8 @@ fn nll_recorded(
                                 &input,
                                 ignore_index,
                             )?;
-                            if let Some((grad, finish)) = through {
-                                crate::graph::accept_with(0, finish);
+                            if let Some((grad, finishes)) = through {
+                                crate::graph::accept_with(0, finishes);
                                 return Ok(vec![Some(grad), None]);
                             }
                         }
@@ -317,36 +317,37 @@ fn backward_through_log_softmax(
 
 /// Under autocast, nll_loss's backward on `copied` (autocast's f32 copy of log_softmax's f16
 /// output `y`, of dtype `to`), with the copy's and log_softmax's backwards applied after it
-/// (Note [Backward epilogues]): nll_loss's own gradient, of `copied`'s shape and dtype, with
-/// only each row's factor and target written into it (`shaders/nll_rows.wgsl`), and the
-/// copy's step, which allocates the copy's gradient and writes log_softmax's input gradient
-/// there from those records and `y` (`shaders/cross_entropy_backward_words.wgsl`). So the
-/// allocator sees PyTorch's sizes in PyTorch's order, nll_loss's saved input freed between,
-/// and neither the f32 gradient nor the f16 copy of it is written or read whole. `None` where
-/// `y` is not a contiguous matrix starting at a 16-byte chunk on a GPU, or a row of `copied`
-/// holds less than a record (8 bytes).
+/// (Note [Backward epilogues], through a cast): nll_loss's own gradient, of `copied`'s shape
+/// and dtype, holding only a record a row (its factor and target: `shaders/nll_rows.wgsl`),
+/// and the `Finish`es of the copy's step (its output allocated, the records copied there) and
+/// of log_softmax's (its output allocated and written from the records and `y`:
+/// `shaders/cross_entropy_backward_words.wgsl`). Each of the three blocks is the one PyTorch's
+/// backwards allocate, in their order. `None` where `y` is not a contiguous matrix starting at
+/// a 16-byte chunk on a GPU, or a row of `y` holds less than a record (8 bytes).
 fn backward_through_copy(
     g: &Tensor,
     [target, total]: [&Tensor; 2],
     (y, to): (&Tensor, DType),
     copied: &Tensor,
     ignore: i32,
-) -> Result<Option<(Tensor, crate::graph::Finish)>> {
+) -> Result<Option<(Tensor, Vec<crate::graph::Finish>)>> {
     let fits = rows_fit(y, g)
         && words_fit(y)
         && y.dtype() == to
         && copied.shape() == y.shape()
+        && y.shape()[1] * y.dtype().size_bytes() >= 8
         && y.shape()[1] * copied.dtype().size_bytes() >= 8;
     if !fits {
         return Ok(None);
     }
     let (n, c) = (y.shape()[0], y.shape()[1]);
+    // The records at the first word of a fresh tensor (its storage's start).
+    let first_word = |t: &Tensor| u32_of(OP, t.layout().offset * t.dtype().size_bytes() / 4);
+    let words = u32_of(OP, 2 * n)?;
     let records = Tensor::empty(copied.shape(), copied.dtype(), copied.device())?;
-    // (A fresh tensor starts at a whole word; its records at word `at`.)
-    let at = records.layout().offset * copied.dtype().size_bytes() / 4;
     if n > 0 {
         let mut imm = immediates([n, c], g, target, [&records, total], ignore, None)?;
-        imm[7] = u32_of(OP, at)?;
+        imm[7] = first_word(&records)?;
         launch(
             Kernel::NllRows(g.dtype()),
             &[
@@ -359,8 +360,23 @@ fn backward_through_copy(
             u32_of(OP, n)? as u64,
         )?;
     }
+    // The copy's step: its f16 output, holding the records.
+    let copy_step: crate::graph::Finish = Box::new(move |records: Tensor| {
+        let out = Tensor::empty(records.shape(), to, records.device())?;
+        if n > 0 {
+            let (from, at) = (first_word(&records)?, first_word(&out)?);
+            launch(
+                Kernel::CopyRows(4),
+                &[&records.storage.block, &out.storage.block],
+                &[words, words, words, words, from, at, 0, 0],
+                words as u64,
+            )?;
+        }
+        Ok(out)
+    });
+    // log_softmax's step: its output, the gradient of the logits.
     let y = y.clone();
-    let finish: crate::graph::Finish = Box::new(move |records: Tensor| {
+    let log_softmax_step: crate::graph::Finish = Box::new(move |records: Tensor| {
         let out = Tensor::empty(&[n, c], y.dtype(), y.device())?;
         if out.numel() == 0 {
             return Ok(out);
@@ -373,13 +389,13 @@ fn backward_through_copy(
             ignore,
             Some(&y),
         )?;
-        imm[5] = u32_of(OP, at)?;
+        imm[5] = first_word(&records)?;
         imm[11] = 1;
         let (rb, ob, yb) = (&records.storage.block, &out.storage.block, &y.storage.block);
         launch_words(&y, &[rb, rb, ob, rb, yb, yb, ob], &imm, DType::F32)?;
         Ok(out)
     });
-    Ok(Some((records, finish)))
+    Ok(Some((records, vec![copy_step, log_softmax_step])))
 }
 
 /// Whether log_softmax's output `y` and the upstream `g` suit a fused backward: a contiguous

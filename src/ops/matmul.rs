@@ -172,9 +172,12 @@ thread_local! {
 }
 
 /// Runs `f` (a product's two gradients) with `coop_split`'s pads shared: where both products
-/// pad the same operand alike (GPT-2's tied head: `g @ W` pads the [8192, 50257] gradient's K
-/// and `g^T @ h` its M, both to 50304 columns), the second takes the first's copy (0.55 ms
-/// and 824 MB written a step, H200). The copies are dropped when `f` returns.
+/// pad the same operand alike (GPT-2's tied head at 8192 tokens: `g @ W` pads the [8192,
+/// 50257] gradient's K and `g^T @ h` its M, both to 50304 columns), the second takes the
+/// first's copy (0.55 ms and 824 MB written a step, H200). A pad is kept only until a pad that
+/// does not match it is made (at 6408 tokens `g @ W` pads g's rows and `g^T @ h` its columns:
+/// nothing is shared, and the first pad is gone before the second is made), pads of pads are
+/// not kept, and what is kept is dropped when `f` returns.
 pub(super) fn sharing_pads<R>(f: impl FnOnce() -> R) -> R {
     let outer = PADS.with(|p| p.borrow().is_some());
     if outer {
@@ -202,14 +205,22 @@ fn shared_pad(
             && p.version == x.version()
             && (p.dim, p.size) == (dim, size)
     };
-    let hit = PADS.with(|p| {
-        p.borrow()
-            .as_ref()
-            .and_then(|pads| pads.iter().find(|p| same(p)).map(|p| p.padded.clone()))
+    // (Outside `sharing_pads`, and for a pad of a kept pad: nothing kept.)
+    let (hit, keep) = PADS.with(|p| match p.borrow().as_ref() {
+        None => (None, false),
+        Some(pads) => (
+            pads.iter().find(|p| same(p)).map(|p| p.padded.clone()),
+            !pads.iter().any(|p| p.padded.shares_storage(x)),
+        ),
     });
     if let Some(padded) = hit {
         return Ok(padded);
     }
+    if !keep {
+        return make();
+    }
+    let stale = PADS.with(|p| p.borrow_mut().as_mut().map(std::mem::take));
+    drop(stale);
     let padded = make()?;
     PADS.with(|p| {
         if let Some(pads) = p.borrow_mut().as_mut() {
