@@ -324,3 +324,40 @@ fn gpt2_amp_steps_planned_for_an_h200_peak_where_the_h200_did() {
     let peak = peak_mib(&varying, 0, false).unwrap();
     assert!((peak - 7904.802).abs() < 5e-4, "varying T: {peak} MiB");
 }
+
+/// A tied head's backward planned for an H200, whose tensor cores take ragged products padded
+/// to whole tiles: `g @ W` pads the [512, 1000] gradient's K and `g^T @ x` its M, both to 1024
+/// columns, and the two share one copy (`matmul::sharing_pads`): one 1 MiB pad allocated, not
+/// two.
+#[test]
+fn a_tied_heads_backward_planned_for_an_h200_pads_its_gradient_once() {
+    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    let dev = Device::planning(kiln::PlanTarget::named("H200").unwrap()).unwrap();
+    let f16 = |shape: &[usize]| {
+        Tensor::randn(shape, DType::F32, &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap()
+    };
+    let x = f16(&[512, 256]).requires_grad_(true).unwrap();
+    let w = f16(&[1000, 256]).requires_grad_(true).unwrap();
+    let g = f16(&[512, 1000]);
+    let logits = kiln::ops::linear(&x, &w, None).unwrap();
+    dev.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::Alloc,
+        HistoryStacks::Kiln,
+        10_000,
+    );
+    logits.backward_with(&g, false).unwrap();
+    let trace = dev.memory_snapshot().device_traces[0].clone();
+    dev.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+    let pads = trace
+        .iter()
+        .filter(|e| e.action == TraceAction::Alloc && e.size == 512 * 1024 * 2)
+        .count();
+    assert_eq!(pads, 1, "{trace:?}");
+    assert_eq!(x.grad().unwrap().shape(), [512, 256]);
+    assert_eq!(w.grad().unwrap().shape(), [1000, 256]);
+}

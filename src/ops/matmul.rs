@@ -157,7 +157,8 @@ pub(super) fn coop_split(
     matmul_forward(&ap, &bp, bias).map(Some)
 }
 
-/// A zero-padded copy (`coop_split`'s) and what it copies, as `sharing_pads` keeps it.
+/// A zero-padded copy (`coop_split`'s) of `sharing_pads`'s operand, and the view of it that
+/// was padded.
 struct Pad {
     source: Tensor,
     dim: usize,
@@ -167,23 +168,24 @@ struct Pad {
 }
 
 thread_local! {
-    /// The pads made inside `sharing_pads` on this thread (`None` outside it).
-    static PADS: std::cell::RefCell<Option<Vec<Pad>>> = const { std::cell::RefCell::new(None) };
+    /// Inside `sharing_pads`: the operand whose pads are shared, and its pads kept.
+    static PADS: std::cell::RefCell<Option<(Tensor, Vec<Pad>)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// Runs `f` (a product's two gradients) with `coop_split`'s pads shared: where both products
-/// pad the same operand alike (GPT-2's tied head at 8192 tokens: `g @ W` pads the [8192,
-/// 50257] gradient's K and `g^T @ h` its M, both to 50304 columns), the second takes the
-/// first's copy (0.55 ms and 824 MB written a step, H200). A pad is kept only until a pad that
-/// does not match it is made (at 6408 tokens `g @ W` pads g's rows and `g^T @ h` its columns:
-/// nothing is shared, and the first pad is gone before the second is made), pads of pads are
-/// not kept, and what is kept is dropped when `f` returns.
-pub(super) fn sharing_pads<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f` (a product's two gradients) with `coop_split`'s pads of `g` shared: where both
+/// products pad `g` alike (GPT-2's tied head at 8192 tokens: `g @ W` pads the [8192, 50257]
+/// gradient's K and `g^T @ h` its M, both to 50304 columns), the second takes the first's
+/// copy (0.55 ms and 824 MB written a step, H200). A pad of `g` is kept only until a pad of
+/// `g` that does not match it is made (at 6408 tokens `g @ W` pads g's rows and `g^T @ h` its
+/// columns: nothing is shared, and the first is dropped before the second is made), and what
+/// is kept is dropped when `f` returns; pads of other operands are not kept.
+pub(super) fn sharing_pads<R>(g: &Tensor, f: impl FnOnce() -> R) -> R {
     let outer = PADS.with(|p| p.borrow().is_some());
     if outer {
         return f();
     }
-    PADS.with(|p| *p.borrow_mut() = Some(Vec::new()));
+    PADS.with(|p| *p.borrow_mut() = Some((g.clone(), Vec::new())));
     let r = f();
     let pads = PADS.with(|p| p.borrow_mut().take());
     drop(pads);
@@ -199,31 +201,34 @@ fn shared_pad(
     make: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
     let same = |p: &Pad| {
-        p.source.shares_storage(x)
-            && p.source.layout == x.layout
+        p.source.layout == x.layout
             && p.source.dtype() == x.dtype()
             && p.version == x.version()
             && (p.dim, p.size) == (dim, size)
     };
-    // (Outside `sharing_pads`, and for a pad of a kept pad: nothing kept.)
-    let (hit, keep) = PADS.with(|p| match p.borrow().as_ref() {
-        None => (None, false),
-        Some(pads) => (
+    // (Outside `sharing_pads`, or not its operand: nothing kept.)
+    let (hit, shared) = PADS.with(|p| match p.borrow().as_ref() {
+        Some((g, pads)) if g.shares_storage(x) => (
             pads.iter().find(|p| same(p)).map(|p| p.padded.clone()),
-            !pads.iter().any(|p| p.padded.shares_storage(x)),
+            true,
         ),
+        _ => (None, false),
     });
     if let Some(padded) = hit {
         return Ok(padded);
     }
-    if !keep {
+    if !shared {
         return make();
     }
-    let stale = PADS.with(|p| p.borrow_mut().as_mut().map(std::mem::take));
+    let stale = PADS.with(|p| {
+        p.borrow_mut()
+            .as_mut()
+            .map(|(_, pads)| std::mem::take(pads))
+    });
     drop(stale);
     let padded = make()?;
     PADS.with(|p| {
-        if let Some(pads) = p.borrow_mut().as_mut() {
+        if let Some((_, pads)) = p.borrow_mut().as_mut() {
             pads.push(Pad {
                 source: x.clone(),
                 dim,

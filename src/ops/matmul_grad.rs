@@ -62,7 +62,7 @@ pub(super) fn matmul_grads(a: &Tensor, b: &Tensor) -> Result<ProductGrads> {
         // (A classifier head's two gradients go out in one dispatch where that is faster:
         // `matmul_narrow::grouped`.)
         // (Both products' pads of `g` made once: `matmul::sharing_pads`.)
-        let (ga, gb) = super::matmul::sharing_pads(|| {
+        let (ga, gb) = super::matmul::sharing_pads(&gp, || {
             super::matmul_narrow::grouped(|| {
                 let ga = match needs[0] {
                     true => {
