@@ -405,3 +405,65 @@ fn convolution_and_pooling() {
         check(c);
     }
 }
+
+/// Gradients of narrowed views of one tensor, which the engine writes into one buffer of the
+/// tensor's gradient (`slice_into`, as PyTorch's `SplitBackward0` writes one tensor): disjoint
+/// slices (`split`), an overlapping one, the tensor used whole too (its gradient arriving
+/// before or after the slices'), and a slice whose output retains its gradient, on every GPU
+/// against the formula; with the engine's fusions off too.
+#[test]
+fn narrowed_views_gradients_sum_into_their_input() {
+    let mut rng = Lcg(9);
+    let values: Vec<f32> = (0..4 * 9).map(|_| rng.next() as f32 * 2.0 - 1.0).collect();
+    // d/dx of 2 a + 3 b + c^2 over the three column blocks, + 5 x(:, 2..6), + 7 x when whole.
+    let want = |whole: bool| -> Vec<f32> {
+        (0..4 * 9)
+            .map(|e| {
+                let (j, v) = (e % 9, values[e]);
+                let block = [2.0, 3.0, 2.0 * v][j / 3];
+                let overlap = if (2..6).contains(&j) { 5.0 } else { 0.0 };
+                block + overlap + if whole { 7.0 } else { 0.0 }
+            })
+            .collect()
+    };
+    for dev in gpus() {
+        for fused in [true, false] {
+            for whole in [None, Some(true), Some(false)] {
+                kiln::autograd::set_backward_epilogues(fused);
+                let x = Tensor::from_vec(values.clone(), &[4, 9], &dev)
+                    .unwrap()
+                    .requires_grad_(true)
+                    .unwrap();
+                let parts = x.split(3, 1).unwrap();
+                parts[1].retain_grad().unwrap();
+                let mut loss = parts[0].mul_scalar(2.0).unwrap().sum(&[], false).unwrap();
+                let early = x.mul_scalar(7.0).unwrap().sum(&[], false).unwrap();
+                if whole == Some(true) {
+                    loss = early.add(&loss).unwrap();
+                }
+                for term in [
+                    parts[1].mul_scalar(3.0).unwrap(),
+                    parts[2].mul(&parts[2]).unwrap(),
+                    x.narrow(1, 2, 4).unwrap().mul_scalar(5.0).unwrap(),
+                ] {
+                    loss = loss.add(&term.sum(&[], false).unwrap()).unwrap();
+                }
+                if whole == Some(false) {
+                    loss = loss.add(&early).unwrap();
+                }
+                loss.backward().unwrap();
+                kiln::autograd::set_backward_epilogues(true);
+                let got = x.grad().unwrap().to_vec::<f32>().unwrap();
+                let w = want(whole.is_some());
+                for (e, (a, b)) in got.iter().zip(&w).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5,
+                        "{dev:?} fused {fused} whole {whole:?} element {e}: {a} vs {b}"
+                    );
+                }
+                let kept = parts[1].grad().unwrap().to_vec::<f32>().unwrap();
+                assert!(kept.iter().all(|&v| v == 3.0), "{dev:?}: {kept:?}");
+            }
+        }
+    }
+}

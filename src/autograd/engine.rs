@@ -124,14 +124,76 @@ fn run_hooks(meta: &AutogradMeta) -> Result<()> {
 }
 
 /// Adds `g` to a node's pending input gradient.
-fn add_pending(pending: &mut HashMap<usize, Tensor>, node: &Arc<Node>, g: Tensor) -> Result<()> {
+fn add_pending(
+    pending: &mut HashMap<usize, Tensor>,
+    owned: &HashSet<usize>,
+    node: &Arc<Node>,
+    g: Tensor,
+) -> Result<()> {
     let entry = pending.remove(&key(node));
     let sum = match entry {
+        // (A buffer `slice_into` made: the engine's own, added to in place.)
+        Some(prev) if owned.contains(&key(node)) => {
+            crate::ops::binary_(&prev, &g, crate::base::BinaryOp::Add)?;
+            prev
+        }
         Some(prev) => prev.add(&g)?,
         None => g,
     };
     pending.insert(key(node), sum);
     Ok(())
+}
+
+/// A `NarrowBackward0` whose input receives gradients from several nodes (GPT-2's q, k and v,
+/// narrowed from one projection): `g` goes straight into its slice of the input's pending
+/// gradient, one zeroed buffer the engine owns (`owned`), instead of into a zeroed tensor of
+/// its own, summed with the others after (three fills, three copies and two sums of the
+/// [B, T, 3C] gradient a block where PyTorch's `SplitBackward0` writes one tensor). Returns
+/// the input's node where it did; its closure is then dropped (unless `retain_graph`) as
+/// after running.
+fn slice_into(
+    node: &Arc<Node>,
+    g: &Tensor,
+    senders: &HashMap<usize, usize>,
+    (pending, owned): (&mut HashMap<usize, Tensor>, &mut HashSet<usize>),
+    retain_graph: bool,
+) -> Result<Option<Arc<Node>>> {
+    let Some((d, start)) = node.slice_of() else {
+        return Ok(None);
+    };
+    let [Some(Edge::Node(next))] = node.edges.as_slice() else {
+        return Ok(None);
+    };
+    let k = key(next);
+    let several = senders.get(&k).is_some_and(|&n| n >= 2);
+    if !several || g.dtype() != next.dtype || (pending.contains_key(&k) && !owned.contains(&k)) {
+        return Ok(None);
+    }
+    {
+        let _scope = crate::alloc::kiln_scope(
+            || crate::alloc::op_frame_name(node.name, true),
+            "kiln autograd",
+        );
+        let _op = crate::alloc::op_scope();
+        let len = g.shape()[d];
+        match pending.get(&k) {
+            Some(buf) => crate::ops::binary_(
+                &buf.narrow(d as isize, start, len)?,
+                g,
+                crate::base::BinaryOp::Add,
+            )?,
+            None => {
+                let buf = Tensor::zeros(&next.shape, g.dtype(), g.device())?;
+                buf.narrow(d as isize, start, len)?.copy_(g)?;
+                pending.insert(k, buf);
+                owned.insert(k);
+            }
+        }
+    }
+    if !retain_graph {
+        *lock(&node.backward) = None;
+    }
+    Ok(Some(next.clone()))
 }
 
 pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
@@ -174,10 +236,14 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
 
     // Nodes whose formula a producer's kernel applied: their gradient passes through.
     let mut fused: HashMap<usize, Through> = HashMap::new();
+    // How many nodes send each node a gradient; the pending gradients the engine made itself.
+    let senders = deps.clone();
+    let mut owned: HashSet<usize> = HashSet::new();
     let mut pending: HashMap<usize, Tensor> = HashMap::new();
     pending.insert(key(root_node), grad);
     let mut ready = BinaryHeap::from([Ready(root_node.clone())]);
     while let Some(Ready(node)) = ready.pop() {
+        owned.remove(&key(&node));
         let Some(g) = pending.remove(&key(&node)) else {
             continue;
         };
@@ -196,6 +262,25 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
         }
         if let Some(out_meta) = lock(&node.retained).as_ref().and_then(|w| w.upgrade()) {
             accumulate(&out_meta, g.clone())?;
+        }
+        let sliced = match fused.contains_key(&key(&node)) {
+            true => None,
+            false => slice_into(
+                &node,
+                &g,
+                &senders,
+                (&mut pending, &mut owned),
+                retain_graph,
+            )?,
+        };
+        if let Some(next) = sliced {
+            drop(g);
+            let d = deps.get_mut(&key(&next)).expect("counted above");
+            *d -= 1;
+            if *d == 0 {
+                ready.push(Ready(next));
+            }
+            continue;
         }
         let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
         let grads = if let Some(through) = fused.remove(&key(&node)) {
@@ -269,7 +354,7 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
                     leaf_arrived(&mut leaf_deps, meta, true)?;
                 }
                 Edge::Node(next) => {
-                    add_pending(&mut pending, next, grad)?;
+                    add_pending(&mut pending, &owned, next, grad)?;
                     let d = deps.get_mut(&key(next)).expect("counted above");
                     *d -= 1;
                     if *d == 0 {

@@ -157,6 +157,10 @@ pub(crate) enum Fusable {
     /// of the node before it, where that node's gradient comes only from the cast
     /// (`Epilogue::CastThen`).
     Cast(DType),
+    /// `NarrowBackward0` of this dim from this start: the gradient goes into that slice of the
+    /// input's gradient (never an epilogue; the engine writes it into a buffer it owns where
+    /// the input receives several gradients, `autograd/engine.rs`'s `slice_into`).
+    Slice(usize, usize),
 }
 
 /// A `Fusable` made ready for one backward call: the tensors it reads, version-checked.
@@ -187,7 +191,7 @@ impl Fusable {
         match self {
             Fusable::ReluMask(saved) => kept(saved).map(Epilogue::ReluMask),
             Fusable::LogSoftmaxRows(saved) => kept(saved).map(Epilogue::LogSoftmaxRows),
-            Fusable::Cast(_) => None,
+            Fusable::Cast(_) | Fusable::Slice(..) => None,
         }
     }
 }
@@ -308,6 +312,15 @@ impl Node {
     pub(crate) fn cast_from(&self) -> Option<DType> {
         match self.fusable.as_ref()? {
             Fusable::Cast(from) if self.can_fuse() => Some(*from),
+            _ => None,
+        }
+    }
+
+    /// The dim and start of a narrow's slice, where this node is a `NarrowBackward0` whose
+    /// gradient the engine may write into its input's gradient directly now.
+    pub(crate) fn slice_of(&self) -> Option<(usize, usize)> {
+        match self.fusable.as_ref()? {
+            Fusable::Slice(d, start) if self.can_fuse() => Some((*d, *start)),
             _ => None,
         }
     }

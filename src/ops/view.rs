@@ -225,6 +225,9 @@ impl Tensor {
             },
             || {
                 let input = self.shape().to_vec();
+                if let Ok(dd) = dim("narrow", d, input.len()) {
+                    crate::graph::offer_fusion(crate::graph::Fusable::Slice(dd, start));
+                }
                 move |g: &Tensor| narrow_backward(g, &input, d, start)
             },
         )
