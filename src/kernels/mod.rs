@@ -686,9 +686,9 @@ impl Kernel {
         if software && matches!(self, Kernel::FlashAttn(_)) {
             return false;
         }
-        // The words kernels and the halves copy stream whole rows with their loads unrolled:
-        // naga's loop-bounding counter kept the loads of an unrolled iteration apart (H200:
-        // the f16 [8192, 50257] log_softmax 1.97 ms checked).
+        // The words kernels, the halves copy and the column sums stream rows with their loads
+        // unrolled: naga's loop-bounding counter kept the loads of an unrolled iteration apart
+        // (H200: the f16 [8192, 50257] log_softmax 1.97 ms checked).
         let streaming = matches!(
             self,
             Kernel::Softmax(SoftmaxKernel {
@@ -699,6 +699,7 @@ impl Kernel {
                 ..
             }) | Kernel::CopyRows(2)
                 | Kernel::CrossEntropyWords(..)
+                | Kernel::ColumnSum(..)
         );
         streaming
             || matches!(
