@@ -1028,3 +1028,70 @@ fn amp_training_reaches_the_f32_runs_accuracy() {
         );
     }
 }
+
+/// Under autocast, an f32 plus an f16 tensor (a residual stream plus a block's output) adds in
+/// one kernel that promotes as it reads, as PyTorch's add does: the sum equals the f32 add of
+/// the f16 operand cast to f32, bit for bit, in either order; the node is `AddBackward0`; the
+/// f16 operand's gradient is the f32 gradient rounded to f16; no cast kernel runs. A
+/// broadcast pair still goes through the cast.
+#[test]
+fn autocast_adds_f32_and_f16_in_one_kernel() {
+    let cpu = Device::cpu().unwrap();
+    cpu.manual_seed(8);
+    let x = randn(&[4, 6], &cpu);
+    let y16 = randn(&[4, 6], &cpu).to_dtype(DType::F16).unwrap();
+    let g = randn(&[4, 6], &cpu);
+    let want = x.add(&y16.to_dtype(DType::F32).unwrap()).unwrap();
+    let want = want.to_vec::<f32>().unwrap();
+    let gw = g.to_vec::<f32>().unwrap();
+    let g16 = g
+        .to_dtype(DType::F16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let g16 = g16.to_vec::<f32>().unwrap();
+    for dev in devices().into_iter().filter(|d| !d.is_cpu() && has_f16(d)) {
+        for swapped in [false, true] {
+            let a = x.to_device(&dev).unwrap().requires_grad_(true).unwrap();
+            let b = y16.to_device(&dev).unwrap().requires_grad_(true).unwrap();
+            let options = kiln::profiler::ProfileOptions {
+                devices: vec![dev.clone()],
+                profile_memory: false,
+            };
+            let (sum, prof) = kiln::profiler::profile(&options, || {
+                let _region = autocast(DeviceType::Gpu, DType::F16, true)?;
+                let s = if swapped { b.add(&a)? } else { a.add(&b)? };
+                dev.synchronize()?;
+                Ok(s)
+            })
+            .unwrap();
+            let trace = prof.chrome_trace_json();
+            assert!(
+                trace.contains("binary_add_f32_f16_vec4"),
+                "{dev:?}: {trace}"
+            );
+            assert!(!trace.contains("cast_f16_f32"), "{dev:?}: {trace}");
+            assert_eq!(sum.dtype(), DType::F32);
+            assert_eq!(sum.grad_fn_name(), Some("AddBackward0"));
+            assert_eq!(
+                sum.to_vec::<f32>().unwrap(),
+                want,
+                "{dev:?} swapped {swapped}"
+            );
+            sum.backward_with(&g.to_device(&dev).unwrap(), false)
+                .unwrap();
+            assert_eq!(a.grad().unwrap().to_vec::<f32>().unwrap(), gw);
+            let gb = b.grad().unwrap();
+            assert_eq!(gb.dtype(), DType::F16);
+            assert_eq!(
+                gb.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+                g16
+            );
+        }
+        let row = y16.narrow(0, 0, 1).unwrap().to_device(&dev).unwrap();
+        let _region = autocast(DeviceType::Gpu, DType::F16, true).unwrap();
+        let s = x.to_device(&dev).unwrap().add(&row).unwrap();
+        assert_eq!(s.dtype(), DType::F32);
+        assert_eq!(s.grad_fn_name(), None);
+    }
+}

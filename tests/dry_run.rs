@@ -312,7 +312,7 @@ fn gpt2_amp_steps_planned_for_an_h200_peak_where_the_h200_did() {
         Ok(dev.max_memory_allocated() as f64 / (1u64 << 20) as f64)
     };
     let fixed = peak_mib(&[1024; 4], 3, true).unwrap();
-    assert!((fixed - 8236.550).abs() < 5e-4, "T 1024: {fixed} MiB");
+    assert!((fixed - 8242.550).abs() < 5e-4, "T 1024: {fixed} MiB");
     let mut s: u64 = 1;
     let varying: Vec<usize> = (0..40)
         .map(|_| {
@@ -323,7 +323,7 @@ fn gpt2_amp_steps_planned_for_an_h200_peak_where_the_h200_did() {
         })
         .collect();
     let peak = peak_mib(&varying, 0, false).unwrap();
-    assert!((peak - 7906.458).abs() < 5e-4, "varying T: {peak} MiB");
+    assert!((peak - 7906.567).abs() < 5e-4, "varying T: {peak} MiB");
 }
 
 /// A tied head's backward planned for an H200, whose tensor cores take ragged products padded

@@ -143,6 +143,9 @@ pub enum Kernel {
     /// `shaders/cast_vec4.wgsl`: a contiguous float cast (from, to), four elements per
     /// invocation.
     CastVec4(DType, DType),
+    /// `shaders/add_mixed_vec4.wgsl`: an f32 plus an f16 tensor into f32, contiguous, four
+    /// elements per invocation.
+    AddMixedVec4,
     /// `shaders/softmax_backward.wgsl`, specialised as the forward is (dtype, vec4 units or
     /// elements, an invocation or a workgroup per row).
     SoftmaxBackward(SoftmaxKernel),
@@ -286,6 +289,7 @@ impl Kernel {
             .chain([
                 Kernel::CastVec4(DType::F32, DType::F16),
                 Kernel::CastVec4(DType::F16, DType::F32),
+                Kernel::AddMixedVec4,
             ])
             .chain([2, 4, 16].map(Kernel::CopyRows))
             .chain(
@@ -481,6 +485,7 @@ impl Kernel {
                 )
             }
             Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_source()),
+            Kernel::AddMixedVec4 => Cow::Borrowed(include_str!("../../shaders/add_mixed_vec4.wgsl")),
             Kernel::Nll(d, _) => per_dtype(
                 &include_str!("../../shaders/nll.wgsl").replace("{{COMMON}}", NLL_COMMON),
                 *d,
@@ -575,6 +580,7 @@ impl Kernel {
             Kernel::FlashAttn(k) => Cow::Owned(k.name()),
             Kernel::LayerNorm(k) => Cow::Owned(k.name()),
             Kernel::CastVec4(from, to) => Cow::Owned(format!("cast_{from}_{to}_vec4")),
+            Kernel::AddMixedVec4 => Cow::Borrowed("binary_add_f32_f16_vec4"),
             Kernel::SoftmaxBackward(k) => Cow::Owned(k.backward_name()),
             Kernel::Nll(d, backward) => Cow::Owned(format!(
                 "nll_loss_{}_{d}",
@@ -642,6 +648,7 @@ impl Kernel {
             Kernel::ColumnSum(..) => 2,
             Kernel::BatchNorm(b) => b.bindings(),
             Kernel::CastVec4(..) => 2,
+            Kernel::AddMixedVec4 => 3,
             Kernel::CopyRows(_) => 2,
             Kernel::Nll(..) => 5,
             // Five blocks, and the forward's assert flag.
@@ -756,7 +763,7 @@ impl Kernel {
             Kernel::BatchNorm(_) => 48,
             Kernel::FlashAttn(_) => 128,
             Kernel::LayerNorm(_) => 48,
-            Kernel::CastVec4(..) => 16,
+            Kernel::CastVec4(..) | Kernel::AddMixedVec4 => 16,
             Kernel::CopyRows(_) => 32,
             Kernel::Nll(..)
             | Kernel::CrossEntropy(..)

@@ -421,6 +421,11 @@ pub(crate) fn copy(x: &Tensor) -> Result<Tensor> {
 
 /// A new tensor `op(a, b)` with NumPy broadcasting. Both operands share dtype and device.
 pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
+    if op == BinaryOp::Add {
+        if let Some(sum) = add_mixed(a, b)? {
+            return Ok(sum);
+        }
+    }
     if let Some((a, b)) = autocast::promote(a, b)? {
         return binary(&a, &b, op);
     }
@@ -435,6 +440,61 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
         || binary_forward(a, b, op),
         |out| grad::binary_op(a, b, out, op),
     )
+}
+
+/// Under autocast, `a + b` of an f32 and an f16 tensor of one shape, contiguous in whole vec4s
+/// on a GPU (a residual stream plus a block's output): one kernel that promotes as it adds
+/// (`shaders/add_mixed_vec4.wgsl`), as PyTorch's add does, rather than a cast of the f16
+/// operand to a fresh f32 tensor and an add. One `AddBackward0` node; the f16 operand's
+/// gradient is the f32 one cast back, as PyTorch's engine casts it to the input's dtype.
+/// `None` for anything else.
+fn add_mixed(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    let (wide, half) = match (a.dtype, b.dtype) {
+        (DType::F32, DType::F16) => (a, b),
+        (DType::F16, DType::F32) => (b, a),
+        _ => return Ok(None),
+    };
+    let whole = |t: &Tensor| t.is_contiguous() && t.layout.offset.is_multiple_of(4);
+    let fits = autocast::applies(a)
+        && !a.device().is_cpu()
+        && a.device() == b.device()
+        && a.shape() == b.shape()
+        && a.numel().is_multiple_of(4)
+        && a.numel() > 0
+        && whole(a)
+        && whole(b);
+    if !fits {
+        return Ok(None);
+    }
+    let (da, db) = (a.dtype, b.dtype);
+    crate::graph::record(
+        grad::binary_name(BinaryOp::Add),
+        &[a, b],
+        || {
+            const OP: &str = "add";
+            let out = Tensor::empty(a.shape(), DType::F32, a.device())?;
+            let imm = [
+                u32_of(OP, a.numel() / 4)?,
+                u32_of(OP, wide.layout.offset / 4)?,
+                u32_of(OP, half.layout.offset / 4)?,
+                u32_of(OP, out.layout.offset / 4)?,
+            ];
+            launch(
+                Kernel::AddMixedVec4,
+                &[&wide.storage.block, &half.storage.block, &out.storage.block],
+                &imm,
+                (a.numel() / 4) as u64,
+            )?;
+            Ok(out)
+        },
+        |_| {
+            Ok(Box::new(move |g: &Tensor, needs: &[bool]| {
+                let cast = |on: bool, d: DType| on.then(|| g.to_dtype(d)).transpose();
+                Ok(vec![cast(needs[0], da)?, cast(needs[1], db)?])
+            }) as crate::graph::BackwardFn)
+        },
+    )
+    .map(Some)
 }
 
 fn binary_forward(a: &Tensor, b: &Tensor, op: BinaryOp) -> Result<Tensor> {
