@@ -368,8 +368,14 @@ fn gpu_sum_columns(
 ) -> Result<()> {
     let blocks = (cols / 4).div_ceil(64);
     // About 1024 workgroups (256 left an H200 a quarter full: GPT-2's f16 bias gradients, [8192,
-    // 2304], ran at 1.3 TB/s), each summing at least 16 rows.
-    let chunks = 1024usize.div_ceil(blocks).min(rows.div_ceil(16)).max(1);
+    // 2304], ran at 1.3 TB/s), each summing at least 16 rows, and at most 32 chunks: the
+    // partials' pass has one workgroup per 256 columns (9 for 2304), and over 114 chunks it
+    // took longer than the first pass had saved.
+    let chunks = 1024usize
+        .div_ceil(blocks)
+        .min(32)
+        .min(rows.div_ceil(16))
+        .max(1);
     let chunk_len = rows.div_ceil(chunks);
     let chunks = rows.div_ceil(chunk_len);
     // Partials are f32 whatever the dtype; the input's and the result's are the tensors'.
