@@ -282,59 +282,9 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
             }
             continue;
         }
-        let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
-        let grads = if let Some(through) = fused.remove(&key(&node)) {
-            pass_through(&node, g.clone(), through, retain_graph)?
-        } else {
-            // The formulas of the nodes fed only by this one, for its kernels to apply (Note
-            // [Backward epilogues]), and the nodes each one passes through.
-            let mut passed: HashMap<usize, Vec<(usize, Pass)>> = HashMap::new();
-            let offers: Vec<(usize, Epilogue)> = node
-                .edges
-                .iter()
-                .enumerate()
-                .filter_map(|(i, e)| match e {
-                    Some(Edge::Node(next)) if deps.get(&key(next)) == Some(&1) => {
-                        let (ep, nodes) = offer(next, &deps)?;
-                        passed.insert(i, nodes);
-                        Some((i, ep))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let mut slot = lock(&node.backward);
-            let Some(f) = slot.as_mut() else {
-                return Err(Error::Autograd {
-                    op: "backward",
-                    msg: format!("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed), through {}. Saved intermediate values of the graph are freed when you call backward(); specify retain_graph=true if you need to backward through the graph a second time.", node.name),
-                });
-            };
-            let grads = {
-                let _scope = crate::alloc::kiln_scope(
-                    || crate::alloc::op_frame_name(node.name, true),
-                    "kiln autograd",
-                );
-                let _op = crate::alloc::op_scope();
-                let (grads, applied) = crate::graph::with_offers(offers, || {
-                    crate::ops::autocast::suspended(|| f(&g, &needs))
-                });
-                for (i, finishes) in applied {
-                    let mut finishes = finishes.into_iter();
-                    for (k, pass) in passed.remove(&i).into_iter().flatten() {
-                        let through = match (finishes.next(), pass) {
-                            (Some(f), _) => Through::Finish(Some(f)),
-                            (None, Pass::Twin) => Through::Twin,
-                            (None, Pass::Cast) => Through::Finish(None),
-                        };
-                        fused.insert(k, through);
-                    }
-                }
-                grads?
-            };
-            if !retain_graph {
-                *slot = None;
-            }
-            grads
+        let grads = match fused.remove(&key(&node)) {
+            Some(through) => pass_through(&node, g.clone(), through, retain_graph)?,
+            None => run_node(&node, &g, &deps, &mut fused, retain_graph)?,
         };
         drop(g);
         for (edge, grad) in node.edges.iter().zip(grads) {
@@ -365,6 +315,66 @@ pub(super) fn run(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()>
         }
     }
     frame.run()
+}
+
+/// Runs `node`'s backward on `g`, offering it the formulas of the nodes only it feeds (Note
+/// [Backward epilogues]); the nodes whose formula it applied go into `fused` with what each
+/// does at its own step. Its closure is dropped after, unless `retain_graph`.
+fn run_node(
+    node: &Arc<Node>,
+    g: &Tensor,
+    deps: &HashMap<usize, usize>,
+    fused: &mut HashMap<usize, Through>,
+    retain_graph: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let needs: Vec<bool> = node.edges.iter().map(|e| e.is_some()).collect();
+    // The nodes each offer passes through.
+    let mut passed: HashMap<usize, Vec<(usize, Pass)>> = HashMap::new();
+    let offers: Vec<(usize, Epilogue)> = node
+        .edges
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            Some(Edge::Node(next)) if deps.get(&key(next)) == Some(&1) => {
+                let (ep, nodes) = offer(next, deps)?;
+                passed.insert(i, nodes);
+                Some((i, ep))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut slot = lock(&node.backward);
+    let Some(f) = slot.as_mut() else {
+        return Err(Error::Autograd {
+            op: "backward",
+            msg: format!("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed), through {}. Saved intermediate values of the graph are freed when you call backward(); specify retain_graph=true if you need to backward through the graph a second time.", node.name),
+        });
+    };
+    let grads = {
+        let _scope = crate::alloc::kiln_scope(
+            || crate::alloc::op_frame_name(node.name, true),
+            "kiln autograd",
+        );
+        let _op = crate::alloc::op_scope();
+        let (grads, applied) =
+            crate::graph::with_offers(offers, || crate::ops::autocast::suspended(|| f(g, &needs)));
+        for (i, finishes) in applied {
+            let mut finishes = finishes.into_iter();
+            for (k, pass) in passed.remove(&i).into_iter().flatten() {
+                let through = match (finishes.next(), pass) {
+                    (Some(f), _) => Through::Finish(Some(f)),
+                    (None, Pass::Twin) => Through::Twin,
+                    (None, Pass::Cast) => Through::Finish(None),
+                };
+                fused.insert(k, through);
+            }
+        }
+        grads?
+    };
+    if !retain_graph {
+        *slot = None;
+    }
+    Ok(grads)
 }
 
 /// How a node whose formula its producer's kernel applied passes its gradient on.
