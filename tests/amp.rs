@@ -3,6 +3,9 @@
 //! the on-device unscale against the tensor-op reference, clip_grad_norm_, f16 fused optimizer
 //! kernels against the CPU device, and AMP training against f32 training.
 
+#[path = "common/fusion.rs"]
+mod fusion;
+use fusion::{stats_delta, trace_of};
 use kiln::amp::{
     autocast, autocast_cache_len, is_autocast_enabled, with_autocast, DeviceType, GradScaler,
 };
@@ -251,27 +254,7 @@ fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
                 let g = x.grad().unwrap().to_dtype(DType::F32).unwrap();
                 (l.item::<f32>().unwrap(), g.to_vec::<f32>().unwrap())
             };
-            let stats = |fused: bool| {
-                run(fused);
-                dev.synchronize().unwrap();
-                let before = dev.memory_stats();
-                dev.reset_peak_memory_stats();
-                let out = run(fused);
-                dev.synchronize().unwrap();
-                let after = dev.memory_stats();
-                let delta: Vec<(String, i64)> = after
-                    .iter()
-                    .filter(|(k, _)| k.starts_with("allocation") || k.contains("bytes"))
-                    .filter(|(k, _)| !k.contains("reserved") && !k.contains("segment"))
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            v - if k.ends_with(".peak") { 0 } else { before[k] },
-                        )
-                    })
-                    .collect();
-                (out, delta)
-            };
+            let stats = |fused: bool| stats_delta(&dev, || run(fused));
             // Under save_on_cpu nothing is offered (an offer would bring log_softmax's saved
             // output back to the device before its backward): the statistics are the three
             // kernels' too.
@@ -296,16 +279,7 @@ fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
             assert!(fused.1.iter().any(|v| *v != 0.0));
             if dev.adapter_info().unwrap().features.timestamp_query {
                 let ran = |fused: bool| {
-                    let options = kiln::profiler::ProfileOptions {
-                        devices: vec![dev.clone()],
-                        profile_memory: false,
-                    };
-                    let (_, prof) = kiln::profiler::profile(&options, || {
-                        run(fused);
-                        dev.synchronize()
-                    })
-                    .unwrap();
-                    let t = prof.chrome_trace_json();
+                    let t = trace_of(&dev, || run(fused));
                     [
                         "cross_entropy_backward_f16_words_from_f32",
                         "nll_loss_backward_f32",

@@ -1,6 +1,9 @@
 //! nn layers against their definitions, state dicts in safetensors files, the optimizers'
 //! state appearing on the first step, and SGD's multi-parameter launches against the CPU.
 
+#[path = "common/fusion.rs"]
+mod fusion;
+use fusion::{stats_delta, trace_of};
 use kiln::nn::{
     load_safetensors, load_state_dict, save_safetensors, state_dict, BatchNorm, Dropout, LayerNorm,
     Linear, LstmCell, Module, Relu, Sequential,
@@ -1064,27 +1067,7 @@ fn cross_entropy_fuses_its_two_ops_with(n: usize, c: usize) {
             let g = x.grad().unwrap().to_vec::<f32>().unwrap();
             (l.item::<f32>().unwrap(), g)
         };
-        let stats = |fused: bool| {
-            run(fused);
-            dev.synchronize().unwrap();
-            let before = dev.memory_stats();
-            dev.reset_peak_memory_stats();
-            let out = run(fused);
-            dev.synchronize().unwrap();
-            let after = dev.memory_stats();
-            let delta: Vec<(String, i64)> = after
-                .iter()
-                .filter(|(k, _)| k.starts_with("allocation") || k.contains("bytes"))
-                .filter(|(k, _)| !k.contains("reserved") && !k.contains("segment"))
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v - if k.ends_with(".peak") { 0 } else { before[k] },
-                    )
-                })
-                .collect();
-            (out, delta)
-        };
+        let stats = |fused: bool| stats_delta(&dev, || run(fused));
         let ((fused, fused_stats), (plain, plain_stats)) = (stats(true), stats(false));
         assert_eq!(
             fused_stats, plain_stats,
@@ -1099,16 +1082,7 @@ fn cross_entropy_fuses_its_two_ops_with(n: usize, c: usize) {
 
         if dev.adapter_info().unwrap().features.timestamp_query {
             let trace = |fused: bool| {
-                let options = kiln::profiler::ProfileOptions {
-                    devices: vec![dev.clone()],
-                    profile_memory: false,
-                };
-                let (_, prof) = kiln::profiler::profile(&options, || {
-                    run(fused);
-                    dev.synchronize()
-                })
-                .unwrap();
-                let t = prof.chrome_trace_json();
+                let t = trace_of(&dev, || run(fused));
                 [
                     "cross_entropy_forward_f32",
                     "cross_entropy_backward_f32",
