@@ -63,8 +63,8 @@ fn put_stats(x: vec2<f32>, buf: u32, li: u32) {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32,
         @builtin(local_invocation_index) li: u32) {
-    let n = wid.x;
-    let col0 = block_row(wid.y, p.lk, false);
+    let n = head_of(wid);
+    let col0 = block_row(wid, p.lk, false);
     let kb = base8(p.k_off, p.k_sb, p.k_sh, n);
     let vb = base8(p.v_off, p.v_sb, p.v_sh, n);
     let qb = base8(p.q_off, p.q_sb, p.q_sh, n);

@@ -26,8 +26,8 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32,
         @builtin(local_invocation_index) li: u32) {
-    let n = wid.x;
-    let row0 = block_row(wid.y, p.lq, true);
+    let n = head_of(wid);
+    let row0 = block_row(wid, p.lq, true);
     stage_q(n, row0, li);
     workgroupBarrier();
 {{LOAD_QA}}

@@ -29,8 +29,8 @@ fn dout4(n: u32, i: u32, c4: u32) -> vec4<f32> {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let n = wid.x;
-    let col0 = block_row(wid.y, p.lk, false);
+    let n = head_of(wid);
+    let col0 = block_row(wid, p.lk, false);
     let j = col0 + li;
     var kr: array<vec4<f32>, DP4>;
     var vr: array<vec4<f32>, DP4>;

@@ -33,8 +33,8 @@ fn dout4(b: u32, c4: u32) -> vec4<f32> {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let n = wid.x;
-    let row0 = block_row(wid.y, p.lq, true);
+    let n = head_of(wid);
+    let row0 = block_row(wid, p.lq, true);
     let i = row0 + li;
     let ic = min(i, p.lq - 1u);
     var qr: array<vec4<f32>, DP4>;

@@ -19,8 +19,8 @@
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let n = wid.x;
-    let row0 = block_row(wid.y, p.lq, true);
+    let n = head_of(wid);
+    let row0 = block_row(wid, p.lq, true);
     let i = row0 + li;
     var qr: array<vec4<f32>, DP4>;
     var acc: array<vec4<f32>, DP4>;

@@ -329,6 +329,13 @@ fn kernel_view(t: &Tensor, lead: &[usize]) -> Result<Tensor> {
     }
 }
 
+/// Whether the passes launch their row blocks along x, in order (flag 16): on a CPU adapter,
+/// where heads first with the heaviest blocks first ran a quarter slower (lavapipe, B1 H2
+/// T128: llvmpipe's two threads took the heavy blocks together).
+fn blocks_first(q: &Tensor) -> bool {
+    crate::kernels::tune::on_cpu_adapter(q.device())
+}
+
 /// The immediates every pass shares (`shaders/flash_attn_common.wgsl`'s `Params`).
 fn params(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
@@ -377,6 +384,9 @@ fn params(
     }
     if token_major {
         flags |= 8;
+    }
+    if blocks_first(q) {
+        flags |= 16;
     }
     imm.extend([
         flags,
@@ -553,9 +563,12 @@ impl Bound {
         ];
         blocks.extend_from_slice(outputs);
         let (row_blocks, heads) = (u32_of(OP, along.div_ceil(WG_ROWS))?, u32_of(OP, self.rows)?);
-        // The (b, h) along x and the row blocks along y, the heaviest first under causality
-        // (`flash_attn_common.wgsl`'s `block_row`).
-        let groups = (heads, row_blocks, 1);
+        // The (b, h) along x and the row blocks along y, the heaviest first under causality;
+        // on a CPU adapter the blocks along x (`flash_attn_common.wgsl`'s `block_row`).
+        let groups = match blocks_first(&self.q) {
+            true => (row_blocks, heads, 1),
+            false => (heads, row_blocks, 1),
+        };
         launch_groups(Kernel::FlashAttn(kernel), &blocks, &self.imm, groups)
     }
 }
