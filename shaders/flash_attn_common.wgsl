@@ -31,8 +31,7 @@ struct Params {
     m_sk: u32,
     m_off: u32,
     // Bit 0: causal (key j attends query i when j <= i); bit 1: an additive mask; bit 2: dropout;
-    // bit 3: the outputs token-major (`row_out`); bit 4: row blocks along x, in order
-    // (`block_row`: CPU adapters).
+    // bit 3: the outputs token-major (`row_out`).
     flags: u32,
     scale: f32,
     drop_p: f32,
@@ -115,25 +114,16 @@ fn keep(n: u32, i: u32, j: u32) -> f32 {
     return 1.0 / (1.0 - p.drop_p);
 }
 
-// The workgroup's (b, h) and its first row (query, or key in the dK/dV pass) of `len`:
-// workgroups are launched heads first (x: the (b, h), y: the 64-row block), and under causality
-// the blocks that see the most tiles run first (`heaviest_last`: the forward and dQ passes,
-// whose last query block sees every key), so that the longest workgroups do not start in the
-// last wave. On CPU adapters (flag 16) the blocks go along x in order instead: heads first,
-// llvmpipe's two threads took the heavy blocks together and ran a quarter slower.
-fn head_of(wid: vec3<u32>) -> u32 {
-    return select(wid.x, wid.y, (p.flags & 16u) != 0u);
-}
-
-fn block_row(wid: vec3<u32>, len: u32, heaviest_last: bool) -> u32 {
-    if (p.flags & 16u) != 0u {
-        return wid.x * WG;
-    }
-    if heaviest_last && (p.flags & 1u) != 0u {
-        return ((len + WG - 1u) / WG - 1u - wid.y) * WG;
-    }
-    return wid.y * WG;
-}
+// The workgroup's (b, h) (`head_of`) and its first row (query, or key in the dK/dV pass) of
+// `len` (`block_row`), as the kernel's order has them (`kernels/attention.rs`,
+// `FlashAttnKernel::blocks_first`):
+// - on GPUs, workgroups are launched heads first (x: the (b, h), y: the 64-row block), and
+//   under causality the blocks that see the most tiles run first (`heaviest_last`: the forward
+//   and dQ passes, whose last query block sees every key), so that the longest workgroups do
+//   not start in the last wave;
+// - on CPU adapters the row blocks go along x in order: heads first, llvmpipe's two threads
+//   took the heavy blocks together and ran a quarter slower.
+{{BLOCK_ORDER}}
 
 fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);

@@ -28,7 +28,31 @@ pub struct FlashAttnKernel {
     pub dp: u32,
     /// On cooperative matrices (`attention_coop.rs`): f16 only, head-dim classes up to 64.
     pub coop: bool,
+    /// Row blocks launched along x in order (CPU adapters) rather than heads first with the
+    /// heaviest blocks first (`flash_attn_common.wgsl`'s `block_row`).
+    pub blocks_first: bool,
 }
+
+/// `head_of` and `block_row` on GPUs (`flash_attn_common.wgsl`).
+const HEADS_FIRST: &str = "fn head_of(wid: vec3<u32>) -> u32 {
+    return wid.x;
+}
+
+fn block_row(wid: vec3<u32>, len: u32, heaviest_last: bool) -> u32 {
+    if heaviest_last && (p.flags & 1u) != 0u {
+        return ((len + WG - 1u) / WG - 1u - wid.y) * WG;
+    }
+    return wid.y * WG;
+}";
+
+/// `head_of` and `block_row` on CPU adapters.
+const BLOCKS_FIRST: &str = "fn head_of(wid: vec3<u32>) -> u32 {
+    return wid.y;
+}
+
+fn block_row(wid: vec3<u32>, len: u32, heaviest_last: bool) -> u32 {
+    return wid.x * WG;
+}";
 
 /// The head-dim classes, smallest first.
 pub const FLASH_HEAD_DIMS: [u32; 4] = [16, 32, 64, 128];
@@ -50,7 +74,16 @@ impl FlashAttnKernel {
                 dtype,
                 dp,
                 coop: false,
+                blocks_first: false,
             })
+    }
+
+    /// The same kernel with its row blocks along x, in order (for a CPU adapter).
+    pub fn blocks_first(self) -> Self {
+        FlashAttnKernel {
+            blocks_first: true,
+            ..self
+        }
     }
 
     /// The same pass on cooperative matrices, where one exists (f16, head-dim classes up to
@@ -78,10 +111,11 @@ impl FlashAttnKernel {
                         dtype,
                         dp,
                         coop: false,
+                        blocks_first: false,
                     })
                 })
             })
-            .flat_map(|k| [Some(k), k.on_coop(u32::MAX)])
+            .flat_map(|k| [Some(k), Some(k.blocks_first()), k.on_coop(u32::MAX)])
             .flatten()
             .collect()
     }
@@ -104,7 +138,8 @@ impl FlashAttnKernel {
             FlashPass::BackwardDkDv => "dkdv",
         };
         let coop = if self.coop { "coop_" } else { "" };
-        format!("flash_attn_{pass}_{coop}{}_d{}", self.dtype, self.dp)
+        let order = if self.blocks_first { "_blocks" } else { "" };
+        format!("flash_attn_{pass}_{coop}{}_d{}{order}", self.dtype, self.dp)
     }
 
     /// Storage buffers the kernel binds.
@@ -113,6 +148,16 @@ impl FlashAttnKernel {
             FlashPass::Forward => 6,
             FlashPass::BackwardDq | FlashPass::BackwardDkDv => 8,
         }
+    }
+
+    /// `flash_attn_common.wgsl` with the generator and this kernel's block order.
+    pub(super) fn common_source(&self) -> String {
+        let order = match self.blocks_first {
+            true => BLOCKS_FIRST,
+            false => HEADS_FIRST,
+        };
+        super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"))
+            .replace("{{BLOCK_ORDER}}", order)
     }
 
     /// The kernel's WGSL.
@@ -125,8 +170,7 @@ impl FlashAttnKernel {
             FlashPass::BackwardDq => include_str!("../../shaders/flash_attn_dq.wgsl"),
             FlashPass::BackwardDkDv => include_str!("../../shaders/flash_attn_dkdv.wgsl"),
         };
-        let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"))
-            + include_str!("../../shaders/flash_attn_rows.wgsl");
+        let common = self.common_source() + include_str!("../../shaders/flash_attn_rows.wgsl");
         let src = body
             .replace("{{COMMON}}", &common)
             .replace(

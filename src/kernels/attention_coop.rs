@@ -251,7 +251,7 @@ pub(super) fn source(k: &FlashAttnKernel) -> String {
         .replace("{{RP4}}", &l.rp4.to_string())
         .replace("{{PW4}}", &l.pw4.to_string())
         .replace("{{KV_BUFFERS}}", if forward { "1" } else { "2" });
-    let common = super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"));
+    let common = k.common_source();
     src.replace("{{COOP_SHARED}}", &shared)
         .replace("{{COMMON}}", &common)
         .replace(

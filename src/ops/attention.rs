@@ -329,7 +329,7 @@ fn kernel_view(t: &Tensor, lead: &[usize]) -> Result<Tensor> {
     }
 }
 
-/// Whether the passes launch their row blocks along x, in order (flag 16): on a CPU adapter,
+/// Whether the passes launch their row blocks along x, in order: on a CPU adapter,
 /// where heads first with the heaviest blocks first ran a quarter slower (lavapipe, B1 H2
 /// T128: llvmpipe's two threads took the heavy blocks together).
 fn blocks_first(q: &Tensor) -> bool {
@@ -384,9 +384,6 @@ fn params(
     }
     if token_major {
         flags |= 8;
-    }
-    if blocks_first(q) {
-        flags |= 16;
     }
     imm.extend([
         flags,
@@ -550,10 +547,13 @@ impl Bound {
                 msg: "no flash kernel for these head dims".into(),
             },
         )?;
-        let kernel = self
-            .coop_limit
-            .and_then(|limit| simt.on_coop(limit))
-            .unwrap_or(simt);
+        let kernel = match blocks_first(&self.q) {
+            true => simt.blocks_first(),
+            false => self
+                .coop_limit
+                .and_then(|limit| simt.on_coop(limit))
+                .unwrap_or(simt),
+        };
         let mask = self.mask.as_ref().unwrap_or(&self.q);
         let mut blocks = vec![
             &self.q.storage.block,
