@@ -3,9 +3,8 @@
 //! the on-device unscale against the tensor-op reference, clip_grad_norm_, f16 fused optimizer
 //! kernels against the CPU device, and AMP training against f32 training.
 
-#[path = "common/fusion.rs"]
-mod fusion;
-use fusion::{stats_delta, trace_of};
+#[path = "common/observe.rs"]
+mod observe;
 use kiln::amp::{
     autocast, autocast_cache_len, is_autocast_enabled, with_autocast, DeviceType, GradScaler,
 };
@@ -15,6 +14,7 @@ use kiln::nn::{
 use kiln::ops::Conv2dParams;
 use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::{DType, Device, Error, Tensor};
+use observe::{kernel_trace, stats_delta};
 
 fn devices() -> Vec<Device> {
     kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter")
@@ -279,7 +279,7 @@ fn amp_cross_entropy_backward_fuses_through_the_f32_copy() {
             assert!(fused.1.iter().any(|v| *v != 0.0));
             if dev.adapter_info().unwrap().features.timestamp_query {
                 let ran = |fused: bool| {
-                    let t = trace_of(&dev, || run(fused));
+                    let t = kernel_trace(&dev, || Ok(run(fused)));
                     [
                         "cross_entropy_backward_f16_words_from_f32",
                         "nll_loss_backward_f32",
@@ -1028,18 +1028,13 @@ fn autocast_adds_f32_and_f16_in_one_kernel() {
         for swapped in [false, true] {
             let a = x.to_device(&dev).unwrap().requires_grad_(true).unwrap();
             let b = y16.to_device(&dev).unwrap().requires_grad_(true).unwrap();
-            let options = kiln::profiler::ProfileOptions {
-                devices: vec![dev.clone()],
-                profile_memory: false,
-            };
-            let (sum, prof) = kiln::profiler::profile(&options, || {
+            let mut sum = None;
+            let trace = kernel_trace(&dev, || {
                 let _region = autocast(DeviceType::Gpu, DType::F16, true)?;
-                let s = if swapped { b.add(&a)? } else { a.add(&b)? };
-                dev.synchronize()?;
-                Ok(s)
-            })
-            .unwrap();
-            let trace = prof.chrome_trace_json();
+                sum = Some(if swapped { b.add(&a)? } else { a.add(&b)? });
+                Ok(())
+            });
+            let sum = sum.unwrap();
             assert!(
                 trace.contains("binary_add_f32_f16_vec4"),
                 "{dev:?}: {trace}"

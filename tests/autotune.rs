@@ -1,9 +1,12 @@
 //! Autotuning (`kiln::kernels::tune`): every candidate kernel, forced by name, against the CPU
 //! device; the cache file that lets a second process start tuned; `KILN_AUTOTUNE=off`.
 
+#[path = "common/observe.rs"]
+mod observe;
 use kiln::kernels::tune;
 use kiln::ops::linear;
 use kiln::{DType, Device, Tensor};
+use observe::kernel_trace;
 use std::process::Command;
 
 fn gpus() -> Vec<Device> {
@@ -244,21 +247,12 @@ fn every_softmax_backward_variant_matches_the_cpu() {
                             (x.grad().unwrap(), made)
                         };
                         let (want, _) = grad(&cpu);
-                        let trace = |f: &mut dyn FnMut()| -> String {
-                            let options = kiln::profiler::ProfileOptions {
-                                devices: vec![dev.clone()],
-                                profile_memory: false,
-                            };
-                            let (_, prof) = kiln::profiler::profile(&options, || {
-                                f();
-                                dev.synchronize()
-                            })
-                            .unwrap();
-                            prof.chrome_trace_json()
-                        };
                         let mut got = None;
                         let json = forced("softmax backward", variant, || {
-                            trace(&mut || got = Some(grad(&dev)))
+                            kernel_trace(&dev, || {
+                                got = Some(grad(&dev));
+                                Ok(())
+                            })
                         });
                         let (got, made) = got.unwrap();
                         let tol = if dtype == DType::F16 { 8e-3 } else { 1e-5 };

@@ -2,8 +2,11 @@
 //! `linear` (one `AddmmBackward0` node, the bias in the kernel's epilogue where it can be)
 //! forward and backward, against the CPU device.
 
+#[path = "common/observe.rs"]
+mod observe;
 use kiln::kernels::tune;
 use kiln::{DType, Device, Tensor};
+use observe::{allocation_delta, kernel_trace};
 
 /// Held by each test for its whole run: a cold compile of the 128-tile kernel on GL (llvmpipe)
 /// takes ~90 s and holds wgpu's GL context lock, which another test's GL calls give up on after a
@@ -30,41 +33,6 @@ fn product_error(a: &Tensor, b: &Tensor, cpu: &Device) -> f32 {
     let got = a.matmul(b).unwrap();
     let on_cpu = |t: &Tensor| t.to_device(cpu).unwrap();
     worst(&got, &on_cpu(a).matmul(&on_cpu(b)).unwrap())
-}
-
-/// The allocator's statistics of allocations and bytes from `before` to `after` (peaks as
-/// they are: the caller resets them at `before`).
-fn allocation_delta(
-    before: &std::collections::BTreeMap<String, i64>,
-    after: &std::collections::BTreeMap<String, i64>,
-) -> Vec<(String, i64)> {
-    after
-        .iter()
-        .filter(|(key, _)| key.starts_with("allocation") || key.contains("bytes"))
-        .filter(|(key, _)| !key.contains("reserved") && !key.contains("segment"))
-        .map(|(key, v)| {
-            let base = if key.ends_with(".peak") {
-                0
-            } else {
-                before[key]
-            };
-            (key.clone(), v - base)
-        })
-        .collect()
-}
-
-/// The profiler's trace of `work` on `dev` (which kernels ran).
-fn kernel_trace(dev: &Device, work: impl FnOnce() -> kiln::Result<()>) -> String {
-    let options = kiln::profiler::ProfileOptions {
-        devices: vec![dev.clone()],
-        profile_memory: false,
-    };
-    let (_, prof) = kiln::profiler::profile(&options, || {
-        work()?;
-        dev.synchronize()
-    })
-    .unwrap();
-    prof.chrome_trace_json()
 }
 
 /// The profiler's trace of `a @ b` on their device.

@@ -1,15 +1,15 @@
 //! nn layers against their definitions, state dicts in safetensors files, the optimizers'
 //! state appearing on the first step, and SGD's multi-parameter launches against the CPU.
 
-#[path = "common/fusion.rs"]
-mod fusion;
-use fusion::{stats_delta, trace_of};
+#[path = "common/observe.rs"]
+mod observe;
 use kiln::nn::{
     load_safetensors, load_state_dict, save_safetensors, state_dict, BatchNorm, Dropout, LayerNorm,
     Linear, LstmCell, Module, Relu, Sequential,
 };
 use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
+use observe::{kernel_trace, stats_delta};
 
 fn devices() -> Vec<Device> {
     kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter")
@@ -1082,7 +1082,7 @@ fn cross_entropy_fuses_its_two_ops_with(n: usize, c: usize) {
 
         if dev.adapter_info().unwrap().features.timestamp_query {
             let trace = |fused: bool| {
-                let t = trace_of(&dev, || run(fused));
+                let t = kernel_trace(&dev, || Ok(run(fused)));
                 [
                     "cross_entropy_forward_f32",
                     "cross_entropy_backward_f32",

@@ -362,9 +362,17 @@ fn run_node(
             let mut finishes = finishes.into_iter();
             for (k, pass) in passed.remove(&i).into_iter().flatten() {
                 let through = match (finishes.next(), pass) {
-                    (Some(f), _) => Through::Finish(Some(f)),
+                    (Some(f), _) => Through::Finish(f),
                     (None, Pass::Twin) => Through::Twin,
-                    (None, Pass::Cast) => Through::Finish(None),
+                    (None, Pass::Cast) => {
+                        return Err(Error::Autograd {
+                            op: "backward",
+                            msg: format!(
+                                "{}: applied a cast's backward without leaving its step",
+                                node.name
+                            ),
+                        })
+                    }
                 };
                 fused.insert(k, through);
             }
@@ -387,10 +395,10 @@ enum Pass {
 }
 
 /// What a node passed through does at its step: `Pass::Twin`'s twin, or the `Finish` its
-/// producer left (`None`: none was left where one had to be, an error).
+/// producer left.
 enum Through {
     Twin,
-    Finish(Option<Finish>),
+    Finish(Finish),
 }
 
 /// The epilogue `next` (fed only by the node offering) offers, and the nodes that pass their
@@ -437,13 +445,7 @@ fn pass_through(
                 drop(Tensor::empty(g.shape(), g.dtype(), g.device())?);
                 g
             }
-            Through::Finish(Some(finish)) => finish(g)?,
-            Through::Finish(None) => {
-                return Err(Error::Autograd {
-                    op: "backward",
-                    msg: format!("{}: a fused gradient came without its last step", node.name),
-                })
-            }
+            Through::Finish(finish) => finish(g)?,
         }
     };
     if !retain_graph {
