@@ -9,7 +9,8 @@
 //!
 //! Options: `--model mlp|resnet50|all`, `--steps N`, `--resnet-batch B`, `--mlp-batch B`,
 //! `--profile N` (N DDP steps under the profiler; rank 0 prints the table), `--bucket-view`
-//! (PyTorch's `gradient_as_bucket_view=True`). Rank 0 also prints its peak allocated memory
+//! (PyTorch's `gradient_as_bucket_view=True`), `--bucket-cap-mb MB` (PyTorch's `bucket_cap_mb`,
+//! 25). Rank 0 also prints its peak allocated memory
 //! over the DDP steps.
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -97,9 +98,11 @@ fn measure<M: Module>(
     let peak_bytes = dev.max_memory_allocated();
     bar.set_message("no_sync");
     let local_ms = time(false)?;
-    // A bare all-reduce of every gradient's bytes (one flat f32 tensor).
+    // A bare all-reduce of every gradient's bytes (one flat f32 tensor, in memory NCCL works
+    // on in place where the group uses it, as DDP's buckets are).
     let grad_numel: usize = ddp.parameters().iter().map(Tensor::numel).sum();
-    let flat = Tensor::zeros(&[grad_numel], DType::F32, dev)?;
+    let flat = pg.empty_for_collectives(&[grad_numel], DType::F32)?;
+    flat.zero_()?;
     pg.all_reduce(&flat, ReduceOp::Sum)?;
     pg.barrier()?;
     let t = Instant::now();
@@ -180,6 +183,9 @@ fn main() -> kiln::Result<()> {
     let steps = num("--steps", 10);
     let options = DdpOptions {
         gradient_as_bucket_view: flag("--bucket-view"),
+        bucket_cap_mb: arg("--bucket-cap-mb")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(25.0),
         ..DdpOptions::default()
     };
     let dev: Device = pg.device().clone();

@@ -374,3 +374,39 @@ fn expandable_segments_map_pages_as_pytorch_does() {
     );
     assert!(!host.config().expandable_segments);
 }
+
+/// Blocks of `EXTERNAL_STREAM` (memory NCCL imports) get segments of their own, never shared
+/// with the device queue's blocks and never expandable (an imported allocation cannot grow),
+/// and count in every statistic as any block does.
+#[test]
+fn external_stream_blocks_live_in_plain_segments_of_their_own() {
+    for conf in ["", "expandable_segments:True"] {
+        let mut a = allocator(conf, None);
+        let ordinary = a.malloc(3 * MIB, 0).unwrap().unwrap();
+        let bucket = a.malloc(3 * MIB, EXTERNAL_STREAM).unwrap().unwrap();
+        let small = a.malloc(1000, EXTERNAL_STREAM).unwrap().unwrap();
+        assert_eq!(stat(&a, "allocation.all.current"), 3, "{conf}");
+        let snap = a.snapshot(0);
+        let seg_of = |addr: u64| {
+            snap.segments
+                .iter()
+                .find(|s| s.address <= addr && addr < s.address + s.total_size)
+                .expect("a segment holds the block")
+        };
+        let (o, b, s) = (
+            seg_of(ordinary.addr),
+            seg_of(bucket.addr),
+            seg_of(small.addr),
+        );
+        assert_ne!(o.address, b.address, "{conf}: its own segment");
+        assert_eq!((b.stream, s.stream), (EXTERNAL_STREAM, EXTERNAL_STREAM));
+        assert!(!b.is_expandable && !s.is_expandable, "{conf}");
+        assert_eq!(o.is_expandable, !conf.is_empty(), "{conf}");
+        // Freed, an external block is reused only by the external stream.
+        a.free(bucket.addr).unwrap();
+        let again = a.malloc(3 * MIB, 0).unwrap().unwrap();
+        assert_ne!(again.addr, bucket.addr, "{conf}");
+        let ext_again = a.malloc(3 * MIB, EXTERNAL_STREAM).unwrap().unwrap();
+        assert_eq!(ext_again.addr, bucket.addr, "{conf}");
+    }
+}

@@ -559,6 +559,41 @@ fn mpi_collectives_on_2_and_3_ranks() {
     }
 }
 
+/// Whether NCCL opens on this machine (two NVIDIA GPUs with CUDA and NCCL): the device runs
+/// set `KILN_TEST_NCCL_OPENS=1`.
+#[cfg(feature = "nccl")]
+fn nccl_opens() -> bool {
+    std::env::var("KILN_TEST_NCCL_OPENS").is_ok_and(|v| v == "1")
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_asked_for_where_it_cannot_open_fails_with_the_reason() {
+    if nccl_opens() {
+        return; // `nccl_collectives_match_the_host_path_on_2_gpus` runs instead
+    }
+    let (ok, out) = mpirun(2, "nccl_refused", &[("KILN_DIST_BACKEND", "nccl")], 120);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("nccl refused ok").count(), 2, "{out}");
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_collectives_match_the_host_path_on_2_gpus() {
+    if !nccl_opens() {
+        return; // `nccl_asked_for_where_it_cannot_open_fails_with_the_reason` runs instead
+    }
+    let env = [("KILN_DIST_BACKEND", "nccl")];
+    for case in ["nccl", "collectives", "ddp"] {
+        let (ok, out) = mpirun(2, case, &env, 300);
+        assert!(ok, "{out}");
+        for r in 0..2 {
+            let line = format!("rank {r}/2: {case} ok (NCCL");
+            assert!(out.contains(&line), "{line}: {out}");
+        }
+    }
+}
+
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_ddp_matches_one_process_on_the_concatenated_batch() {
@@ -585,6 +620,17 @@ fn a_rank_that_does_not_answer_makes_the_others_fail_not_hang() {
 #[ignore = "run by the MPI tests under mpirun"]
 fn mpi_child() {
     let case = std::env::var("KILN_DIST_CASE").unwrap_or_default();
+    if case == "nccl_refused" {
+        // KILN_DIST_BACKEND=nccl where NCCL cannot open: every rank fails to start, saying why.
+        let e = kiln::distributed::init_process_group().expect_err("NCCL cannot open here");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::Distributed { .. }) && msg.contains("KILN_DIST_BACKEND=nccl"),
+            "{msg}"
+        );
+        println!("nccl refused ok: {msg}");
+        return;
+    }
     // Not the static group: MPI is finalised when the last handle goes, at the end of this
     // function (mpirun reports a rank that exits without finalising as a failure).
     let pg = &kiln::distributed::init_process_group().unwrap();
@@ -604,7 +650,9 @@ fn mpi_child() {
                     assert_close(g, w, 2e-5, &what);
                 }
             }
+            f16_buckets_average_as_the_host_path(pg);
         }
+        "nccl" => nccl_matches_the_host_path(pg),
         "timeout" => {
             let t = Tensor::ones(&[1000], DType::F32, &dev).unwrap();
             if rank == 0 {
@@ -623,6 +671,110 @@ fn mpi_child() {
     }
     pg.barrier().unwrap();
     println!("rank {rank}/{world}: {case} ok ({})", pg.backend());
+}
+
+/// NCCL's all-reduce against MPI's through the host, bit for bit: f32 (random values: two
+/// ranks' sum is one rounding either way), f16 and i32, odd sizes, in place in exportable
+/// memory (DDP's buckets, through `gradient_as_bucket_view`) and through a staged copy.
+#[cfg(feature = "mpi")]
+fn nccl_matches_the_host_path(pg: &ProcessGroup) {
+    assert!(pg.uses_nccl(), "{}", pg.backend());
+    let dev = pg.device().clone();
+    let rank = pg.rank();
+    for n in [1usize, 7, 1023, 1_000_003] {
+        for dtype in [DType::F32, DType::F16, DType::I32] {
+            let x = if dtype == DType::I32 {
+                let v: Vec<i32> = (0..n)
+                    .map(|i| ((i * 13 + rank * 5) % 97) as i32 - 48)
+                    .collect();
+                Tensor::from_slice(&v, &[n], &dev).unwrap()
+            } else {
+                dev.manual_seed(11 + rank as u64);
+                Tensor::randn(&[n], DType::F32, &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                if op == ReduceOp::Avg && dtype == DType::I32 {
+                    continue;
+                }
+                let fresh = || {
+                    let t = Tensor::empty(&[n], dtype, &dev).unwrap();
+                    t.copy_(&x).unwrap();
+                    t
+                };
+                let a = fresh();
+                pg.all_reduce(&a, op).unwrap();
+                let b = fresh();
+                pg.all_reduce_through_host(&b, op).unwrap().wait().unwrap();
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    let v = t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+                    v.iter().map(|f| f.to_bits()).collect()
+                };
+                assert!(
+                    bits(&a) == bits(&b),
+                    "{op:?} of {n} {dtype}: NCCL and the host path differ"
+                );
+            }
+        }
+    }
+    // DDP's buckets in exportable memory, reduced in place: the averages equal MPI's.
+    let (got, want) = ddp_against_one_process(pg, 4, 4, false, true);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(
+            g,
+            w,
+            2e-5,
+            &format!("rank {rank}: parameter {i} (NCCL buckets)"),
+        );
+    }
+    f16_buckets_average_as_the_host_path(pg);
+}
+
+/// An f16 model's buckets (f16, reduced by NCCL with ncclAvg) against each rank's own
+/// gradients (`no_sync`) averaged through the host.
+#[cfg(feature = "mpi")]
+fn f16_buckets_average_as_the_host_path(pg: &ProcessGroup) {
+    let dev = pg.device().clone();
+    if !dev.adapter_info().is_some_and(|a| a.features.shader_f16) {
+        return;
+    }
+    let rank = pg.rank();
+    let mut net = model(&dev, 100);
+    for (_, t) in net.tensors_mut() {
+        *t = t
+            .to_dtype(DType::F16)
+            .unwrap()
+            .detach()
+            .requires_grad_(true)
+            .unwrap();
+    }
+    let ddp = DistributedDataParallel::new(net, pg).unwrap();
+    assert!(ddp.parameters().iter().all(|p| p.dtype() == DType::F16));
+    let (x, y) = batch(pg.world_size() * 4, 77);
+    let x = rows(&x, rank * 4, 4, &dev).to_dtype(DType::F16).unwrap();
+    let y = rows(&y, rank * 4, 4, &dev);
+    let loss = |m: &DistributedDataParallel<Sequential>| {
+        let logits = m.forward(&x).unwrap().to_dtype(DType::F32).unwrap();
+        cross_entropy(&logits, &y).unwrap()
+    };
+    ddp.zero_grad(true).unwrap();
+    ddp.no_sync(|| loss(&ddp).backward()).unwrap();
+    let local: Vec<Tensor> = ddp.parameters().iter().map(|p| p.grad().unwrap()).collect();
+    for g in &local {
+        pg.all_reduce_through_host(g, ReduceOp::Avg)
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let want: Vec<Vec<f32>> = local.iter().map(values).collect();
+    ddp.zero_grad(true).unwrap();
+    loss(&ddp).backward().unwrap();
+    for (i, (p, w)) in ddp.parameters().iter().zip(&want).enumerate() {
+        let g = values(&p.grad().unwrap());
+        assert_close(&g, w, 2e-3, &format!("rank {rank}: f16 parameter {i}"));
+    }
 }
 
 /// BatchNorm's running statistics: rank 0's at construction and before every forward.

@@ -47,6 +47,7 @@ pub(crate) use history::{set_tensor_tracking, tensor_tracking};
 pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};
 pub use source::{
     HostMemory, HostSegment, HostSource, MemInfo, SegmentSource, SimulatedSource, SourceError,
+    EXTERNAL_STREAM,
 };
 pub use stats::{DeviceStats, PoolKind, Stat, StatArray};
 pub use summary::memory_summary;

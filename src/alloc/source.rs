@@ -3,6 +3,12 @@
 //! never sees wgpu; the GPU device plugs in a wgpu source, the CPU device a host source, and the
 //! tests a capped in-memory source.
 
+/// The allocator's stream for memory that another driver imports (NCCL's buffers, through
+/// CUDA's external memory): its blocks live in segments of their own, made by
+/// `SegmentSource::allocate_on`, and are never expandable (an imported allocation cannot grow).
+/// Counted in every statistic as any stream's blocks are.
+pub const EXTERNAL_STREAM: u64 = 1;
+
 /// Why a segment could not be created.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceError {
@@ -29,6 +35,14 @@ pub trait SegmentSource: Send {
 
     /// Creates one segment of exactly `size_bytes`.
     fn allocate(&mut self, size_bytes: u64) -> Result<Self::Handle, SourceError>;
+    /// Creates one segment of exactly `size_bytes` for blocks of `stream`. Segments of
+    /// `EXTERNAL_STREAM` are memory another driver can import (Vulkan's exportable memory,
+    /// for NCCL); a source without such memory, or one whose memory is not real (a planning
+    /// device), makes them as any other.
+    fn allocate_on(&mut self, stream: u64, size_bytes: u64) -> Result<Self::Handle, SourceError> {
+        let _ = stream;
+        self.allocate(size_bytes)
+    }
     /// Returns a segment to the backend. The allocator calls it only for wholly free segments.
     fn release(&mut self, handle: Self::Handle);
     /// Free and total memory, where the backend reports them (PyTorch's `cudaMemGetInfo`).

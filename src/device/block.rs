@@ -51,19 +51,28 @@ impl std::fmt::Debug for DeviceBlock {
 
 impl DeviceBlock {
     pub(crate) fn allocate(device: &Device, size_bytes: u64) -> Result<DeviceBlock> {
+        DeviceBlock::allocate_on(device, size_bytes, 0)
+    }
+
+    /// A block of the allocator's `stream` (`EXTERNAL_STREAM`: memory another driver imports).
+    pub(crate) fn allocate_on(
+        device: &Device,
+        size_bytes: u64,
+        stream: u64,
+    ) -> Result<DeviceBlock> {
         let (addr, offset, size, mem) = match &device.0.backend {
-            Backend::Cpu(m) => match lock(m).malloc(size_bytes, 0)? {
+            Backend::Cpu(m) => match lock(m).malloc(size_bytes, stream)? {
                 Some(b) => (b.addr, b.offset, b.size, Some(Mem::Host(b.segment))),
                 None => (0, 0, 0, None),
             },
             Backend::Gpu(g) => {
                 g.check("allocate")?;
-                match lock(&g.alloc).malloc(size_bytes, 0)? {
+                match lock(&g.alloc).malloc(size_bytes, stream)? {
                     Some(b) => (b.addr, b.offset, b.size, Some(Mem::Gpu(b.segment))),
                     None => (0, 0, 0, None),
                 }
             }
-            Backend::Plan(p) => match lock(&p.alloc).malloc(size_bytes, 0)? {
+            Backend::Plan(p) => match lock(&p.alloc).malloc(size_bytes, stream)? {
                 Some(b) => (b.addr, b.offset, b.size, Some(Mem::Planned)),
                 None => (0, 0, 0, None),
             },

@@ -192,6 +192,10 @@ impl GpuDevice {
             sparse: sparse_opened
                 .then(|| super::sparse::SparseMemory::new(&device, &adapter))
                 .flatten(),
+            #[cfg(all(unix, not(target_vendor = "apple")))]
+            external: sparse_opened
+                .then(|| super::external::External::new(&device, &adapter))
+                .flatten(),
             device: device.clone(),
             queue: queue.clone(),
             adapter,
@@ -246,6 +250,9 @@ impl GpuDevice {
                 .sparse
                 .as_ref()
                 .and_then(|_| super::sparse::SparseMemory::new(&s.device, &s.adapter)),
+            // A replay's allocator makes no exportable segments.
+            #[cfg(all(unix, not(target_vendor = "apple")))]
+            external: None,
             device: s.device.clone(),
             queue: s.queue.clone(),
             adapter: s.adapter.clone(),

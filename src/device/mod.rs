@@ -27,6 +27,8 @@
 mod adapters;
 mod bind_cache;
 mod block;
+#[cfg(all(unix, not(target_vendor = "apple")))]
+pub(crate) mod external;
 pub(crate) mod gpu;
 pub(crate) mod kernel_timer;
 mod memory;

@@ -74,9 +74,26 @@ pub(crate) fn open_device(
         // SAFETY: the hal adapter is used only to create the device below.
         let hal = unsafe { adapter.as_hal::<Vulkan>() }.ok_or("not a Vulkan adapter")?;
         let features = desc.required_features;
-        let extensions = hal.required_device_extensions(features);
+        let mut extensions = hal.required_device_extensions(features);
         let mut phd = hal.physical_device_features(&extensions, features);
         let instance = hal.shared_instance().raw_instance();
+        // Memory and semaphores CUDA can import, for NCCL (Note [Exported memory]).
+        #[cfg(unix)]
+        {
+            // SAFETY: a valid physical device of this instance.
+            let available = unsafe {
+                instance.enumerate_device_extension_properties(hal.raw_physical_device())
+            }
+            .unwrap_or_default();
+            let has = |name: &std::ffi::CStr| {
+                available
+                    .iter()
+                    .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+            };
+            if super::external::EXTENSIONS.iter().all(|e| has(e)) {
+                extensions.extend(super::external::EXTENSIONS);
+            }
+        }
         // SAFETY: a valid physical device of this instance.
         let families = unsafe {
             instance.get_physical_device_queue_family_properties(hal.raw_physical_device())

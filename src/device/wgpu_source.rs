@@ -13,6 +13,10 @@ pub(crate) struct WgpuSource {
     /// that it is dropped (its memory freed) before the device handle below.
     #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
     pub sparse: Option<super::sparse::SparseMemory>,
+    /// Exportable segments for `EXTERNAL_STREAM` (NCCL's buffers), where the device has the
+    /// extensions (Note [Exported memory]). Before the device handle, as `sparse`.
+    #[cfg(all(unix, not(target_vendor = "apple")))]
+    pub external: Option<super::external::External>,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub adapter: wgpu::Adapter,
@@ -54,12 +58,32 @@ impl SegmentSource for WgpuSource {
         }
     }
 
+    fn allocate_on(&mut self, stream: u64, size_bytes: u64) -> Result<wgpu::Buffer, SourceError> {
+        #[cfg(all(unix, not(target_vendor = "apple")))]
+        if stream == crate::alloc::EXTERNAL_STREAM {
+            if let Some(external) = self.external.as_mut() {
+                return external.allocate(&self.device, size_bytes, SEGMENT_USAGE);
+            }
+        }
+        let _ = stream;
+        self.allocate(size_bytes)
+    }
+
     /// Dropping the handle lets wgpu free the buffer once the GPU no longer uses it; the
     /// allocator synchronises first where it needs the memory back (`release_cached_blocks`).
     /// The segment's handle is its last one (its blocks are all free), so wgpu frees it here
     /// or inside a later submit or poll: on GL, each under the GL lock.
     fn release(&mut self, handle: wgpu::Buffer) {
         super::lock(&self.bind_groups).evict(&handle);
+        #[cfg(all(unix, not(target_vendor = "apple")))]
+        if self.external.as_ref().is_some_and(|e| e.owns(&handle)) {
+            // kiln frees an exportable segment's memory itself: after the device is done.
+            self.synchronize();
+            if let Some(external) = self.external.as_mut() {
+                external.release(handle);
+            }
+            return;
+        }
         let _gl = self.gl.guard();
         drop(handle);
     }

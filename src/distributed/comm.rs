@@ -65,6 +65,7 @@ impl Transport for SelfTransport {
 }
 
 type Job = Box<dyn FnOnce(&dyn Transport) + Send>;
+type Finish = Box<dyn FnOnce() -> Result<()> + Send>;
 
 /// The handle to the communication thread.
 pub(super) struct Comm {
@@ -81,6 +82,8 @@ pub(super) struct Comm {
 /// A collective handed to the communication thread (PyTorch's `Work`): `wait` for its result.
 pub struct Work<R> {
     op: &'static str,
+    /// Run by `wait` once the result is in (a NCCL collective: order kiln's queue after it).
+    finish: Option<Finish>,
     rx: Receiver<Result<R>>,
     timeout: Duration,
     broken: Arc<AtomicBool>,
@@ -91,7 +94,13 @@ impl<R> Work<R> {
     /// Waits for the collective, at most the group's timeout.
     pub fn wait(self) -> Result<R> {
         match self.rx.recv_timeout(self.timeout) {
-            Ok(r) => r,
+            Ok(r) => {
+                let r = r?;
+                if let Some(finish) = self.finish {
+                    finish()?;
+                }
+                Ok(r)
+            }
             Err(RecvTimeoutError::Timeout) => {
                 self.broken.store(true, Ordering::Release);
                 Err(Error::Distributed {
@@ -200,9 +209,24 @@ impl Comm {
         self.work(op, rx)
     }
 
+    /// A `Work` whose collective is already queued elsewhere (on NCCL's stream): its `wait`
+    /// runs `finish`.
+    #[cfg(feature = "nccl")]
+    pub fn queued<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        value: R,
+        finish: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Work<R> {
+        let mut work = self.done(op, value);
+        work.finish = Some(Box::new(finish));
+        work
+    }
+
     fn work<R>(&self, op: &'static str, rx: Receiver<Result<R>>) -> Work<R> {
         Work {
             op,
+            finish: None,
             rx,
             timeout: self.timeout,
             broken: self.broken.clone(),

@@ -32,6 +32,11 @@ mod comm;
 mod ddp;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
+// CUDA imports Vulkan's memory and semaphores as POSIX file descriptors (Note [NCCL]).
+#[cfg(all(feature = "nccl", not(all(unix, not(target_vendor = "apple")))))]
+compile_error!("kiln's `nccl` feature needs Linux: CUDA imports Vulkan memory as file descriptors");
 #[cfg(feature = "mpi")]
 mod shm;
 mod staging;
@@ -97,8 +102,35 @@ impl Default for InitOptions {
 pub struct ProcessGroup(Arc<Group>);
 
 struct Group {
+    /// GPU tensors' collectives through NCCL (Note [NCCL]), where every rank opened it. First:
+    /// the communicator is destroyed before the communication thread finalises MPI.
+    #[cfg(feature = "nccl")]
+    nccl: Option<nccl::Nccl>,
     comm: Comm,
     device: Device,
+    /// What carries the collectives, for `backend()`.
+    backend: String,
+}
+
+/// How `KILN_DIST_BACKEND` (`nccl`, `mpi` or `auto`) asks for the transport of GPU tensors.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Want {
+    /// NCCL where every rank can open it, else MPI (the default).
+    Auto,
+    Nccl,
+    Mpi,
+}
+
+fn wanted() -> Result<Want> {
+    match std::env::var("KILN_DIST_BACKEND").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(Want::Auto),
+        Ok("nccl") => Ok(Want::Nccl),
+        Ok("mpi") => Ok(Want::Mpi),
+        Ok(other) => Err(Error::InvalidArgument {
+            op: "init_process_group",
+            msg: format!("KILN_DIST_BACKEND must be nccl, mpi or auto, got {other:?}"),
+        }),
+    }
 }
 
 /// The group `init_process_group` made, for the free functions (weak: the user's handles own
@@ -125,7 +157,44 @@ pub fn init_process_group_with(options: InitOptions) -> Result<ProcessGroup> {
         Some(d) => d,
         None => device_for_local_rank(comm.local_rank)?,
     };
-    let group = Arc::new(Group { comm, device });
+    let want = wanted()?;
+    let transport = comm.transport.clone();
+    #[cfg(feature = "nccl")]
+    let (nccl, backend) = if comm.size > 1 {
+        let d = device.clone();
+        match comm.call("init_process_group", move |tr| {
+            nccl::Nccl::open(&d, tr, want)
+        })? {
+            Ok(n) => {
+                let backend = format!("{} over {transport}", n.name);
+                (Some(n), backend)
+            }
+            Err(why) => (
+                None,
+                format!("{transport} (GPU tensors staged through the host: {why})"),
+            ),
+        }
+    } else {
+        (None, transport)
+    };
+    #[cfg(not(feature = "nccl"))]
+    let backend = transport;
+    #[cfg(not(feature = "nccl"))]
+    if want == Want::Nccl {
+        return Err(Error::Distributed {
+            op: "init_process_group",
+            msg: "KILN_DIST_BACKEND=nccl, but kiln was built without its `nccl` feature: \
+                  build with `--features nccl`"
+                .into(),
+        });
+    }
+    let group = Arc::new(Group {
+        #[cfg(feature = "nccl")]
+        nccl,
+        comm,
+        device,
+        backend,
+    });
     *default = Arc::downgrade(&group);
     Ok(ProcessGroup(group))
 }
@@ -251,9 +320,30 @@ impl ProcessGroup {
         &self.0.device
     }
 
-    /// What carries the collectives: "MPI (Open MPI v4.1.4)", or a single process.
+    /// What carries the collectives: "NCCL 2.27.3 over MPI (Open MPI v4.1.4)", "MPI (Open MPI
+    /// v4.1.4)" with the reason NCCL was not used, or a single process.
     pub fn backend(&self) -> &str {
-        &self.0.comm.transport
+        &self.0.backend
+    }
+
+    /// Whether collectives on GPU tensors go GPU to GPU through NCCL (Note [NCCL]).
+    pub fn uses_nccl(&self) -> bool {
+        #[cfg(feature = "nccl")]
+        return self.0.nccl.is_some();
+        #[cfg(not(feature = "nccl"))]
+        false
+    }
+
+    /// An uninitialised tensor on this rank's device for collectives to work on in place: in
+    /// memory NCCL reads and writes directly where the group uses it (DDP's buckets are made
+    /// so), else an ordinary one. A collective on any other GPU tensor goes through such a
+    /// tensor: a copy in and, for results, a copy back, both on the GPU.
+    pub fn empty_for_collectives(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        if self.uses_nccl() {
+            Tensor::empty_external(shape, dtype, self.device())
+        } else {
+            Tensor::empty(shape, dtype, self.device())
+        }
     }
 
     /// How long a collective waits for the other ranks before it fails.
@@ -315,6 +405,57 @@ impl ProcessGroup {
             // Every op of one operand is the operand: nothing to move.
             return Ok(self.0.comm.done("all_reduce", ()));
         }
+        #[cfg(feature = "nccl")]
+        if let Some(n) = self.nccl_for(&flat) {
+            return self.all_reduce_nccl(n, flat, op);
+        }
+        self.all_reduce_through_host(&flat, op)
+    }
+
+    /// NCCL, where the group has it and `t` is on this rank's GPU; CPU tensors (and other
+    /// devices') take the host path, as PyTorch's `cpu:gloo,cuda:nccl` groups do.
+    #[cfg(feature = "nccl")]
+    fn nccl_for(&self, t: &Tensor) -> Option<&nccl::Nccl> {
+        self.0
+            .nccl
+            .as_ref()
+            .filter(|_| t.device() == self.device() && !t.device().is_cpu())
+    }
+
+    /// `all_reduce_async` through NCCL: in place where `flat` is exportable, else through an
+    /// exportable copy made and read back on the GPU.
+    #[cfg(feature = "nccl")]
+    fn all_reduce_nccl(&self, n: &nccl::Nccl, flat: Tensor, op: ReduceOp) -> Result<Work<()>> {
+        let group = self.0.clone();
+        if n.is_external(&flat) {
+            let done = n.all_reduce(&flat, op)?;
+            return Ok(self.0.comm.queued("all_reduce", (), move || {
+                if let Some(n) = &group.nccl {
+                    n.order_after(done);
+                }
+                Ok(())
+            }));
+        }
+        let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
+        staged.copy_(&flat)?;
+        let done = n.all_reduce(&staged, op)?;
+        Ok(self.0.comm.queued("all_reduce", (), move || {
+            if let Some(n) = &group.nccl {
+                n.order_after(done);
+            }
+            crate::no_grad(|| flat.copy_(&staged).map(|_| ()))
+        }))
+    }
+
+    /// `all_reduce_async` through the host (MPI), whatever the group's backend: what the
+    /// tests compare NCCL's results with.
+    #[doc(hidden)]
+    pub fn all_reduce_through_host(&self, t: &Tensor, op: ReduceOp) -> Result<Work<()>> {
+        Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
+        let flat = Self::flat("all_reduce", t)?;
+        if self.world_size() == 1 {
+            return Ok(self.0.comm.done("all_reduce", ()));
+        }
         let prefetched = staging::prefetch(&flat)?;
         self.0.comm.submit("all_reduce", move |tr| {
             let dtype = flat.dtype();
@@ -354,6 +495,10 @@ impl ProcessGroup {
     /// now, in stream order after the work that wrote it, so that the broadcast need not wait
     /// for the work queued in between. `t` must not change before that broadcast.
     pub(crate) fn prefetch(&self, t: &Tensor) -> Result<Option<staging::Prefetched>> {
+        if self.uses_nccl() && t.device() == self.device() {
+            // NCCL sends from GPU memory: nothing goes to the host.
+            return Ok(None);
+        }
         staging::prefetch(&Self::flat("broadcast", t)?)
     }
 
@@ -369,6 +514,10 @@ impl ProcessGroup {
         let flat = Self::flat("broadcast", t)?;
         if self.world_size() == 1 {
             return Ok(());
+        }
+        #[cfg(feature = "nccl")]
+        if let Some(n) = self.nccl_for(&flat) {
+            return self.broadcast_nccl(n, &flat, src);
         }
         let root = self.rank() == src;
         let prefetched = prefetched.filter(|_| root);
@@ -392,6 +541,26 @@ impl ProcessGroup {
         })
     }
 
+    /// `broadcast` through NCCL, in place where `flat` is exportable.
+    #[cfg(feature = "nccl")]
+    fn broadcast_nccl(&self, n: &nccl::Nccl, flat: &Tensor, src: usize) -> Result<()> {
+        if n.is_external(flat) {
+            let done = n.broadcast(flat, src)?;
+            n.order_after(done);
+            return Ok(());
+        }
+        let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
+        if self.rank() == src {
+            staged.copy_(flat)?;
+        }
+        let done = n.broadcast(&staged, src)?;
+        n.order_after(done);
+        if self.rank() != src {
+            flat.copy_(&staged)?;
+        }
+        Ok(())
+    }
+
     /// `torch.distributed.all_gather`: every rank's `t`, in rank order (views of one new
     /// tensor on `t`'s device).
     pub fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
@@ -399,10 +568,31 @@ impl ProcessGroup {
         let flat = Self::flat("all_gather", t)?;
         let world = self.world_size();
         let n = flat.numel();
-        let out = Tensor::empty(&[world * n], t.dtype(), t.device())?;
+        #[cfg(feature = "nccl")]
+        let nccl = self.nccl_for(&flat);
+        #[cfg(not(feature = "nccl"))]
+        let nccl: Option<()> = None;
+        let out = match nccl {
+            Some(_) => Tensor::empty_external(&[world * n], t.dtype(), t.device())?,
+            None => Tensor::empty(&[world * n], t.dtype(), t.device())?,
+        };
         let parts = (0..world)
             .map(|r| out.narrow(0, r * n, n))
             .collect::<Result<Vec<_>>>()?;
+        let shape = crate::ops::isize_shape(t.shape());
+        #[cfg(feature = "nccl")]
+        if let Some(nc) = nccl {
+            let send = if nc.is_external(&flat) {
+                flat
+            } else {
+                let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
+                staged.copy_(&flat)?;
+                staged
+            };
+            let done = nc.all_gather(&send, &out)?;
+            nc.order_after(done);
+            return parts.iter().map(|p| p.reshape(&shape)).collect();
+        }
         let dsts = parts.clone();
         self.0.comm.call("all_gather", move |tr| {
             Staged {
@@ -416,7 +606,6 @@ impl ProcessGroup {
             }
             .run(|s, r| tr.all_gather(s, r))
         })?;
-        let shape = crate::ops::isize_shape(t.shape());
         parts.iter().map(|p| p.reshape(&shape)).collect()
     }
 

@@ -88,6 +88,19 @@ impl Tensor {
         Ok(t)
     }
 
+    /// `empty` in memory another driver can import: a block of the allocator's
+    /// `EXTERNAL_STREAM`, in segments of its own (NCCL's buffers; Note [Exported memory]).
+    /// Where the device has no such memory, an ordinary block of that stream.
+    pub(crate) fn empty_external(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        device.check_dtype("empty", dtype)?;
+        let bytes = storage_bytes("empty", shape, dtype)?;
+        let block =
+            crate::device::DeviceBlock::allocate_on(device, bytes, crate::alloc::EXTERNAL_STREAM)?;
+        let t = Tensor::on_block(block, shape, dtype);
+        live::register(&t);
+        Ok(t)
+    }
+
     /// A fresh contiguous tensor over `block` (its storage's first and only tensor).
     pub(crate) fn on_block(block: DeviceBlock, shape: &[usize], dtype: DType) -> Tensor {
         Tensor {

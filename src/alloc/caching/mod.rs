@@ -13,7 +13,7 @@ mod trace;
 use super::category::MemoryCategory;
 use super::config::{AllocatorConfig, MIB};
 use super::history::{Frames, History, TraceAction};
-use super::source::{SegmentSource, SourceError};
+use super::source::{SegmentSource, SourceError, EXTERNAL_STREAM};
 use super::stats::{DeviceStats, PoolKind};
 use super::vaspace::VaSpace;
 use crate::base::OutOfMemory;
@@ -422,10 +422,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if self.limit.is_some_and(|limit| reserved + size > limit) {
             return Ok(None);
         }
-        if self.config.expandable_segments {
+        if self.config.expandable_segments && stream != EXTERNAL_STREAM {
             return self.try_allocate_expandable_block(pool, stream, rounded, frames);
         }
-        let handle = match self.source.allocate(size) {
+        let handle = match self.source.allocate_on(stream, size) {
             Ok(h) => h,
             Err(SourceError::OutOfMemory) => return Ok(None),
             Err(SourceError::Other(msg)) => return Err(Error::Wgpu { op: "malloc", msg }),
