@@ -5,11 +5,12 @@
 #     libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libhwloc15 libibverbs1 libnl-3-200 \
 #     libnl-route-3-200 libpmix2 libpsm-infinipath1 libpsm2-2 libucx0 libmunge2 librdmacm1 \
 #     libnuma1 libatomic1 libltdl7 libudev1 libhwloc-plugins)
-#   cargo build --release --features mpi --example ddp_scaling && cp target/release/examples/ddp_scaling .dev/
+#   cargo build --release --features nccl --example ddp_scaling && cp target/release/examples/ddp_scaling .dev/
 # Then on the device (carry .gl, .dev and .mpi): bash tools/ddp_scaling_on_device.sh [RANKS]
 # It prints, per model, the step with DDP and inside no_sync, the time all-reduce adds and the
-# samples per second, for 1 rank and for RANKS ranks (one per GPU); the ratio of the samples
-# per second is the scaling figure.
+# samples per second, for 1 rank and for RANKS ranks (one per GPU), the latter through NCCL
+# where it opens (NVIDIA GPUs, libcuda and libnccl there) and again through MPI; the ratio of
+# the samples per second is the scaling figure.
 set -euo pipefail
 ranks=${1:-2}
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -21,8 +22,10 @@ export LD_LIBRARY_PATH=/opt/mpi/usr/lib/x86_64-linux-gnu:/opt/mpi/usr/lib/x86_64
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
 nvidia-smi -L
-for n in 1 "$ranks"; do
-  echo "== $n rank(s)"
-  orterun --allow-run-as-root --bind-to none -n "$n" .dev/ddp_scaling --steps 20 2>&1 \
-    | grep -E '^(ddp_scaling|mlp|resnet|\{)'
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared machines
+for run in "1 auto" "$ranks auto" "$ranks mpi"; do
+  set -- $run
+  echo "== $1 rank(s), KILN_DIST_BACKEND=$2"
+  KILN_DIST_BACKEND=$2 orterun --allow-run-as-root --bind-to none -n "$1" .dev/ddp_scaling \
+    --steps 20 2>&1 | grep -E '^(ddp_scaling|mlp|resnet|\{)'
 done

@@ -14,6 +14,13 @@
 //! the network; the host staging bandwidth (GPU to pinned memory and back) then bounds the
 //! collectives. See ARCHITECTURE.md.
 //!
+//! With the `nccl` feature, on NVIDIA GPUs with the CUDA driver and NCCL installed, GPU
+//! tensors' collectives go GPU to GPU through NCCL instead (NVLink or PCIe, as NCCL finds
+//! them): DDP's buckets live in Vulkan memory CUDA imports, and the two APIs' queues are
+//! ordered by shared timeline semaphores (Note [NCCL] in `nccl.rs`). MPI still starts the
+//! group. `KILN_DIST_BACKEND=nccl|mpi|auto` chooses; `auto`, the default, takes NCCL where
+//! every rank can open it and MPI elsewhere, and `ProcessGroup::backend()` says which.
+//!
 //! Launch with `mpirun -n 2 cargo run --release --features mpi --example train -- --ddp`.
 //! Without the `mpi` feature, or run without `mpirun`, a group has one process and every
 //! collective is a copy (PyTorch's world of one).
@@ -24,6 +31,8 @@
 //! - `mod.rs`: the process group and its collectives (`init_process_group`, `all_reduce`,
 //!   `broadcast`, `all_gather`, `barrier`); re-exports `data`'s `DistributedSampler`.
 //! - `comm.rs`: the communication thread, which alone calls MPI and times every wait out.
+//! - `nccl.rs`: GPU tensors' collectives through NCCL (feature `nccl`), with CUDA's imports
+//!   of kiln's exportable memory and semaphores (`device/external.rs`).
 //! - `mpi.rs`: the transport over MPI; `shm.rs`: the same-host all-reduce through an MPI-3
 //!   shared-memory window; `staging.rs`: GPU tensors staged chunk by chunk through the pinned pool.
 //! - `ddp.rs`: `DistributedDataParallel` and its bucket reducer.
