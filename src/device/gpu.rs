@@ -123,35 +123,7 @@ impl GpuDevice {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        // Vulkan devices with sparse buffer binding are opened with it on, for expandable
-        // segments (`sparse.rs`); if that fails, as wgpu opens them.
-        #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
-        let sparse_device = super::sparse::supported(&adapter)
-            .then(|| super::sparse::open_device(&adapter, &desc))
-            .and_then(|r| {
-                r.map_err(|e| {
-                    eprintln!(
-                        "kiln: {}: opening with sparse binding failed ({e}); opening without",
-                        info.name
-                    )
-                })
-                .ok()
-            });
-        #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
-        let sparse_device: Option<(wgpu::Device, wgpu::Queue, Option<(u32, u32)>)> = None;
-        let sparse_opened = sparse_device.is_some();
-        let (device, queue, side_queue) = match sparse_device {
-            Some(dqs) => dqs,
-            None => {
-                let (d, q) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-                    Error::RequestDevice {
-                        adapter: info.name.clone(),
-                        msg: e.to_string(),
-                    }
-                })?;
-                (d, q, None)
-            }
-        };
+        let (device, queue, side_queue, sparse_opened) = open_device(&adapter, &desc, &info)?;
         #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
         let side = side_queue.and_then(|at| super::side_queue::SideQueue::new(&device, at));
         #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
@@ -360,4 +332,47 @@ impl GpuDevice {
         self.check("synchronize")?;
         self.check_asserts()
     }
+}
+
+/// A device and queue, the side queue's family and first index, and whether kiln opened the
+/// device itself.
+type Opened = (wgpu::Device, wgpu::Queue, Option<(u32, u32)>, bool);
+
+/// Opens the device: by kiln itself with sparse binding (and the export extensions) where the
+/// adapter has it, for expandable segments (`sparse.rs`) and NCCL (`external.rs`), else as
+/// wgpu opens it. Returns the side queue's family and first index, and whether kiln opened it.
+fn open_device(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+    info: &AdapterInfo,
+) -> Result<Opened> {
+    // If kiln's own opening fails, as wgpu opens it.
+    #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+    let sparse_device = super::sparse::supported(adapter)
+        .then(|| super::sparse::open_device(adapter, desc))
+        .and_then(|r| {
+            r.map_err(|e| {
+                eprintln!(
+                    "kiln: {}: opening with sparse binding failed ({e}); opening without",
+                    info.name
+                )
+            })
+            .ok()
+        });
+    #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
+    let sparse_device: Option<(wgpu::Device, wgpu::Queue, Option<(u32, u32)>)> = None;
+    let sparse_opened = sparse_device.is_some();
+    let (device, queue, side_queue) = match sparse_device {
+        Some(dqs) => dqs,
+        None => {
+            let (d, q) = pollster::block_on(adapter.request_device(desc)).map_err(|e| {
+                Error::RequestDevice {
+                    adapter: info.name.clone(),
+                    msg: e.to_string(),
+                }
+            })?;
+            (d, q, None)
+        }
+    };
+    Ok((device, queue, side_queue, sparse_opened))
 }
