@@ -17,7 +17,7 @@
 //! With the `nccl` feature, on NVIDIA GPUs with the CUDA driver and NCCL installed, GPU
 //! tensors' collectives go GPU to GPU through NCCL instead (NVLink or PCIe, as NCCL finds
 //! them): DDP's buckets live in Vulkan memory CUDA imports, and the two APIs' queues are
-//! ordered by shared timeline semaphores (Note [NCCL] in `nccl.rs`). MPI still starts the
+//! ordered by shared timeline semaphores (Note \[NCCL\] in `nccl.rs`). MPI still starts the
 //! group. `KILN_DIST_BACKEND=nccl|mpi|auto` chooses; `auto`, the default, takes NCCL where
 //! every rank can open it and MPI elsewhere, and `ProcessGroup::backend()` says which.
 //!
@@ -335,7 +335,7 @@ impl ProcessGroup {
         &self.0.backend
     }
 
-    /// Whether collectives on GPU tensors go GPU to GPU through NCCL (Note [NCCL]).
+    /// Whether collectives on GPU tensors go GPU to GPU through NCCL (Note \[NCCL\]).
     pub fn uses_nccl(&self) -> bool {
         #[cfg(feature = "nccl")]
         return self.0.nccl.is_some();

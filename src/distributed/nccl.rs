@@ -208,6 +208,15 @@ struct Local {
     from_cuda: Link,
 }
 
+/// An import's result: CUDA owns `fd` once the import succeeds; else it is closed here.
+fn imported(what: &str, r: cu::CUresult, fd: c_int) -> std::result::Result<(), String> {
+    if r != cu::CUresult::CUDA_SUCCESS {
+        // SAFETY: CUDA did not take the descriptor, which nothing else owns.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+    cu_check(what, r)
+}
+
 fn import_timeline(t: ExportedTimeline) -> std::result::Result<Link, String> {
     let mut t = t;
     let fd = t.fd.take().ok_or("the semaphore's descriptor was taken")?;
@@ -222,15 +231,10 @@ fn import_timeline(t: ExportedTimeline) -> std::result::Result<Link, String> {
         reserved: [0; 16],
     };
     let mut sem = std::ptr::null_mut();
-    // SAFETY: a descriptor of an exported Vulkan timeline semaphore; CUDA owns it on success.
+    // SAFETY: a descriptor of an exported Vulkan timeline semaphore.
     let r = unsafe { cu::cuImportExternalSemaphore(&mut sem, &desc) };
-    if r != cu::CUresult::CUDA_SUCCESS {
-        // SAFETY: CUDA did not take the descriptor.
-        drop(unsafe {
-            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(desc.handle.fd)
-        });
-    }
-    cu_check("cuImportExternalSemaphore", r)?;
+    // SAFETY: the descriptor's fd, as `desc` was built.
+    imported("cuImportExternalSemaphore", r, unsafe { desc.handle.fd })?;
     Ok(Link {
         vk: t,
         cu: sem,
@@ -429,16 +433,10 @@ impl Nccl {
                 reserved: [0; 16],
             };
             let mut memory = std::ptr::null_mut();
-            // SAFETY: a descriptor of a dedicated exportable allocation of `bytes`; CUDA owns
-            // it on success.
+            // SAFETY: a descriptor of a dedicated exportable allocation of `bytes`.
             let r = unsafe { cu::cuImportExternalMemory(&mut memory, &desc) };
-            if r != cu::CUresult::CUDA_SUCCESS {
-                // SAFETY: CUDA did not take the descriptor.
-                drop(unsafe {
-                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(desc.handle.fd)
-                });
-            }
-            cu_check("cuImportExternalMemory", r)?;
+            // SAFETY: the descriptor's fd, as `desc` was built.
+            imported("cuImportExternalMemory", r, unsafe { desc.handle.fd })?;
             let mut buf: cu::CUDA_EXTERNAL_MEMORY_BUFFER_DESC = unsafe { std::mem::zeroed() };
             buf.size = seg.bytes;
             let mut ptr = 0;
