@@ -5,7 +5,8 @@
 //! scaled by 1/world, into its bucket; a full bucket is all-reduced on the communication thread
 //! while backward goes on, buckets always launched in index order so that every rank issues the
 //! same collectives in the same order; a callback at the end of backward waits for them and
-//! copies the averaged gradients back into `.grad`.
+//! copies the averaged gradients back into `.grad`. Under NCCL the buckets, assigned the same
+//! way, are launched together at the end of backward (Note [NCCL] in `nccl.rs`).
 
 use super::{ProcessGroup, ReduceOp, Work};
 use crate::autograd::{queue_callback, RemovableHandle};
@@ -237,8 +238,9 @@ impl Reducer {
     /// A parameter's gradient is complete for this pass (its hook).
     fn mark_ready(self: &Arc<Self>, i: usize, grad: &Tensor) -> Result<()> {
         let mut pass = lock(&self.pass);
-        // In a group of one, the average is the gradient: nothing to copy or wait for.
-        if !pass.sync || self.group.world_size() == 1 {
+        // In a group of one, the average is the gradient: nothing to copy or wait for (unless
+        // NCCL was asked for by name, where buckets are reduced as in PyTorch's world of one).
+        if !pass.sync || (self.group.world_size() == 1 && !self.group.uses_nccl()) {
             return Ok(());
         }
         if pass.ready[i] {
@@ -268,8 +270,22 @@ impl Reducer {
         self.launch_ready(&mut pass)
     }
 
-    /// Launches the complete buckets at the head of the order.
+    /// Whether buckets wait for the end of backward and go to NCCL together, in one group
+    /// after one hand-off: under NCCL unless `KILN_DDP_LAUNCH=each` (Note [NCCL]: each launch
+    /// costs the GPU a hand-off between its Vulkan and CUDA contexts, more than overlapping
+    /// the reduction with backward saves).
+    fn launch_at_end(&self) -> bool {
+        static EACH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.group.uses_nccl()
+            && !*EACH.get_or_init(|| std::env::var("KILN_DDP_LAUNCH").is_ok_and(|v| v == "each"))
+    }
+
+    /// Launches the complete buckets at the head of the order (at the end of backward, all of
+    /// them together where `launch_at_end`).
     fn launch_ready(&self, pass: &mut Pass) -> Result<()> {
+        if self.launch_at_end() {
+            return Ok(());
+        }
         while pass.next < self.buckets.len() && pass.pending[pass.next] == 0 {
             let flat = &self.buckets[pass.next].flat;
             let world = self.group.world_size();
@@ -332,6 +348,15 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
             }
             pass.pending[b] = 0;
         }
+        if r.launch_at_end() && pass.next < r.buckets.len() {
+            let flats: Vec<Tensor> = r.buckets[pass.next..]
+                .iter()
+                .map(|b| b.flat.clone())
+                .collect();
+            let last = r.buckets.len() - 1;
+            pass.work[last] = Some(r.group.all_reduce_coalesced(&flats, ReduceOp::Avg)?);
+            pass.next = r.buckets.len();
+        }
         r.launch_ready(&mut pass)?;
         r.reset(&mut pass)
     };
@@ -360,11 +385,9 @@ fn finalize(reducer: &Weak<Reducer>) -> Result<()> {
         // so that kiln's queue waits for NCCL in one submission. Copies recorded between the
         // waits made one submission per bucket, each waiting on the cross-API hand-off in
         // turn: about 0.55 ms a bucket on two H200s (Note [NCCL]).
-        let done: Vec<usize> = work
-            .into_iter()
-            .map(|(b, w)| w.wait().map(|()| b))
-            .collect::<Result<_>>()?;
-        done.into_iter().try_for_each(copy_back)?;
+        // Every bucket was launched in this pass (some together, under one `Work`).
+        work.into_iter().try_for_each(|(_, w)| w.wait())?;
+        (0..r.buckets.len()).try_for_each(copy_back)?;
     } else {
         for (b, w) in work {
             w.wait()?;

@@ -169,7 +169,9 @@ pub fn init_process_group_with(options: InitOptions) -> Result<ProcessGroup> {
     let want = wanted()?;
     let transport = comm.transport.clone();
     #[cfg(feature = "nccl")]
-    let (nccl, backend) = if comm.size > 1 {
+    // A group of one opens NCCL only when asked by name (as PyTorch's world of one on NCCL):
+    // every collective is the identity there.
+    let (nccl, backend) = if comm.size > 1 || want == Want::Nccl {
         let d = device.clone();
         match comm.call("init_process_group", move |tr| {
             nccl::Nccl::open(&d, tr, want)
@@ -409,14 +411,13 @@ impl ProcessGroup {
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work<()>> {
         Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
         let flat = Self::flat("all_reduce", t)?;
-        let size = self.world_size();
-        if size == 1 {
-            // Every op of one operand is the operand: nothing to move.
-            return Ok(self.0.comm.done("all_reduce", ()));
-        }
         #[cfg(feature = "nccl")]
         if let Some(n) = self.nccl_for(&flat) {
             return self.all_reduce_nccl(n, flat, op);
+        }
+        if self.world_size() == 1 {
+            // Every op of one operand is the operand: nothing to move.
+            return Ok(self.0.comm.done("all_reduce", ()));
         }
         self.all_reduce_through_host(&flat, op)
     }
@@ -454,6 +455,35 @@ impl ProcessGroup {
             }
             crate::no_grad(|| flat.copy_(&staged).map(|_| ()))
         }))
+    }
+
+    /// `all_reduce_async` of several tensors in memory NCCL works on in place
+    /// (`empty_for_collectives`), launched together: one hand-off between kiln's queue and
+    /// NCCL's stream for all of them (DDP's buckets at the end of backward). Without NCCL,
+    /// one collective each, waited for here.
+    pub(crate) fn all_reduce_coalesced(&self, ts: &[Tensor], op: ReduceOp) -> Result<Work<()>> {
+        #[cfg(feature = "nccl")]
+        if let Some(n) = ts.first().and_then(|t| self.nccl_for(t)) {
+            if ts.iter().all(|t| n.is_external(t) && t.is_contiguous()) {
+                for t in ts {
+                    Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
+                }
+                let done = n.all_reduce_many(ts, op)?;
+                let group = self.0.clone();
+                return Ok(self.0.comm.queued("all_reduce", (), move || {
+                    if let Some(n) = &group.nccl {
+                        n.order_after(done);
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        let works = ts
+            .iter()
+            .map(|t| self.all_reduce_async(t, op))
+            .collect::<Result<Vec<_>>>()?;
+        works.into_iter().try_for_each(Work::wait)?;
+        Ok(self.0.comm.done("all_reduce", ()))
     }
 
     /// `all_reduce_async` through the host (MPI), whatever the group's backend: what the
