@@ -22,9 +22,9 @@
 // - each hand-off costs GPU time, measured on H200s (docs/lab/data-parallel.md): a 1 KiB
 //   all-reduce waited for takes 0.35 ms, and a DDP step paid about 0.55 ms a bucket on two
 //   GPUs and 0.15-0.6 ms on one (NCCL in a group of one, where nothing is exchanged). kiln's
-//   Vulkan device and NCCL's CUDA context are two contexts on the GPU, which runs them by
-//   turns rather than side by side (PyTorch's NCCL kernels share the compute context), so each
-//   launch interrupts backward. DDP therefore launches its buckets together at the end of
+//   Vulkan device and NCCL's CUDA context are two contexts on the GPU, which by those figures
+//   it runs by turns rather than side by side (PyTorch's NCCL kernels share the compute
+//   context), so each launch interrupts backward. DDP therefore launches its buckets together at the end of
 //   backward, in one NCCL group after one hand-off (`KILN_DDP_LAUNCH=each` launches each as
 //   PyTorch does): on one H200, ResNet-50's DDP step 49.7 -> 48.3 ms.
 // kiln's collectives are issued in the same order on every rank (DDP launches buckets in
