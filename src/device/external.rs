@@ -133,13 +133,7 @@ impl External {
             .map_err(|e| SourceError::Other(format!("an exportable {size}-byte buffer: {e}")))?;
         // SAFETY: `raw` was just created on this device.
         let req = unsafe { d.get_buffer_memory_requirements(raw) };
-        let props = &self.memory_properties;
-        let index = (0..props.memory_type_count).find(|&i| {
-            req.memory_type_bits & (1 << i) != 0
-                && props.memory_types[i as usize]
-                    .property_flags
-                    .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
-        });
+        let index = super::sparse::device_local_type(&self.memory_properties, req.memory_type_bits);
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(HANDLE);
         let mut dedicated = vk::MemoryDedicatedAllocateInfo::default().buffer(raw);
         let memory = index.map(|index| {

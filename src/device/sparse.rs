@@ -174,6 +174,19 @@ pub(crate) struct SparseMemory {
 // and, for the queue, the stream's.
 unsafe impl Send for SparseMemory {}
 
+/// The first device-local memory type among `allowed` (a buffer's `memory_type_bits`).
+pub(crate) fn device_local_type(
+    props: &vk::PhysicalDeviceMemoryProperties,
+    allowed: u32,
+) -> Option<u32> {
+    (0..props.memory_type_count).find(|&i| {
+        allowed & (1 << i) != 0
+            && props.memory_types[i as usize]
+                .property_flags
+                .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+    })
+}
+
 fn raw_buffer(buffer: &wgpu::Buffer) -> Option<vk::Buffer> {
     // SAFETY: only the handle is read.
     unsafe { buffer.as_hal::<Vulkan>() }.map(|b| unsafe { b.raw_handle() })
@@ -244,13 +257,7 @@ impl SparseMemory {
             .map_err(|e| format!("creating a {size}-byte sparse buffer: {e}"))?;
         // SAFETY: `raw` was just created on this device.
         let req = unsafe { self.device.get_buffer_memory_requirements(raw) };
-        let props = &self.memory_properties;
-        let Some(index) = (0..props.memory_type_count).find(|&i| {
-            req.memory_type_bits & (1 << i) != 0
-                && props.memory_types[i as usize]
-                    .property_flags
-                    .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
-        }) else {
+        let Some(index) = device_local_type(&self.memory_properties, req.memory_type_bits) else {
             // SAFETY: nothing uses the buffer yet.
             unsafe { self.device.destroy_buffer(raw, None) };
             return Err("no device-local memory type for sparse buffers".into());

@@ -436,25 +436,39 @@ impl ProcessGroup {
     /// exportable copy made and read back on the GPU.
     #[cfg(feature = "nccl")]
     fn all_reduce_nccl(&self, n: &nccl::Nccl, flat: Tensor, op: ReduceOp) -> Result<Work<()>> {
-        let group = self.0.clone();
-        if n.is_external(&flat) {
-            let done = n.all_reduce(&flat, op)?;
-            return Ok(self.0.comm.queued("all_reduce", (), move || {
-                if let Some(n) = &group.nccl {
-                    n.order_after(done);
-                }
-                Ok(())
-            }));
+        let staged = self.staged_for_nccl(n, &flat, true)?;
+        let done = n.all_reduce(staged.as_ref().unwrap_or(&flat), op)?;
+        Ok(self.nccl_work(done, move || match staged {
+            Some(s) => crate::no_grad(|| flat.copy_(&s).map(|_| ())),
+            None => Ok(()),
+        }))
+    }
+
+    /// `None` where NCCL can work on `t` in place (exportable memory), else an exportable
+    /// tensor of its shape (holding a copy of `t` with `copy_in`) for NCCL to work on instead.
+    #[cfg(feature = "nccl")]
+    fn staged_for_nccl(&self, n: &nccl::Nccl, t: &Tensor, copy_in: bool) -> Result<Option<Tensor>> {
+        if n.is_external(t) {
+            return Ok(None);
         }
-        let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
-        staged.copy_(&flat)?;
-        let done = n.all_reduce(&staged, op)?;
-        Ok(self.0.comm.queued("all_reduce", (), move || {
+        let staged = Tensor::empty_external(t.shape(), t.dtype(), self.device())?;
+        if copy_in {
+            staged.copy_(t)?;
+        }
+        Ok(Some(staged))
+    }
+
+    /// The `Work` of NCCL collective `done`: its wait orders kiln's queue after it, then runs
+    /// `then` (a copy back from a staged tensor).
+    #[cfg(feature = "nccl")]
+    fn nccl_work(&self, done: u64, then: impl FnOnce() -> Result<()> + Send + 'static) -> Work<()> {
+        let group = self.0.clone();
+        self.0.comm.queued("all_reduce", (), move || {
             if let Some(n) = &group.nccl {
                 n.order_after(done);
             }
-            crate::no_grad(|| flat.copy_(&staged).map(|_| ()))
-        }))
+            then()
+        })
     }
 
     /// `all_reduce_async` of several tensors in memory NCCL works on in place
@@ -469,13 +483,7 @@ impl ProcessGroup {
                     Self::check_dtype("all_reduce", t.dtype(), Some(op))?;
                 }
                 let done = n.all_reduce_many(ts, op)?;
-                let group = self.0.clone();
-                return Ok(self.0.comm.queued("all_reduce", (), move || {
-                    if let Some(n) = &group.nccl {
-                        n.order_after(done);
-                    }
-                    Ok(())
-                }));
+                return Ok(self.nccl_work(done, || Ok(())));
             }
         }
         let works = ts
@@ -583,21 +591,14 @@ impl ProcessGroup {
     /// `broadcast` through NCCL, in place where `flat` is exportable.
     #[cfg(feature = "nccl")]
     fn broadcast_nccl(&self, n: &nccl::Nccl, flat: &Tensor, src: usize) -> Result<()> {
-        if n.is_external(flat) {
-            let done = n.broadcast(flat, src)?;
-            n.order_after(done);
-            return Ok(());
-        }
-        let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
-        if self.rank() == src {
-            staged.copy_(flat)?;
-        }
-        let done = n.broadcast(&staged, src)?;
+        let root = self.rank() == src;
+        let staged = self.staged_for_nccl(n, flat, root)?;
+        let done = n.broadcast(staged.as_ref().unwrap_or(flat), src)?;
         n.order_after(done);
-        if self.rank() != src {
-            flat.copy_(&staged)?;
+        match staged {
+            Some(s) if !root => flat.copy_(&s).map(|_| ()),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// `torch.distributed.all_gather`: every rank's `t`, in rank order (views of one new
@@ -621,14 +622,8 @@ impl ProcessGroup {
         let shape = crate::ops::isize_shape(t.shape());
         #[cfg(feature = "nccl")]
         if let Some(nc) = nccl {
-            let send = if nc.is_external(&flat) {
-                flat
-            } else {
-                let staged = Tensor::empty_external(flat.shape(), flat.dtype(), self.device())?;
-                staged.copy_(&flat)?;
-                staged
-            };
-            let done = nc.all_gather(&send, &out)?;
+            let staged = self.staged_for_nccl(nc, &flat, true)?;
+            let done = nc.all_gather(staged.as_ref().unwrap_or(&flat), &out)?;
             nc.order_after(done);
             return parts.iter().map(|p| p.reshape(&shape)).collect();
         }

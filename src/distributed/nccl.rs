@@ -229,8 +229,7 @@ fn imported(what: &str, r: cu::CUresult, fd: c_int) -> std::result::Result<(), S
     cu_check(what, r)
 }
 
-fn import_timeline(t: ExportedTimeline) -> std::result::Result<Link, String> {
-    let mut t = t;
+fn import_timeline(mut t: ExportedTimeline) -> std::result::Result<Link, String> {
     let fd = t.fd.take().ok_or("the semaphore's descriptor was taken")?;
     // Built whole: the handle type is an enum without a zero value.
     let desc = cu::CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
@@ -323,7 +322,7 @@ impl Local {
 
 impl Nccl {
     /// Opens NCCL on every rank or on none (run on the communication thread, all ranks
-    /// together). `Ok(None)`: the group stays on MPI, for the reason given.
+    /// together). `Ok(Err(why))`: the group stays on MPI, for that reason.
     pub(super) fn open(
         device: &Device,
         tr: &dyn Transport,
@@ -468,12 +467,15 @@ impl Nccl {
         st: &mut State,
         g: &crate::device::gpu::GpuDevice,
     ) -> std::result::Result<(), String> {
-        let dead: Vec<u64> = st
-            .imports
-            .keys()
-            .copied()
-            .filter(|s| !g.with_external(|e| e.is_live(*s)).unwrap_or(false))
-            .collect();
+        let dead: Vec<u64> = g
+            .with_external(|e| {
+                st.imports
+                    .keys()
+                    .copied()
+                    .filter(|s| !e.is_live(*s))
+                    .collect()
+            })
+            .unwrap_or_else(|| st.imports.keys().copied().collect());
         if dead.is_empty() {
             return Ok(());
         }
