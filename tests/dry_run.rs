@@ -133,6 +133,84 @@ fn compare(dev: &Device, conf: &str, steps: fn(&Device) -> kiln::Result<()>) {
     assert_eq!(segments(dev), segments(&plan), "{} ({conf})", dev.name());
 }
 
+/// Three Adam steps of the MLP with its saved tensors offloaded to pinned memory
+/// (`save_on_cpu(true)`). The labels are made on the device: an upload from the host takes the
+/// pinned pool's staging chunks, which a dry run does not model. The device is synchronized after
+/// each step, so that the pool takes a freed block back once its copies are done, at the next
+/// allocation, as the dry run's pool does.
+fn offloaded_mlp_steps(dev: &Device) -> kiln::Result<()> {
+    dev.manual_seed(4);
+    let model = Sequential::new()
+        .push(Linear::new(48, 200, true, dev)?)
+        .push(Relu)
+        .push(Linear::new(200, 10, true, dev)?);
+    let mut opt = Adam::new(model.parameters(), 1e-3)?;
+    for step in 0..3 {
+        let x = Tensor::randn(&[64 + step * 40, 48], DType::F32, dev)?;
+        let y = x.narrow(1, 0, 10)?.argmax(1, false)?;
+        let loss = {
+            let _offload = kiln::autograd::save_on_cpu(true);
+            cross_entropy(&model.forward(&x)?, &y)?
+        };
+        opt.zero_grad(true)?;
+        loss.backward()?;
+        opt.step()?;
+        dev.synchronize()?;
+    }
+    Ok(())
+}
+
+/// On every Vulkan adapter: its pinned pool is unified (`MAPPABLE_PRIMARY_BUFFERS`), so the
+/// copies back need no staging, which a dry run does not model (Note [Dry runs]). GL's pool
+/// copies back through staging chunks: there the real run holds more.
+#[test]
+fn a_dry_run_counts_save_on_cpus_pinned_memory_as_the_real_run_does() {
+    let vulkan = |d: &Device| {
+        d.adapter_info()
+            .is_some_and(|a| a.backend == wgpu::Backend::Vulkan)
+    };
+    for dev in gpus().into_iter().filter(vulkan) {
+        dev.set_allocator_settings("").unwrap();
+        dev.synchronize().unwrap();
+        dev.empty_host_cache();
+        dev.reset_accumulated_host_memory_stats();
+        dev.reset_peak_host_memory_stats();
+        assert_eq!(
+            dev.host_memory_stats().allocations.current,
+            0,
+            "{}",
+            dev.name()
+        );
+        let plan = dev.planning_twin().unwrap();
+        offloaded_mlp_steps(&dev).unwrap();
+        offloaded_mlp_steps(&plan).unwrap();
+        dev.synchronize().unwrap();
+        let (want, got) = (
+            dev.host_memory_stats().to_map(),
+            plan.host_memory_stats().to_map(),
+        );
+        for (key, value) in &want {
+            if !key.starts_with("host_alloc_time") && !key.starts_with("host_free_time") {
+                assert_eq!(got.get(key), Some(value), "{}: {key}", dev.name());
+            }
+        }
+        // Every activation went to the host and came back: blocks of several sizes, reused.
+        assert!(want["allocated_bytes.peak"] > 0 && want["num_host_alloc"] > 1);
+        assert!(want["allocations.allocated"] < want["active_requests.allocated"]);
+        let (want, got) = (dev.memory_stats(), plan.memory_stats());
+        for (key, value) in &want {
+            assert_eq!(got.get(key), Some(value), "{}: {key}", dev.name());
+        }
+        // Emptying the dry run's pinned cache frees its cached blocks as the real one does.
+        dev.empty_host_cache();
+        plan.empty_host_cache();
+        assert_eq!(
+            dev.host_memory_stats().allocated_bytes.current,
+            plan.host_memory_stats().allocated_bytes.current
+        );
+    }
+}
+
 #[test]
 fn a_dry_run_of_mlp_steps_allocates_what_the_real_run_does() {
     for dev in gpus() {

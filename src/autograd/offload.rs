@@ -9,6 +9,7 @@
 //! take their time on the device's timeline. PyTorch's `save_on_cpu(pin_memory=True)` copies
 //! with `non_blocking` too, but its unpack hook makes a pageable tensor pinned first.
 
+use crate::device::{planned_pin, PlannedPin};
 use crate::graph::{saved_tensors_hooks, Packed, SavedTensorsHooks};
 use crate::host::PinnedKind;
 use crate::tensor::{DType, Tensor};
@@ -24,8 +25,16 @@ enum Offloaded {
     Kept(Tensor),
     /// The tensor's values in host memory (pinned where asked), and the device it came from.
     Host(Tensor, Device),
-    /// On a planning device (a dry run), where nothing is copied: the shape and dtype.
-    Planned(Vec<usize>, DType, Device),
+    /// On a planning device (a dry run), where nothing is copied: the shape and dtype, and the
+    /// block of the planning device's pinned pool the copy would take (`pin_memory`), so that
+    /// `host_memory_stats` counts it as the real run does.
+    Planned {
+        shape: Vec<usize>,
+        dtype: DType,
+        device: Device,
+        /// Held for its drop, which frees the block.
+        _pin: Option<PlannedPin>,
+    },
 }
 
 /// `torch.autograd.graph.save_on_cpu(pin_memory)`: while the guard lives, every tensor autograd
@@ -61,11 +70,21 @@ fn pack(t: &Tensor, pin_memory: bool) -> Result<Packed> {
     }
     let src = t.detach().contiguous()?;
     if device.is_dry_run() {
-        return Ok(Box::new(Offloaded::Planned(
-            t.shape().to_vec(),
-            t.dtype(),
+        // What `Tensor::empty_pinned` takes below. Without `pin_memory` the real run copies
+        // through the pool's staging chunks, which a dry run does not model.
+        let pin = match pin_memory {
+            true => {
+                let bytes = crate::tensor::storage_bytes("save_on_cpu", t.shape(), t.dtype())?;
+                planned_pin(&device, bytes, PinnedKind::Download)?
+            }
+            false => None,
+        };
+        return Ok(Box::new(Offloaded::Planned {
+            shape: t.shape().to_vec(),
+            dtype: t.dtype(),
             device,
-        )));
+            _pin: pin,
+        }));
     }
     let host = match pin_memory {
         true => {
@@ -88,7 +107,12 @@ fn unpack(packed: &Packed) -> Result<Tensor> {
     let back = match offloaded {
         Offloaded::Kept(t) => return Ok(t.clone()),
         Offloaded::Host(host, device) => host.to_device_non_blocking(device)?,
-        Offloaded::Planned(shape, dtype, device) => Tensor::empty(shape, *dtype, device)?,
+        Offloaded::Planned {
+            shape,
+            dtype,
+            device,
+            ..
+        } => Tensor::empty(shape, *dtype, device)?,
     };
     back.storage
         .block

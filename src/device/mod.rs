@@ -48,6 +48,7 @@ pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
 pub use kernel_timer::KernelEntry;
 pub use plan::{max_batch_size, BatchFit, PlanTarget};
+pub(crate) use plan::{planned_pin, PlannedPin};
 pub use timer::gpu_time;
 pub use transfer::{Event, Transfer};
 
@@ -453,32 +454,41 @@ impl Device {
 
     // ---- pinned host memory: PyTorch's host allocator API ----
 
-    /// `torch.cuda.host_memory_stats()`: this GPU's pinned pool (empty for the CPU device).
+    /// `torch.cuda.host_memory_stats()`: this GPU's pinned pool (empty for the CPU device). A
+    /// planning device counts the pinned copies `save_on_cpu` would make (Note [Dry runs]).
     pub fn host_memory_stats(&self) -> crate::host::HostStats {
-        self.gpu()
-            .map(|g| lock(&g.host).stats())
-            .unwrap_or_default()
+        match &self.0.backend {
+            Backend::Gpu(g) => lock(&g.host).stats(),
+            Backend::Plan(p) => lock(&p.host).stats(),
+            Backend::Cpu(_) => Default::default(),
+        }
     }
 
     /// `torch.cuda.reset_peak_host_memory_stats()`.
     pub fn reset_peak_host_memory_stats(&self) {
-        if let Some(g) = self.gpu() {
-            lock(&g.host).reset_peak_stats();
+        match &self.0.backend {
+            Backend::Gpu(g) => lock(&g.host).reset_peak_stats(),
+            Backend::Plan(p) => lock(&p.host).reset_peak_stats(),
+            Backend::Cpu(_) => {}
         }
     }
 
     /// `torch.cuda.reset_accumulated_host_memory_stats()`.
     pub fn reset_accumulated_host_memory_stats(&self) {
-        if let Some(g) = self.gpu() {
-            lock(&g.host).reset_accumulated_stats();
+        match &self.0.backend {
+            Backend::Gpu(g) => lock(&g.host).reset_accumulated_stats(),
+            Backend::Plan(p) => lock(&p.host).reset_accumulated_stats(),
+            Backend::Cpu(_) => {}
         }
     }
 
     /// Frees every cached pinned block (`torch._C._host_emptyCache()`); blocks in use, or
     /// waiting for a copy that uses them, stay.
     pub fn empty_host_cache(&self) {
-        if let Some(g) = self.gpu() {
-            lock(&g.host).empty_cache();
+        match &self.0.backend {
+            Backend::Gpu(g) => lock(&g.host).empty_cache(),
+            Backend::Plan(p) => lock(&p.host).empty_cache(),
+            Backend::Cpu(_) => {}
         }
     }
 

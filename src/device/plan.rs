@@ -10,6 +10,7 @@
 use super::adapters::{AdapterInfo, KilnFeatures, KilnLimits};
 use super::{lock, with_alloc, Backend, Device};
 use crate::alloc::{AllocatorConfig, CachingAllocator, MemInfo, SegmentSource, SourceError};
+use crate::host::{CachingHostAllocator, PinnedKind, SimulatedPinnedSource};
 use crate::{Error, Result};
 use std::sync::Mutex;
 
@@ -214,6 +215,10 @@ pub(crate) struct PlanDevice {
     pub launch_state: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     /// The CPU device its pinned tensors live on (as plain host memory).
     pub host_device: Device,
+    /// The pinned pool's model: `save_on_cpu`'s pinned copies of saved tensors are counted
+    /// here as the real run's pool counts them (`host_memory_stats`), with no memory behind
+    /// them (`PlannedPin`).
+    pub host: Mutex<CachingHostAllocator<SimulatedPinnedSource>>,
     /// The tuning cache file its tuner reads (`PlanTarget::tuning`).
     pub tuning: Option<std::path::PathBuf>,
 }
@@ -235,9 +240,52 @@ impl PlanDevice {
             alloc: Mutex::new(alloc),
             launch_state: std::sync::OnceLock::new(),
             host_device: Device::cpu()?,
+            host: Mutex::new(CachingHostAllocator::new(SimulatedPinnedSource {
+                completed: u64::MAX,
+                live_bytes: 0,
+            })),
             tuning: target.tuning,
         })
     }
+}
+
+/// A block of a planning device's pinned pool (`planned_pin`): counted as the real run's block
+/// of the same size, with no memory behind it; dropping it frees it.
+pub(crate) struct PlannedPin {
+    device: Device,
+    id: usize,
+}
+
+impl Drop for PlannedPin {
+    fn drop(&mut self) {
+        if let Backend::Plan(p) = &self.device.0.backend {
+            lock(&p.host).free(self.id);
+        }
+    }
+}
+
+/// On a planning device, a block of its pinned pool of `size_bytes` for `kind` copies, as
+/// `Tensor::empty_pinned` takes one on the target (`None` for zero bytes, or on any other
+/// device). The block is marked used by a copy, as the real run's non-blocking copy marks it,
+/// so that freed it goes back to its list at the next allocation: the real run's order when
+/// its copies have completed by then (a dry run has no copies running behind it).
+pub(crate) fn planned_pin(
+    device: &Device,
+    size_bytes: u64,
+    kind: PinnedKind,
+) -> Result<Option<PlannedPin>> {
+    let Backend::Plan(p) = &device.0.backend else {
+        return Ok(None);
+    };
+    let mut host = lock(&p.host);
+    let Some(block) = host.allocate(size_bytes, kind)? else {
+        return Ok(None);
+    };
+    host.record_event(block.id, 0);
+    Ok(Some(PlannedPin {
+        device: device.clone(),
+        id: block.id,
+    }))
 }
 
 /// The target's memory as sizes: segments and expandable pages count against its capacity,
