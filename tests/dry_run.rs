@@ -133,12 +133,12 @@ fn compare(dev: &Device, conf: &str, steps: fn(&Device) -> kiln::Result<()>) {
     assert_eq!(segments(dev), segments(&plan), "{} ({conf})", dev.name());
 }
 
-/// Three Adam steps of the MLP with its saved tensors offloaded to pinned memory
-/// (`save_on_cpu(true)`). The labels are made on the device: an upload from the host takes the
-/// pinned pool's staging chunks, which a dry run does not model. The device is synchronized after
-/// each step, so that the pool takes a freed block back once its copies are done, at the next
-/// allocation, as the dry run's pool does.
-fn offloaded_mlp_steps(dev: &Device) -> kiln::Result<()> {
+/// Three Adam steps of the MLP with its saved tensors offloaded to host memory (`save_on_cpu`,
+/// pinned or pageable), labels uploaded from the host each step (the upload's staging chunks
+/// come from the pinned pool), the device synchronized after each step, so that the pool
+/// takes a freed block back once its copies are done, at the next allocation, as the dry
+/// run's pool does.
+fn offloaded_mlp_steps(dev: &Device, pin_memory: bool) -> kiln::Result<()> {
     dev.manual_seed(4);
     let model = Sequential::new()
         .push(Linear::new(48, 200, true, dev)?)
@@ -147,9 +147,10 @@ fn offloaded_mlp_steps(dev: &Device) -> kiln::Result<()> {
     let mut opt = Adam::new(model.parameters(), 1e-3)?;
     for step in 0..3 {
         let x = Tensor::randn(&[64 + step * 40, 48], DType::F32, dev)?;
-        let y = x.narrow(1, 0, 10)?.argmax(1, false)?;
+        let y: Vec<i32> = (0..x.shape()[0] as i32).map(|i| i % 10).collect();
+        let y = Tensor::from_slice(&y, &[y.len()], dev)?;
         let loss = {
-            let _offload = kiln::autograd::save_on_cpu(true);
+            let _offload = kiln::autograd::save_on_cpu(pin_memory);
             cross_entropy(&model.forward(&x)?, &y)?
         };
         opt.zero_grad(true)?;
@@ -161,8 +162,9 @@ fn offloaded_mlp_steps(dev: &Device) -> kiln::Result<()> {
 }
 
 /// On every Vulkan adapter: its pinned pool is unified (`MAPPABLE_PRIMARY_BUFFERS`), so the
-/// copies back need no staging, which a dry run does not model (Note [Dry runs]). GL's pool
-/// copies back through staging chunks: there the real run holds more.
+/// copies back from pinned memory need no staging, which a dry run does not model (Note [Dry
+/// runs]). GL's pool copies them back through staging chunks: there the real run holds more.
+/// Without `pin_memory` the saved tensors go through staging chunks both ways.
 #[test]
 fn a_dry_run_counts_save_on_cpus_pinned_memory_as_the_real_run_does() {
     let vulkan = |d: &Device| {
@@ -170,44 +172,55 @@ fn a_dry_run_counts_save_on_cpus_pinned_memory_as_the_real_run_does() {
             .is_some_and(|a| a.backend == wgpu::Backend::Vulkan)
     };
     for dev in gpus().into_iter().filter(vulkan) {
-        dev.set_allocator_settings("").unwrap();
-        dev.synchronize().unwrap();
-        dev.empty_host_cache();
-        dev.reset_accumulated_host_memory_stats();
-        dev.reset_peak_host_memory_stats();
-        assert_eq!(
-            dev.host_memory_stats().allocations.current,
-            0,
-            "{}",
-            dev.name()
-        );
-        let plan = dev.planning_twin().unwrap();
-        offloaded_mlp_steps(&dev).unwrap();
-        offloaded_mlp_steps(&plan).unwrap();
-        dev.synchronize().unwrap();
-        let (want, got) = (
-            dev.host_memory_stats().to_map(),
-            plan.host_memory_stats().to_map(),
-        );
-        for (key, value) in &want {
-            if !key.starts_with("host_alloc_time") && !key.starts_with("host_free_time") {
-                assert_eq!(got.get(key), Some(value), "{}: {key}", dev.name());
+        for pin_memory in [true, false] {
+            let what = format!("{} (pin_memory {pin_memory})", dev.name());
+            dev.set_allocator_settings("").unwrap();
+            dev.synchronize().unwrap();
+            dev.empty_host_cache();
+            dev.reset_accumulated_host_memory_stats();
+            dev.reset_peak_host_memory_stats();
+            dev.empty_cache();
+            dev.reset_accumulated_memory_stats();
+            dev.reset_peak_memory_stats();
+            assert_eq!(dev.host_memory_stats().allocations.current, 0, "{what}");
+            assert_eq!(dev.memory_allocated(), 0, "{what}");
+            let plan = dev.planning_twin().unwrap();
+            offloaded_mlp_steps(&dev, pin_memory).unwrap();
+            offloaded_mlp_steps(&plan, pin_memory).unwrap();
+            dev.synchronize().unwrap();
+            // The pool takes back the blocks of finished copies at its next allocation, where the
+            // real one may find the last copies still running; emptying the caches processes
+            // every finished copy first, then frees what is cached.
+            dev.empty_host_cache();
+            plan.empty_host_cache();
+            let (want, got) = (
+                dev.host_memory_stats().to_map(),
+                plan.host_memory_stats().to_map(),
+            );
+            for (key, value) in &want {
+                if key.starts_with("host_alloc_time") || key.starts_with("host_free_time") {
+                    continue;
+                }
+                let got = got[key];
+                // Pinned copies: every count equal. Pageable ones (staging chunks, whose
+                // blocks come back once their copies finish): the same requests and bytes
+                // asked for; the dry run's copies finish at once, so it needs no more blocks,
+                // and no higher peaks, than the real run (lavapipe: 18 blocks against 22).
+                let same = pin_memory || key.starts_with("active_") && !key.ends_with(".peak");
+                match same {
+                    true => assert_eq!(got, *value, "{what}: {key}"),
+                    false => assert!(got <= *value, "{what}: {key} {got} > {value}"),
+                }
+            }
+            // Blocks of several sizes, taken again from the cache, and freed by emptying it.
+            assert!(want["allocated_bytes.peak"] > 0 && want["num_host_alloc"] > 1);
+            assert!(want["allocations.allocated"] < want["active_requests.allocated"]);
+            assert!(want["num_host_free"] > 0 && want["allocations.current"] == 0);
+            let (want, got) = (dev.memory_stats(), plan.memory_stats());
+            for (key, value) in &want {
+                assert_eq!(got.get(key), Some(value), "{what}: {key}");
             }
         }
-        // Every activation went to the host and came back: blocks of several sizes, reused.
-        assert!(want["allocated_bytes.peak"] > 0 && want["num_host_alloc"] > 1);
-        assert!(want["allocations.allocated"] < want["active_requests.allocated"]);
-        let (want, got) = (dev.memory_stats(), plan.memory_stats());
-        for (key, value) in &want {
-            assert_eq!(got.get(key), Some(value), "{}: {key}", dev.name());
-        }
-        // Emptying the dry run's pinned cache frees its cached blocks as the real one does.
-        dev.empty_host_cache();
-        plan.empty_host_cache();
-        assert_eq!(
-            dev.host_memory_stats().allocated_bytes.current,
-            plan.host_memory_stats().allocated_bytes.current
-        );
     }
 }
 

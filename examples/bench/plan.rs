@@ -134,6 +134,7 @@ pub fn plan_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         push(format!("{name} exp {short}: dry run of 3 steps"), secs, "s");
     }
     dev.set_allocator_settings("expandable_segments:False")?;
+    offloaded_rows(dev, &config, (b, t), amp, &name, &mut push)?;
     let (rname, n, hw) = resnet_size(dev);
     fresh(dev, |d| resnet_steps(d, n, hw))?;
     let real = fresh(dev, |d| resnet_steps(d, n, hw))?;
@@ -162,6 +163,73 @@ pub fn plan_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
     if std::env::var("KILN_PLAN_CHECK_BATCH").is_ok_and(|v| v == "1") && amp {
         check_batch(dev, &config, t, &mut push)?;
     }
+    Ok(())
+}
+
+/// Three steps under `save_on_cpu(pin_memory=True)`, real and dry: the device's peaks and the
+/// pinned pool's (Note [Dry runs]). The pool is emptied after the inputs' uploads (whose
+/// staging a dry run does not model) and the device synchronized after each step, so that the
+/// real pool takes its blocks back once their copies are done, as the dry one does.
+fn offloaded_rows(
+    dev: &Device,
+    config: &GptConfig,
+    (b, t): (usize, usize),
+    amp: bool,
+    name: &str,
+    push: &mut impl FnMut(String, f64, &'static str),
+) -> kiln::Result<()> {
+    let steps = |d: &Device| -> kiln::Result<[u64; 4]> {
+        d.synchronize()?;
+        d.empty_cache();
+        d.reset_peak_memory_stats();
+        let mut run = Run::new(d, config, 0, 0.1, amp)?;
+        run.offload = true;
+        let (x, y) = (
+            ids(b, t, config.vocab_size, 1, d)?,
+            ids(b, t, config.vocab_size, 2, d)?,
+        );
+        d.synchronize()?;
+        d.empty_host_cache();
+        d.reset_peak_host_memory_stats();
+        d.reset_accumulated_host_memory_stats();
+        for _ in 0..3 {
+            run.step(&x, &y)?;
+            d.synchronize()?;
+        }
+        let host = d.host_memory_stats();
+        Ok([
+            d.max_memory_allocated(),
+            d.max_memory_reserved(),
+            host.allocated_bytes.peak as u64,
+            host.allocations.allocated as u64,
+        ])
+    };
+    let real = steps(dev)?;
+    let dry = steps(&dev.planning_twin()?)?;
+    let name = format!("{name} save_on_cpu");
+    for (what, r, d) in [
+        ("peak allocated", real[0], dry[0]),
+        ("peak reserved", real[1], dry[1]),
+        ("pinned peak", real[2], dry[2]),
+    ] {
+        push(format!("{name}: real {what}"), r as f64 / MIB, "MiB");
+        push(format!("{name}: dry {what}"), d as f64 / MIB, "MiB");
+    }
+    push(
+        format!("{name}: real pinned blocks made"),
+        real[3] as f64,
+        "blocks",
+    );
+    push(
+        format!("{name}: dry pinned blocks made"),
+        dry[3] as f64,
+        "blocks",
+    );
+    push(
+        format!("{name}: dry equals real"),
+        (real == dry) as u8 as f64,
+        "bool",
+    );
     Ok(())
 }
 

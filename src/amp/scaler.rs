@@ -396,8 +396,16 @@ fn read_found(state: &mut OptimizerState) -> Result<f64> {
     }
     let mut sum = 0.0;
     // A dry run reads no values: it takes the ordinary path, a step with finite gradients
-    // (Note [Dry runs]).
+    // (Note [Dry runs]), and the staging chunks the reads would.
     if state.found_inf.iter().any(|f| f.device().is_dry_run()) {
+        for flag in &state.found_inf {
+            let bytes = (flag.numel() * flag.dtype().size_bytes()) as u64;
+            crate::device::planned_staging(
+                flag.device(),
+                bytes.next_multiple_of(4),
+                crate::host::PinnedKind::Download,
+            )?;
+        }
         return Ok(sum);
     }
     for flag in &state.found_inf {

@@ -9,7 +9,7 @@
 //! take their time on the device's timeline. PyTorch's `save_on_cpu(pin_memory=True)` copies
 //! with `non_blocking` too, but its unpack hook makes a pageable tensor pinned first.
 
-use crate::device::{planned_pin, PlannedPin};
+use crate::device::{planned_pin, planned_staging, PlannedPin};
 use crate::graph::{saved_tensors_hooks, Packed, SavedTensorsHooks};
 use crate::host::PinnedKind;
 use crate::tensor::{DType, Tensor};
@@ -34,6 +34,8 @@ enum Offloaded {
         device: Device,
         /// Held for its drop, which frees the block.
         _pin: Option<PlannedPin>,
+        /// Whether the copy went to pinned memory (else its way back takes staging chunks).
+        pinned: bool,
     },
 }
 
@@ -70,20 +72,22 @@ fn pack(t: &Tensor, pin_memory: bool) -> Result<Packed> {
     }
     let src = t.detach().contiguous()?;
     if device.is_dry_run() {
-        // What `Tensor::empty_pinned` takes below. Without `pin_memory` the real run copies
-        // through the pool's staging chunks, which a dry run does not model.
+        // What `Tensor::empty_pinned` takes below, or without `pin_memory` the staging
+        // chunks of the copy to pageable memory.
+        let bytes = crate::tensor::storage_bytes("save_on_cpu", t.shape(), t.dtype())?;
         let pin = match pin_memory {
-            true => {
-                let bytes = crate::tensor::storage_bytes("save_on_cpu", t.shape(), t.dtype())?;
-                planned_pin(&device, bytes, PinnedKind::Download)?
+            true => planned_pin(&device, bytes, PinnedKind::Download)?,
+            false => {
+                planned_staging(&device, bytes.next_multiple_of(4), PinnedKind::Download)?;
+                None
             }
-            false => None,
         };
         return Ok(Box::new(Offloaded::Planned {
             shape: t.shape().to_vec(),
             dtype: t.dtype(),
             device,
             _pin: pin,
+            pinned: pin_memory,
         }));
     }
     let host = match pin_memory {
@@ -111,8 +115,17 @@ fn unpack(packed: &Packed) -> Result<Tensor> {
             shape,
             dtype,
             device,
+            pinned,
             ..
-        } => Tensor::empty(shape, *dtype, device)?,
+        } => {
+            let back = Tensor::empty(shape, *dtype, device)?;
+            if !pinned {
+                // The real run's upload from pageable memory: staging chunks of its bytes.
+                let bytes = (back.numel() * dtype.size_bytes()) as u64;
+                planned_staging(device, bytes, PinnedKind::Upload)?;
+            }
+            back
+        }
     };
     back.storage
         .block

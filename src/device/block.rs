@@ -299,8 +299,12 @@ impl DeviceBlock {
             return Ok(());
         }
         match (&self.mem, self.device.gpu()) {
-            // A dry run drops writes: nothing reads them back.
-            (None | Some(Mem::Planned), _) => Ok(()),
+            // A dry run drops writes (nothing reads them back), and takes the staging chunks
+            // the upload would.
+            (Some(Mem::Planned), _) => {
+                super::planned_staging(&self.device, len, PinnedKind::Upload)
+            }
+            (None, _) => Ok(()),
             (Some(Mem::Gpu(buffer)), Some(g)) => {
                 if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
                     return Err(Error::InvalidArgument {

@@ -57,7 +57,7 @@ pub(crate) struct GpuDevice {
 
 /// Pageable copies move through the pinned pool in chunks of this size: large enough that a
 /// submit per chunk costs nothing, small enough that DMA and host copies overlap.
-const DEFAULT_STAGING_CHUNK: u64 = 32 << 20;
+pub(crate) const DEFAULT_STAGING_CHUNK: u64 = 32 << 20;
 
 impl GpuDevice {
     pub fn staging_chunk_bytes(&self) -> u64 {

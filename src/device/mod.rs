@@ -48,7 +48,7 @@ pub use adapters::{adapters, AdapterInfo, KilnFeatures, KilnLimits};
 pub use block::DeviceBlock;
 pub use kernel_timer::KernelEntry;
 pub use plan::{max_batch_size, BatchFit, PlanTarget};
-pub(crate) use plan::{planned_pin, PlannedPin};
+pub(crate) use plan::{planned_pin, planned_staging, PlannedPin};
 pub use timer::gpu_time;
 pub use transfer::{Event, Transfer};
 

@@ -249,6 +249,30 @@ impl PlanDevice {
     }
 }
 
+/// On a planning device, the staging chunks a pageable copy of `bytes` takes from the pinned
+/// pool on the target (`device/transfer.rs`: chunks of 32 MiB with `DEPTH` in flight, a chunk's
+/// block free for reuse `DEPTH` chunks later and the last ones at the next allocation, as they
+/// are where the real copies finish in time); nothing on any other device. A dry run moves no
+/// data, so the copies that would run (an upload from the host, a value read, `save_on_cpu`
+/// without `pin_memory`) take their chunks here.
+pub(crate) fn planned_staging(device: &Device, bytes: u64, kind: PinnedKind) -> Result<()> {
+    if !device.is_dry_run() {
+        return Ok(());
+    }
+    let chunk = super::gpu::DEFAULT_STAGING_CHUNK;
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut done = 0;
+    while done < bytes {
+        let piece = chunk.min(bytes - done);
+        if in_flight.len() >= super::transfer::DEPTH {
+            in_flight.pop_front();
+        }
+        in_flight.push_back(planned_pin(device, piece, kind)?);
+        done += piece;
+    }
+    Ok(())
+}
+
 /// A block of a planning device's pinned pool (`planned_pin`): counted as the real run's block
 /// of the same size, with no memory behind it; dropping it frees it.
 pub(crate) struct PlannedPin {

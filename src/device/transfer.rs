@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Chunks of a pageable copy allowed in flight before the next waits for the oldest.
-const DEPTH: usize = 3;
+pub(crate) const DEPTH: usize = 3;
 /// Host copies at least this large are split across threads (one thread copies ~10 GB/s).
 const PARALLEL_COPY_BYTES: usize = 4 << 20;
 
