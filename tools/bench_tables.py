@@ -106,8 +106,20 @@ def machine_of(adapter, reference):
     return None, {"title": adapter, "peers": {}, "ceilings": []}
 
 
+def host_of(adapter, meta):
+    """The adapter whose machine measured `adapter`'s figures: itself, or for a planning
+    device's dry run the file's other adapter (the machine that ran it, not the GPU it plans
+    for)."""
+    if not adapter.startswith("plan:"):
+        return adapter
+    return next(
+        (a["adapter"] for a in meta["adapters"] if not a["adapter"].startswith("plan:")),
+        adapter,
+    )
+
+
 def table(adapter, rows, meta, reference):
-    key, machine = machine_of(adapter, reference)
+    key, machine = machine_of(host_of(adapter, meta), reference)
     info = next((a for a in meta["adapters"] if a["adapter"] == adapter), {})
     driver = " ".join(x for x in (info.get("driver", ""), info.get("driver_info", "")) if x)
     out = [f"### {machine['title']}", ""]
@@ -117,7 +129,7 @@ def table(adapter, rows, meta, reference):
         + f"; measured {meta['date']} at kiln `{meta['commit']}`"
         + (f" on {machine['host']}" if machine.get("host") else "")
         + "."
-        + (f" Bound by {machine['bound']}." if machine.get("bound") else "")
+        + (f" Bound by {machine['bound']}." if machine.get("bound") and adapter == host_of(adapter, meta) else "")
     )
     # A later commit whose changes were checked to leave what these figures ran as it was
     # (`"unchanged_through": {"commit": ..., "why": ...}` in the JSON's meta, written by hand):
@@ -200,7 +212,7 @@ def render():
             text.append(f"From `{path.relative_to(ROOT)}`"
                         + (f", which also lists the {tuned} kernel choices autotuning made." if tuned else "."))
             text.append("")
-            key, _ = machine_of(adapter, reference)
+            key, _ = machine_of(host_of(adapter, meta), reference)
             rank = order.index(key) if key in order else len(order)
             machines.setdefault((rank, key or adapter), []).append(text)
     lines = [BEGIN, ""]
