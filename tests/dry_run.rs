@@ -23,20 +23,33 @@ fn gpus() -> Vec<Device> {
 
 /// Two SGD-free Adam steps of a small MLP: parameters, activations, gradients, state.
 fn mlp_steps(dev: &Device) -> kiln::Result<()> {
-    dev.manual_seed(1);
+    mlp_run(dev, 1, 2, None)
+}
+
+/// `steps` Adam steps of a small MLP from `seed`, on batches of 64, 104, ... rows with labels
+/// uploaded from the host; with `offload`, the forward under `save_on_cpu(pin_memory)` and the
+/// device synchronized after each step.
+fn mlp_run(dev: &Device, seed: u64, steps: usize, offload: Option<bool>) -> kiln::Result<()> {
+    dev.manual_seed(seed);
     let model = Sequential::new()
         .push(Linear::new(48, 200, true, dev)?)
         .push(Relu)
         .push(Linear::new(200, 10, true, dev)?);
     let mut opt = Adam::new(model.parameters(), 1e-3)?;
-    for step in 0..2 {
+    for step in 0..steps {
         let x = Tensor::randn(&[64 + step * 40, 48], DType::F32, dev)?;
         let y: Vec<i32> = (0..x.shape()[0] as i32).map(|i| i % 10).collect();
         let y = Tensor::from_slice(&y, &[y.len()], dev)?;
-        let loss = cross_entropy(&model.forward(&x)?, &y)?;
+        let loss = {
+            let _offload = offload.map(kiln::autograd::save_on_cpu);
+            cross_entropy(&model.forward(&x)?, &y)?
+        };
         opt.zero_grad(true)?;
         loss.backward()?;
         opt.step()?;
+        if offload.is_some() {
+            dev.synchronize()?;
+        }
     }
     Ok(())
 }
@@ -134,31 +147,11 @@ fn compare(dev: &Device, conf: &str, steps: fn(&Device) -> kiln::Result<()>) {
 }
 
 /// Three Adam steps of the MLP with its saved tensors offloaded to host memory (`save_on_cpu`,
-/// pinned or pageable), labels uploaded from the host each step (the upload's staging chunks
-/// come from the pinned pool), the device synchronized after each step, so that the pool
-/// takes a freed block back once its copies are done, at the next allocation, as the dry
-/// run's pool does.
+/// pinned or pageable): the labels' uploads take staging chunks from the pinned pool, and the
+/// device is synchronized after each step, so that the pool takes a freed block back once its
+/// copies are done, at the next allocation, as the dry run's pool does.
 fn offloaded_mlp_steps(dev: &Device, pin_memory: bool) -> kiln::Result<()> {
-    dev.manual_seed(4);
-    let model = Sequential::new()
-        .push(Linear::new(48, 200, true, dev)?)
-        .push(Relu)
-        .push(Linear::new(200, 10, true, dev)?);
-    let mut opt = Adam::new(model.parameters(), 1e-3)?;
-    for step in 0..3 {
-        let x = Tensor::randn(&[64 + step * 40, 48], DType::F32, dev)?;
-        let y: Vec<i32> = (0..x.shape()[0] as i32).map(|i| i % 10).collect();
-        let y = Tensor::from_slice(&y, &[y.len()], dev)?;
-        let loss = {
-            let _offload = kiln::autograd::save_on_cpu(pin_memory);
-            cross_entropy(&model.forward(&x)?, &y)?
-        };
-        opt.zero_grad(true)?;
-        loss.backward()?;
-        opt.step()?;
-        dev.synchronize()?;
-    }
-    Ok(())
+    mlp_run(dev, 4, 3, Some(pin_memory))
 }
 
 /// On every Vulkan adapter: its pinned pool is unified (`MAPPABLE_PRIMARY_BUFFERS`), so the
