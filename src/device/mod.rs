@@ -455,7 +455,8 @@ impl Device {
     // ---- pinned host memory: PyTorch's host allocator API ----
 
     /// `torch.cuda.host_memory_stats()`: this GPU's pinned pool (empty for the CPU device). A
-    /// planning device counts the pinned copies `save_on_cpu` would make (Note [Dry runs]).
+    /// planning device counts the blocks the target's pool would hand out: `save_on_cpu`'s
+    /// pinned copies and the staging chunks of copies (Note [Dry runs]).
     pub fn host_memory_stats(&self) -> crate::host::HostStats {
         match &self.0.backend {
             Backend::Gpu(g) => lock(&g.host).stats(),

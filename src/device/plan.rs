@@ -215,9 +215,9 @@ pub(crate) struct PlanDevice {
     pub launch_state: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     /// The CPU device its pinned tensors live on (as plain host memory).
     pub host_device: Device,
-    /// The pinned pool's model: `save_on_cpu`'s pinned copies of saved tensors are counted
-    /// here as the real run's pool counts them (`host_memory_stats`), with no memory behind
-    /// them (`PlannedPin`).
+    /// The pinned pool's model: the blocks the real run's pool would hand out (`save_on_cpu`'s
+    /// pinned copies, the staging chunks of copies) are counted here as it counts them
+    /// (`host_memory_stats`), with no memory behind them (`PlannedPin`, `planned_staging`).
     pub host: Mutex<CachingHostAllocator<SimulatedPinnedSource>>,
     /// The tuning cache file its tuner reads (`PlanTarget::tuning`).
     pub tuning: Option<std::path::PathBuf>,
