@@ -147,6 +147,26 @@ macro_rules! with_alloc {
 }
 pub(crate) use with_alloc;
 
+/// Runs `$body` with `$h` bound to the locked pinned pool of a GPU or of a planning device's
+/// model of one; `$none` on the CPU device, which has none.
+macro_rules! with_host {
+    ($dev:expr, $h:ident => $body:expr, else $none:expr) => {
+        match &$dev.0.backend {
+            Backend::Gpu(g) => {
+                #[allow(unused_mut)]
+                let mut $h = lock(&g.host);
+                $body
+            }
+            Backend::Plan(p) => {
+                #[allow(unused_mut)]
+                let mut $h = lock(&p.host);
+                $body
+            }
+            Backend::Cpu(_) => $none,
+        }
+    };
+}
+
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Device({})", self.name())
@@ -458,39 +478,23 @@ impl Device {
     /// planning device counts the blocks the target's pool would hand out: `save_on_cpu`'s
     /// pinned copies and the staging chunks of copies (Note [Dry runs]).
     pub fn host_memory_stats(&self) -> crate::host::HostStats {
-        match &self.0.backend {
-            Backend::Gpu(g) => lock(&g.host).stats(),
-            Backend::Plan(p) => lock(&p.host).stats(),
-            Backend::Cpu(_) => Default::default(),
-        }
+        with_host!(self, h => h.stats(), else Default::default())
     }
 
     /// `torch.cuda.reset_peak_host_memory_stats()`.
     pub fn reset_peak_host_memory_stats(&self) {
-        match &self.0.backend {
-            Backend::Gpu(g) => lock(&g.host).reset_peak_stats(),
-            Backend::Plan(p) => lock(&p.host).reset_peak_stats(),
-            Backend::Cpu(_) => {}
-        }
+        with_host!(self, h => h.reset_peak_stats(), else ())
     }
 
     /// `torch.cuda.reset_accumulated_host_memory_stats()`.
     pub fn reset_accumulated_host_memory_stats(&self) {
-        match &self.0.backend {
-            Backend::Gpu(g) => lock(&g.host).reset_accumulated_stats(),
-            Backend::Plan(p) => lock(&p.host).reset_accumulated_stats(),
-            Backend::Cpu(_) => {}
-        }
+        with_host!(self, h => h.reset_accumulated_stats(), else ())
     }
 
     /// Frees every cached pinned block (`torch._C._host_emptyCache()`); blocks in use, or
     /// waiting for a copy that uses them, stay.
     pub fn empty_host_cache(&self) {
-        match &self.0.backend {
-            Backend::Gpu(g) => lock(&g.host).empty_cache(),
-            Backend::Plan(p) => lock(&p.host).empty_cache(),
-            Backend::Cpu(_) => {}
-        }
+        with_host!(self, h => h.empty_cache(), else ())
     }
 
     /// The size of the chunks pageable copies are staged in (32 MiB by default; rounded up to
