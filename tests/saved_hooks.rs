@@ -5,7 +5,7 @@
 //! lowers the device's peak by the activations, puts them in the pinned pool, and its dry run
 //! allocates what its real run does.
 
-use kiln::autograd::{save_on_cpu, saved_tensors_hooks, Packed};
+use kiln::autograd::{save_on_cpu, save_on_cpu_ahead, saved_tensors_hooks, Packed};
 use kiln::nn::{cross_entropy, Linear, Module, Relu, Sequential};
 use kiln::{DType, Device, Error, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -197,7 +197,11 @@ fn save_on_cpu_gives_the_same_gradients_with_a_lower_peak() {
     for dev in devices() {
         let (plain, peak) = grads(&dev, || None);
         for pin in [false, true] {
-            let (offloaded, offload_peak) = grads(&dev, || Some(save_on_cpu(pin)));
+            let (offloaded, _) = grads(&dev, || Some(save_on_cpu(pin)));
+            close(&offloaded, &plain, &format!("{} pin {pin}", dev.name()));
+            // Without a look-ahead (the default where copies share the kernels' queue), as
+            // PyTorch: each activation leaves the device as it is saved.
+            let (offloaded, offload_peak) = grads(&dev, || Some(save_on_cpu_ahead(pin, 0)));
             close(&offloaded, &plain, &format!("{} pin {pin}", dev.name()));
             if !dev.is_cpu() {
                 // Eight ReLU outputs of 256 KiB each are off the device between forward and
@@ -233,5 +237,42 @@ fn a_dry_run_of_save_on_cpu_allocates_what_the_real_run_does() {
         dev.synchronize().unwrap();
         run(&plan).unwrap();
         assert_eq!(plan.memory_stats(), dev.memory_stats(), "{}", dev.name());
+    }
+}
+
+/// `save_on_cpu_ahead`: the copies run up to the look-ahead ahead of the kernels, so the
+/// device keeps some saved tensors longer in forward and brings some back earlier in backward
+/// (a higher peak than without, by at most the look-ahead each way); the gradients are the
+/// same, and a dry run allocates exactly what the real run does.
+#[test]
+fn copies_run_within_the_look_ahead_and_a_dry_run_allocates_the_same() {
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    // Three of the MLP's 256 KiB activations.
+    const AHEAD: u64 = 768 << 10;
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let plan = dev.planning_twin().unwrap();
+        let run = |d: &Device| {
+            let model = mlp(d);
+            let (x, y) = batch(d);
+            let loss = {
+                let _offload = save_on_cpu_ahead(true, AHEAD);
+                cross_entropy(&model.forward(&x)?, &y)?
+            };
+            loss.backward()
+        };
+        run(&dev).unwrap();
+        dev.synchronize().unwrap();
+        run(&plan).unwrap();
+        assert_eq!(plan.memory_stats(), dev.memory_stats(), "{}", dev.name());
+
+        let (plain, _) = grads(&dev, || None);
+        let (ahead, ahead_peak) = grads(&dev, || Some(save_on_cpu_ahead(true, AHEAD)));
+        let (_, none_peak) = grads(&dev, || Some(save_on_cpu_ahead(true, 0)));
+        close(&ahead, &plain, &format!("{} ahead", dev.name()));
+        assert!(
+            ahead_peak > none_peak && ahead_peak <= none_peak + 2 * AHEAD + (256 << 10),
+            "{}: peak {ahead_peak} with the look-ahead, {none_peak} without",
+            dev.name()
+        );
     }
 }

@@ -61,15 +61,25 @@ pub fn gpt_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         "gpt2 {}L {}d b{b} T{t} AdamW",
         config.n_layer, config.n_embd
     );
+    // KILN_BENCH_GPT=TEXT: only the steps whose tag contains TEXT, and no varying lengths.
+    let only = std::env::var("KILN_BENCH_GPT").ok();
     for (amp, offload) in [(true, false), (true, true), (false, false)] {
         if amp && !f16 {
             continue;
         }
         let tag = match (amp, offload) {
             (true, false) => "AMP f16",
+            // Its copies run on the side queue where the device opened one (Note [Offload
+            // ahead]), a different figure from the stream's.
+            (true, true) if dev.copies_beside() => {
+                "AMP f16 save_on_cpu(pin_memory), copies on the copy queue"
+            }
             (true, true) => "AMP f16 save_on_cpu(pin_memory)",
             _ => "f32",
         };
+        if only.as_ref().is_some_and(|o| !tag.contains(o.as_str())) {
+            continue;
+        }
         let steps = if amp { steps } else { steps / 2 };
         let (secs, peak, reserved) = step_figures(dev, &config, (b, t), (amp, offload), steps)?;
         let mut push = |case: String, value: f64, unit: &'static str| {
@@ -98,7 +108,7 @@ pub fn gpt_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
             "MiB",
         );
     }
-    if f16 {
+    if f16 && only.is_none() {
         varying_rows(dev, &config, b, rows)?;
     }
     Ok(())
@@ -142,7 +152,14 @@ impl Run {
     pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
         self.opt.zero_grad(true)?;
         let loss = {
-            let _offload = self.offload.then(|| kiln::autograd::save_on_cpu(true));
+            // KILN_BENCH_OFFLOAD_AHEAD=BYTES: `save_on_cpu_ahead` with that look-ahead.
+            let ahead = std::env::var("KILN_BENCH_OFFLOAD_AHEAD")
+                .ok()
+                .and_then(|v| v.parse().ok());
+            let _offload = self.offload.then(|| match ahead {
+                Some(bytes) => kiln::autograd::save_on_cpu_ahead(true, bytes),
+                None => kiln::autograd::save_on_cpu(true),
+            });
             let _amp = autocast(DeviceType::Gpu, DType::F16, self.amp)?;
             self.model.loss(x, y)?
         };

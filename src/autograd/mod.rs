@@ -24,7 +24,7 @@ mod offload;
 
 pub use checkpoint::checkpoint;
 pub use engine::queue_callback;
-pub use offload::save_on_cpu;
+pub use offload::{save_on_cpu, save_on_cpu_ahead, DEFAULT_AHEAD};
 
 pub use crate::graph::{
     saved_tensors_hooks, set_backward_epilogues, Packed, RemovableHandle, SavedTensorsHooks,

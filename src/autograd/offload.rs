@@ -1,20 +1,61 @@
 //! `save_on_cpu` (PyTorch's `torch.autograd.graph.save_on_cpu`): the tensors autograd saves in
 //! forward go to host memory and come back for the backward that reads them, so the device
 //! holds parameters, gradients and what is in flight rather than every activation.
-//!
-//! kiln's copies are stream-ordered, so neither direction waits for the device: the copy to
-//! pinned memory is queued behind the kernel that wrote the tensor (whose memory the allocator
-//! may hand out again at once: later kernels are queued behind the copy), and the copy back is
-//! queued behind it in turn. Neither the host nor the device stalls on an offload; the copies
-//! take their time on the device's timeline. PyTorch's `save_on_cpu(pin_memory=True)` copies
-//! with `non_blocking` too, but its unpack hook makes a pageable tensor pinned first.
+//! See Note [Offload ahead].
+
+// Note [Offload ahead]
+// ~~~~~~~~~~~~~~~~~~~~
+// With `pin_memory`, every copy is non-blocking, and where the GPU has a side queue (Note
+// [Side queue]) the copies run on its copy engines beside the kernels. A guard has a
+// look-ahead in bytes of device memory (`save_on_cpu_ahead`; `save_on_cpu` takes
+// `DEFAULT_AHEAD` where the copies run beside the kernels, 0 elsewhere):
+// - forward: the copy of a saved tensor to pinned memory is queued as the op saves it. The
+//   tensor's device memory must outlive the copy, so the guard keeps the tensors whose copies
+//   may still be reading them, oldest first, up to the look-ahead (at least the newest); the
+//   oldest beyond it is *retired*: the host waits for its copy, and its memory goes back to
+//   the allocator. The host, and so the kernels, run up to the look-ahead ahead of the copy
+//   engine.
+// - backward: each unpack also brings back, in reverse order of packing (the order backward
+//   reads them), the tensors not read yet, while they fit in the look-ahead with those back
+//   before their unpack (a tensor larger than that comes back when read, on the stream).
+//   Their copies wait for the kernels recorded before (the memory may have been another
+//   tensor's) and run during the kernels between; the unpack that reads one waits for its
+//   copy on the host and orders the stream after it.
+// The host waits, rather than device-side waits only, keep the reasoning simple: once a copy
+// is known done on the host, nothing recorded later can race it (a semaphore wait in a batch
+// without commands does not order what a later batch's gate signals).
+// On the stream, the same look-ahead keeps and brings back the same tensors at the same points
+// (the copies are ordered with the kernels, so nothing waits): where a dry run lets the copies
+// run ahead as its target does (`PlanTarget::copy_queue`), it allocates exactly as the real
+// run, on any adapter. What overlap costs is memory: up to the look-ahead of leaving tensors
+// at the end of forward, and as much brought back early in backward.
+// Without `pin_memory` the copies are blocking, through the pinned pool's staging chunks, as
+// PyTorch's are, and nothing is kept or brought back early.
 
 use crate::device::{planned_pin, planned_staging, PlannedPin};
 use crate::graph::{saved_tensors_hooks, Packed, SavedTensorsHooks};
 use crate::host::PinnedKind;
+use crate::ops::SideCopy;
 use crate::tensor::{DType, Tensor};
 use crate::{Device, Result};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// How far copies may run ahead of the kernels by default where they run beside them, in bytes
+/// of device memory, each way (Note [Offload ahead]): about 5 ms of PCIe 5 copies. On the
+/// H200, GPT-2 124M b8 T1024 AMP under `save_on_cpu(true)`: 275-288 ms a step with 64 MiB,
+/// 241-243 with 256 (2026-11-29, BENCHMARKS.md).
+pub const DEFAULT_AHEAD: u64 = 256 << 20;
+
+/// `save_on_cpu`'s look-ahead on `device`: `DEFAULT_AHEAD` where its copies run beside the
+/// kernels (or a dry run's target's do), else none: on the stream they would gain nothing.
+fn default_ahead(device: &Device) -> u64 {
+    match device.copies_beside() {
+        true => DEFAULT_AHEAD,
+        false => 0,
+    }
+}
 
 /// What `save_on_cpu`'s pack hook keeps of a saved tensor.
 enum Offloaded {
@@ -23,20 +64,72 @@ enum Offloaded {
     /// A parameter's memory stays on the device with its module whatever autograd keeps, so
     /// copying it out would cost the copies and free nothing (PyTorch copies it all the same).
     Kept(Tensor),
-    /// The tensor's values in host memory (pinned where asked), and the device it came from.
-    Host(Tensor, Device),
-    /// On a planning device (a dry run), where nothing is copied: the shape and dtype, and the
-    /// block of the planning device's pinned pool the copy would take (`pin_memory`), so that
-    /// `host_memory_stats` counts it as the real run does.
-    Planned {
+    /// Without `pin_memory`: the values in pageable host memory, and the device they came
+    /// from.
+    Pageable(Tensor, Device),
+    /// Without `pin_memory`, on a planning device (a dry run), where nothing is copied: the
+    /// shape and dtype (the way back takes staging chunks).
+    PlannedPageable {
         shape: Vec<usize>,
         dtype: DType,
         device: Device,
-        /// Held for its drop, which frees the block.
-        _pin: Option<PlannedPin>,
-        /// Whether the copy went to pinned memory (else its way back takes staging chunks).
-        pinned: bool,
     },
+    /// With `pin_memory`: a slot of the guard's ledger.
+    Pinned(Entry),
+}
+
+/// The host side of a pinned slot.
+enum Host {
+    /// The values in pinned memory.
+    Pinned(Tensor),
+    /// On a planning device: the block of its pinned pool the copy would take, held for its
+    /// drop, which frees the block.
+    Planned { _pin: Option<PlannedPin> },
+}
+
+/// A device tensor with the copy that reads (forward) or writes (backward) it beside the
+/// kernels, if it went to the side queue.
+struct InFlight {
+    tensor: Tensor,
+    copy: Option<SideCopy>,
+}
+
+/// One packed tensor of a guard.
+struct Slot {
+    host: Host,
+    shape: Vec<usize>,
+    dtype: DType,
+    device: Device,
+    bytes: u64,
+    /// The guard's look-ahead on the slot's device, in bytes.
+    ahead: u64,
+    /// Forward: the device tensor its copy to the host may still read (not retired yet).
+    leaving: Option<InFlight>,
+    /// Backward: the device tensor brought back ahead of its unpack.
+    back: Option<InFlight>,
+    /// Unpacked at least once: never brought back ahead again.
+    read: bool,
+}
+
+/// The slots of one `save_on_cpu(pin_memory=True)` guard, in order of packing, shared by its
+/// pack hook and every tensor it packed.
+struct Ledger {
+    /// The look-ahead asked for (`save_on_cpu_ahead`); `None`: each device's default.
+    ahead: Option<u64>,
+    /// The index of `slots[0]`.
+    first: u64,
+    /// `None`: the packed tensor is gone.
+    slots: VecDeque<Option<Slot>>,
+    /// Bytes of slots still `leaving`.
+    leaving: u64,
+    /// Bytes of slots brought `back` ahead of their unpack.
+    back: u64,
+}
+
+/// A packed tensor: its slot in the guard's ledger.
+struct Entry {
+    ledger: Arc<Mutex<Ledger>>,
+    index: u64,
 }
 
 /// `torch.autograd.graph.save_on_cpu(pin_memory)`: while the guard lives, every tensor autograd
@@ -61,44 +154,96 @@ enum Offloaded {
 /// # }
 /// ```
 pub fn save_on_cpu(pin_memory: bool) -> SavedTensorsHooks {
-    saved_tensors_hooks(move |t| pack(t, pin_memory), unpack)
+    hooks(pin_memory, None)
 }
 
-fn pack(t: &Tensor, pin_memory: bool) -> Result<Packed> {
+/// `save_on_cpu(pin_memory)` with copies running up to `ahead` bytes of device memory ahead of
+/// the kernels each way, on every device (Note [Offload ahead]): in forward, saved tensors
+/// whose copies to the host may still be running keep their device memory until more than
+/// `ahead` bytes wait behind them; in backward, the tensors backward will read next are
+/// brought back up to `ahead` bytes before it reads them. `save_on_cpu` takes
+/// `DEFAULT_AHEAD` where the GPU copies beside its kernels (`Device::copies_beside`) and 0
+/// elsewhere; 0 is PyTorch's behaviour. Without `pin_memory`, `ahead` is not used.
+pub fn save_on_cpu_ahead(pin_memory: bool, ahead: u64) -> SavedTensorsHooks {
+    hooks(pin_memory, Some(ahead))
+}
+
+fn hooks(pin_memory: bool, ahead: Option<u64>) -> SavedTensorsHooks {
+    let ledger = Arc::new(Mutex::new(Ledger {
+        ahead,
+        first: 0,
+        slots: VecDeque::new(),
+        leaving: 0,
+        back: 0,
+    }));
+    saved_tensors_hooks(move |t| pack(t, pin_memory, &ledger), unpack)
+}
+
+fn lock(ledger: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
+    ledger.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn pack(t: &Tensor, pin_memory: bool, ledger: &Arc<Mutex<Ledger>>) -> Result<Packed> {
     let device = t.device().clone();
     let parameter = t.storage.leaf_requires_grad.load(Ordering::Relaxed);
     if device.is_cpu() || parameter {
         return Ok(Box::new(Offloaded::Kept(t.detach())));
     }
     let src = t.detach().contiguous()?;
+    let bytes = crate::tensor::storage_bytes("save_on_cpu", t.shape(), t.dtype())?;
+    if !pin_memory {
+        return pack_pageable(t, &src, device, bytes);
+    }
+    let (host, copy) = match device.is_dry_run() {
+        // What `Tensor::empty_pinned` takes below.
+        true => (
+            Host::Planned {
+                _pin: planned_pin(&device, bytes, PinnedKind::Download)?,
+            },
+            None,
+        ),
+        false => {
+            let host = Tensor::empty_pinned(t.shape(), t.dtype(), &device, PinnedKind::Download)?;
+            let copy = host.copy_beside_(&src, &device)?;
+            (Host::Pinned(host), copy)
+        }
+    };
+    let mut l = lock(ledger);
+    let index = l.first + l.slots.len() as u64;
+    let ahead = l.ahead.unwrap_or_else(|| default_ahead(&device));
+    l.slots.push_back(Some(Slot {
+        host,
+        shape: t.shape().to_vec(),
+        dtype: t.dtype(),
+        device,
+        bytes,
+        ahead,
+        leaving: Some(InFlight { tensor: src, copy }),
+        back: None,
+        read: false,
+    }));
+    l.leaving += bytes;
+    l.retire_beyond(ahead)?;
+    drop(l);
+    Ok(Box::new(Offloaded::Pinned(Entry {
+        ledger: ledger.clone(),
+        index,
+    })))
+}
+
+/// Without `pin_memory`: a blocking copy to pageable memory, or on a planning device the
+/// staging chunks it would take.
+fn pack_pageable(t: &Tensor, src: &Tensor, device: Device, bytes: u64) -> Result<Packed> {
     if device.is_dry_run() {
-        // What `Tensor::empty_pinned` takes below, or without `pin_memory` the staging
-        // chunks of the copy to pageable memory.
-        let bytes = crate::tensor::storage_bytes("save_on_cpu", t.shape(), t.dtype())?;
-        let pin = match pin_memory {
-            true => planned_pin(&device, bytes, PinnedKind::Download)?,
-            false => {
-                planned_staging(&device, bytes.next_multiple_of(4), PinnedKind::Download)?;
-                None
-            }
-        };
-        return Ok(Box::new(Offloaded::Planned {
+        planned_staging(&device, bytes.next_multiple_of(4), PinnedKind::Download)?;
+        return Ok(Box::new(Offloaded::PlannedPageable {
             shape: t.shape().to_vec(),
             dtype: t.dtype(),
             device,
-            _pin: pin,
-            pinned: pin_memory,
         }));
     }
-    let host = match pin_memory {
-        true => {
-            let host = Tensor::empty_pinned(t.shape(), t.dtype(), &device, PinnedKind::Download)?;
-            host.copy_non_blocking_(&src)?;
-            host
-        }
-        false => src.to_device(&Device::cpu()?)?,
-    };
-    Ok(Box::new(Offloaded::Host(host, device)))
+    let host = src.to_device(&Device::cpu()?)?;
+    Ok(Box::new(Offloaded::Pageable(host, device)))
 }
 
 fn unpack(packed: &Packed) -> Result<Tensor> {
@@ -110,25 +255,157 @@ fn unpack(packed: &Packed) -> Result<Tensor> {
     };
     let back = match offloaded {
         Offloaded::Kept(t) => return Ok(t.clone()),
-        Offloaded::Host(host, device) => host.to_device_non_blocking(device)?,
-        Offloaded::Planned {
+        Offloaded::Pageable(host, device) => host.to_device_non_blocking(device)?,
+        Offloaded::PlannedPageable {
             shape,
             dtype,
             device,
-            pinned,
-            ..
         } => {
             let back = Tensor::empty(shape, *dtype, device)?;
-            if !pinned {
-                // The real run's upload from pageable memory: staging chunks of its bytes.
-                let bytes = (back.numel() * dtype.size_bytes()) as u64;
-                planned_staging(device, bytes, PinnedKind::Upload)?;
-            }
+            // The real run's upload from pageable memory: staging chunks of its bytes.
+            let bytes = (back.numel() * dtype.size_bytes()) as u64;
+            planned_staging(device, bytes, PinnedKind::Upload)?;
             back
         }
+        Offloaded::Pinned(entry) => lock(&entry.ledger).unpack(entry.index)?,
     };
     back.storage
         .block
         .set_category(crate::alloc::MemoryCategory::Activation);
     Ok(back)
+}
+
+/// The device tensor of a copy beside the kernels, once the copy is done (the host waits for
+/// it, and the stream's next work is ordered after a copy into the GPU): its memory and the
+/// pinned memory may then be reused.
+fn settle(flight: InFlight) -> Result<Tensor> {
+    if let Some(copy) = flight.copy {
+        copy.wait()?;
+    }
+    Ok(flight.tensor)
+}
+
+/// A new device tensor with the slot's values: copied beside the kernels (`beside`, where the
+/// GPU has a side queue) or on the stream; on a planning device, only allocated.
+fn bring_back(slot: &Slot, beside: bool) -> Result<InFlight> {
+    let tensor = Tensor::empty(&slot.shape, slot.dtype, &slot.device)?;
+    tensor
+        .storage
+        .block
+        .set_category(crate::alloc::MemoryCategory::Activation);
+    let copy = match (&slot.host, beside) {
+        (Host::Pinned(host), true) => tensor.copy_beside_(host, &slot.device)?,
+        (Host::Pinned(host), false) => {
+            tensor.copy_non_blocking_(host)?;
+            None
+        }
+        (Host::Planned { .. }, _) => None,
+    };
+    Ok(InFlight { tensor, copy })
+}
+
+impl Ledger {
+    fn position(&self, index: u64) -> Option<usize> {
+        let at = usize::try_from(index.checked_sub(self.first)?).ok()?;
+        (at < self.slots.len()).then_some(at)
+    }
+
+    /// Ends slot `at`'s copy to the host: the stream waits for it, the device tensor goes.
+    fn retire(&mut self, at: usize) -> Result<()> {
+        let Some(slot) = self.slots[at].as_mut() else {
+            return Ok(());
+        };
+        if let Some(flight) = slot.leaving.take() {
+            self.leaving -= slot.bytes;
+            settle(flight)?;
+        }
+        Ok(())
+    }
+
+    /// Retires the oldest leaving slots while more than `ahead` bytes are leaving.
+    fn retire_beyond(&mut self, ahead: u64) -> Result<()> {
+        let mut at = 0;
+        while self.leaving > ahead && at < self.slots.len() {
+            self.retire(at)?;
+            at += 1;
+        }
+        Ok(())
+    }
+
+    /// Backward reads slot `index`: its device tensor, brought back ahead or now, and the
+    /// slots packed before it brought back ahead (Note [Offload ahead]).
+    fn unpack(&mut self, index: u64) -> Result<Tensor> {
+        let Some(at) = self.position(index).filter(|&at| self.slots[at].is_some()) else {
+            return Err(crate::Error::Autograd {
+                op: "save_on_cpu",
+                msg: "a saved tensor whose offloaded copy is gone".into(),
+            });
+        };
+        self.retire(at)?;
+        let slot = self.slots[at].as_mut().expect("checked above");
+        slot.read = true;
+        let tensor = match slot.back.take() {
+            Some(flight) => {
+                self.back -= slot.bytes;
+                settle(flight)?
+            }
+            None => bring_back(slot, false)?.tensor,
+        };
+        let ahead = slot.ahead;
+        self.bring_back_ahead(at, ahead)?;
+        Ok(tensor)
+    }
+
+    /// Brings back the slots before `at` not read yet, latest first, while each fits in `ahead`
+    /// with those already back ahead of their unpack (one that does not ends the walk: it comes
+    /// back when read). Running out of memory only ends it too: the tensors come back when read
+    /// instead.
+    fn bring_back_ahead(&mut self, mut at: usize, ahead: u64) -> Result<()> {
+        while self.back < ahead && at > 0 {
+            at -= 1;
+            let Some(slot) = self.slots[at].as_ref() else {
+                continue;
+            };
+            if slot.read || slot.back.is_some() {
+                continue;
+            }
+            if self.back + slot.bytes > ahead {
+                // Too large to come back early without passing the look-ahead: it comes
+                // back when read, and the tensors before it wait for it.
+                break;
+            }
+            self.retire(at)?;
+            let slot = self.slots[at].as_mut().expect("checked above");
+            match bring_back(slot, true) {
+                Ok(flight) => slot.back = Some(flight),
+                Err(crate::Error::OutOfMemory(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            self.back += slot.bytes;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut l = lock(&self.ledger);
+        let Some(slot) = l.position(self.index).and_then(|at| l.slots[at].take()) else {
+            return;
+        };
+        // The stream waits for copies still running before their memory is reused; an error
+        // here (a lost device) has nowhere to go and leaves nothing to protect.
+        if let Some(flight) = slot.leaving {
+            l.leaving -= slot.bytes;
+            let _ = settle(flight);
+        }
+        if let Some(flight) = slot.back {
+            l.back -= slot.bytes;
+            let _ = settle(flight);
+        }
+        while l.slots.front().is_some_and(Option::is_none) {
+            l.slots.pop_front();
+            l.first += 1;
+        }
+    }
 }

@@ -40,6 +40,12 @@ pub(crate) mod side_queue;
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 mod sparse;
 pub(crate) mod stream;
+
+/// Whether `KILN_COPY_QUEUE=transfer` asks for the side queue (Note [Side queue]).
+pub(crate) fn copy_queue_requested() -> bool {
+    cfg!(any(windows, all(unix, not(target_vendor = "apple"))))
+        && std::env::var("KILN_COPY_QUEUE").is_ok_and(|v| v == "transfer")
+}
 mod timer;
 pub(crate) mod transfer;
 mod wgpu_source;
@@ -372,6 +378,18 @@ impl Device {
     /// allocator settings and memory limit.
     pub fn planning_twin(&self) -> Result<Device> {
         Self::planning(PlanTarget::like(self)?)
+    }
+
+    /// Whether copies between this GPU and its pinned memory run beside its kernels, on a side
+    /// queue (`KILN_COPY_QUEUE=transfer`, Note [Side queue]); for a planning device, whether
+    /// its target's do (`PlanTarget::copy_queue`).
+    pub fn copies_beside(&self) -> bool {
+        match &self.0.backend {
+            #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
+            Backend::Gpu(g) => g.side.is_some(),
+            Backend::Plan(p) => p.copy_queue,
+            _ => false,
+        }
     }
 
     /// Whether this is a planning device: a dry run, where nothing is allocated or computed.

@@ -40,6 +40,10 @@ pub struct PlanTarget {
     /// (`kernels::tune::cache_path`). A tuned choice can allocate (a transposed copy of an
     /// operand), so a plan for another machine is exact with that machine's file.
     pub tuning: Option<std::path::PathBuf>,
+    /// Whether copies between the GPU and pinned memory run beside its kernels there, on a side
+    /// queue (Note [Side queue]): `save_on_cpu` then lets them run ahead (Note [Offload
+    /// ahead]), which the dry run allocates for as the real run does.
+    pub copy_queue: bool,
 }
 
 impl PlanTarget {
@@ -47,6 +51,7 @@ impl PlanTarget {
     /// settings and memory limit as they are now (a planning device's: its own target's). For
     /// the CPU device, an error.
     pub fn like(device: &Device) -> Result<PlanTarget> {
+        let copy_queue = device.copies_beside();
         let (info, coop_f16, tuning) = match &device.0.backend {
             Backend::Gpu(g) => (g.info.clone(), g.coop_f16, None),
             Backend::Plan(p) => (p.info.clone(), p.coop_f16, p.tuning.clone()),
@@ -78,6 +83,7 @@ impl PlanTarget {
             config,
             memory_limit,
             tuning,
+            copy_queue,
         })
     }
 
@@ -118,6 +124,13 @@ impl PlanTarget {
     /// from the target machine).
     pub fn with_tuning_cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.tuning = Some(path.into());
+        self
+    }
+
+    /// The same target with its copies to and from pinned memory beside the kernels (a side
+    /// queue) or on its stream.
+    pub fn with_copy_queue(mut self, copy_queue: bool) -> Self {
+        self.copy_queue = copy_queue;
         self
     }
 
@@ -201,6 +214,8 @@ impl KnownTarget {
             config,
             memory_limit: None,
             tuning: None,
+            // NVIDIA's adapters have the transfer-only queue family the side queue takes.
+            copy_queue: super::copy_queue_requested(),
         }
     }
 }
@@ -221,6 +236,8 @@ pub(crate) struct PlanDevice {
     pub host: Mutex<CachingHostAllocator<SimulatedPinnedSource>>,
     /// The tuning cache file its tuner reads (`PlanTarget::tuning`).
     pub tuning: Option<std::path::PathBuf>,
+    /// `PlanTarget::copy_queue`.
+    pub copy_queue: bool,
 }
 
 impl PlanDevice {
@@ -245,6 +262,7 @@ impl PlanDevice {
                 live_bytes: 0,
             })),
             tuning: target.tuning,
+            copy_queue: target.copy_queue,
         })
     }
 }

@@ -52,7 +52,7 @@ fn trace() -> bool {
 /// The queues to ask for, as (family, first index): two, one for each direction, of a
 /// transfer-only family, and only with `KILN_COPY_QUEUE=transfer` (see Note [Side queue]).
 pub(crate) fn choose(families: &[vk::QueueFamilyProperties]) -> Option<(u32, u32)> {
-    if !std::env::var("KILN_COPY_QUEUE").is_ok_and(|v| v == "transfer") {
+    if !super::copy_queue_requested() {
         return None;
     }
     families

@@ -486,6 +486,48 @@ impl Tensor {
         None
     }
 
+    /// `copy_non_blocking_(src)` between a GPU tensor and pinned memory of that GPU (`gpu`),
+    /// beside the kernels: on the side queue where the GPU has one, after everything recorded
+    /// so far (`Some`: the caller waits for it before the copy's memory goes back to an
+    /// allocator), else queued on the stream like any non-blocking copy (`None`).
+    ///
+    /// Into GPU memory, the destination is first cleared on the stream: wgpu zero-fills memory it
+    /// has never seen written when a kernel first binds it, and it does not see the side
+    /// queue's writes, so without the clear the first kernel to read them would read zeros.
+    pub(crate) fn copy_beside_(&self, src: &Tensor, gpu: &Device) -> Result<Option<SideCopy>> {
+        if gpu.copies_beside() && src.storage.block.pinned().is_some() {
+            self.clear_on_stream()?;
+        }
+        if let Some(gate) = Tensor::side_gate(gpu) {
+            if let Some(copy) = self.copy_side_(src, gate)? {
+                return Ok(Some(copy));
+            }
+        }
+        self.copy_non_blocking_(src)?;
+        Ok(None)
+    }
+
+    /// Zeroes this contiguous GPU tensor's bytes with a clear recorded on the stream (which wgpu
+    /// counts as initialising them). Nothing where the range is not whole words.
+    fn clear_on_stream(&self) -> Result<()> {
+        let (Some(g), Some(buf)) = (self.device().gpu(), self.storage.block.gpu_buffer()) else {
+            return Ok(());
+        };
+        let at =
+            self.storage.block.offset() + (self.layout.offset * self.dtype.size_bytes()) as u64;
+        let bytes = (self.numel() * self.dtype.size_bytes()) as u64;
+        if !self.is_contiguous() || !at.is_multiple_of(4) || !bytes.is_multiple_of(4) || bytes == 0
+        {
+            return Ok(());
+        }
+        let mut stream = crate::device::lock(&g.stream);
+        stream
+            .copy_encoder(&g.device)
+            .clear_buffer(buf, at, Some(bytes));
+        stream.recorded(&g.queue);
+        Ok(())
+    }
+
     /// `copy_non_blocking_(src)` on the GPU's side queue, after `gate` (`side_gate`): between
     /// a contiguous GPU tensor and pinned memory of its GPU that goes that way, same shape and
     /// dtype, word-aligned. `None`, with nothing done, where it cannot be: the caller copies
