@@ -133,6 +133,42 @@ fn unary_ops_match_the_cpu() {
     }
 }
 
+/// gelu(approximate="tanh") and its gradient far out in both tails, where the kernels' form
+/// (one exponential, capped) must neither overflow to NaN nor lose the tail: against the CPU
+/// device's f64 formula with PyTorch's tanh.
+#[test]
+fn gelu_tanh_and_its_gradient_hold_in_the_tails() {
+    let cpu = Device::cpu().unwrap();
+    let xs: Vec<f32> = vec![
+        -1e14, -1e13, -1e4, -60.0, -20.0, -10.5, -10.0, -9.0, -6.0, -3.0, -0.5, 0.0, 0.5, 3.0, 6.0,
+        10.0, 60.0, 1e4,
+    ];
+    for dev in gpus() {
+        let on = |d: &Device| {
+            let x = Tensor::from_slice(&xs, &[xs.len()], d)
+                .unwrap()
+                .requires_grad_(true)
+                .unwrap();
+            let y = x.gelu_tanh().unwrap();
+            y.sum_all().unwrap().backward().unwrap();
+            (
+                y.to_f64_vec().unwrap(),
+                x.grad().unwrap().to_f64_vec().unwrap(),
+            )
+        };
+        let (y, g) = on(&dev);
+        let (want_y, want_g) = on(&cpu);
+        close(&y, &want_y, 1e-5, 1e-6, &format!("{dev:?} gelu_tanh"));
+        close(
+            &g,
+            &want_g,
+            1e-5,
+            1e-6,
+            &format!("{dev:?} gelu_tanh gradient"),
+        );
+    }
+}
+
 #[test]
 fn binary_ops_broadcast_and_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
