@@ -223,21 +223,27 @@ fn save_on_cpu_gives_the_same_gradients_with_a_lower_peak() {
 fn a_dry_run_of_save_on_cpu_allocates_what_the_real_run_does() {
     kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
     for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
-        let plan = dev.planning_twin().unwrap();
-        let run = |d: &Device| {
-            let model = mlp(d);
-            let (x, y) = batch(d);
-            let loss = {
-                let _offload = save_on_cpu(true);
-                cross_entropy(&model.forward(&x)?, &y)?
-            };
-            loss.backward()
-        };
-        run(&dev).unwrap();
-        dev.synchronize().unwrap();
-        run(&plan).unwrap();
-        assert_eq!(plan.memory_stats(), dev.memory_stats(), "{}", dev.name());
+        dry_run_equals_real_run(&dev, || save_on_cpu(true));
     }
+}
+
+/// One forward and backward of the MLP under `hooks` on `dev` (fresh) and on its planning twin:
+/// every memory statistic equal.
+fn dry_run_equals_real_run(dev: &Device, hooks: impl Fn() -> kiln::autograd::SavedTensorsHooks) {
+    let plan = dev.planning_twin().unwrap();
+    let run = |d: &Device| {
+        let model = mlp(d);
+        let (x, y) = batch(d);
+        let loss = {
+            let _offload = hooks();
+            cross_entropy(&model.forward(&x)?, &y)?
+        };
+        loss.backward()
+    };
+    run(dev).unwrap();
+    dev.synchronize().unwrap();
+    run(&plan).unwrap();
+    assert_eq!(plan.memory_stats(), dev.memory_stats(), "{}", dev.name());
 }
 
 /// `save_on_cpu_ahead`: the copies run up to the look-ahead ahead of the kernels, so the
@@ -250,21 +256,7 @@ fn copies_run_within_the_look_ahead_and_a_dry_run_allocates_the_same() {
     // Three of the MLP's 256 KiB activations.
     const AHEAD: u64 = 768 << 10;
     for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
-        let plan = dev.planning_twin().unwrap();
-        let run = |d: &Device| {
-            let model = mlp(d);
-            let (x, y) = batch(d);
-            let loss = {
-                let _offload = save_on_cpu_ahead(true, AHEAD);
-                cross_entropy(&model.forward(&x)?, &y)?
-            };
-            loss.backward()
-        };
-        run(&dev).unwrap();
-        dev.synchronize().unwrap();
-        run(&plan).unwrap();
-        assert_eq!(plan.memory_stats(), dev.memory_stats(), "{}", dev.name());
-
+        dry_run_equals_real_run(&dev, || save_on_cpu_ahead(true, AHEAD));
         let (plain, _) = grads(&dev, || None);
         let (ahead, ahead_peak) = grads(&dev, || Some(save_on_cpu_ahead(true, AHEAD)));
         let (_, none_peak) = grads(&dev, || Some(save_on_cpu_ahead(true, 0)));

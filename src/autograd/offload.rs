@@ -136,7 +136,9 @@ struct Entry {
 /// saves on this thread is copied to host memory (pinned with `pin_memory`, through
 /// non-blocking copies) and copied back when backward reads it. Gradients are the same as
 /// without it; the device's peak loses the saved activations, and `host_memory_stats` shows
-/// the pinned bytes.
+/// the pinned bytes. Where the GPU copies beside its kernels (`Device::copies_beside`:
+/// `KILN_COPY_QUEUE=transfer`), pinned copies overlap the kernels within `DEFAULT_AHEAD` bytes
+/// each way, and backward brings tensors back before it reads them (`save_on_cpu_ahead`).
 ///
 /// ```
 /// use kiln::{DType, Device, Tensor};

@@ -36,6 +36,13 @@
 // kiln does not record yet. NVIDIA's driver ignores ownership for buffers, and the MPI tests
 // pass on two H200s with it, but that is one driver's behaviour, not the API's promise: so
 // the side queue is opt-in, `KILN_COPY_QUEUE=transfer`, until the ownership transfers exist.
+//
+// Users: a collective's staging (`distributed/staging.rs`) and `save_on_cpu`'s pinned copies
+// (Note [Offload ahead] in `autograd/offload.rs`). One hazard for any copy into GPU memory
+// here: wgpu tracks which bytes of a buffer it has seen written and zero-fills the others when
+// a kernel first binds them, and it never sees this queue's writes. Memory no wgpu command has
+// written must be written through wgpu first (`Tensor::copy_beside_` clears it on the stream),
+// or its first reader sees zeros. A collective's buckets are always written by kernels first.
 
 use super::lock;
 use ash::vk;
