@@ -149,3 +149,40 @@ fn traces_replay_on_real_device_memory() {
         }
     }
 }
+
+/// A replay that drifts is caught where it drifts: one statistic after one event, the final
+/// segments, a summary row, and the event count each changed in a copy of a trace give a
+/// mismatch naming that place.
+#[test]
+fn a_changed_expectation_is_reported_where_it_differs() {
+    let path = format!(
+        "{}/tests/fixtures/mixed_11.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let drift = |change: &dyn Fn(&mut AllocTrace)| {
+        let mut t = AllocTrace::from_json(&text).unwrap();
+        change(&mut t);
+        t.replay()
+            .unwrap()
+            .expect_err("a changed expectation must not replay")
+    };
+
+    let m = drift(&|t| {
+        let step = &mut t.expected.steps[7];
+        let key = step.stats.keys().next().unwrap().clone();
+        *step.stats.get_mut(&key).unwrap() += 1;
+    });
+    assert_eq!(m.event, Some(7), "{m:?}");
+
+    let m = drift(&|t| t.expected.segments_sorted_by_size[0].total_size += 512);
+    assert!(m.event.is_none() && m.key.starts_with("segments["), "{m:?}");
+
+    let m = drift(&|t| t.expected.summary = t.expected.summary.replacen('|', "!", 1));
+    assert!(m.key.starts_with("summary line"), "{m:?}");
+
+    let m = drift(&|t| {
+        t.expected.steps.pop();
+    });
+    assert_eq!(m.key, "steps", "{m:?}");
+}

@@ -225,6 +225,15 @@ impl std::fmt::Display for Mismatch {
     }
 }
 
+fn mismatch(event: Option<usize>, key: &str, got: String, expected: String) -> Mismatch {
+    Mismatch {
+        event,
+        key: key.to_string(),
+        got,
+        expected,
+    }
+}
+
 impl AllocTrace {
     /// Parses a trace file written by `tools/record_trace_in_torch.py`.
     pub fn from_json(text: &str) -> Result<Self> {
@@ -267,13 +276,28 @@ impl AllocTrace {
                 usize::MAX,
             );
         }
+        if let Some(m) = self.events_mismatch(&mut alloc)? {
+            return Ok(Err(m));
+        }
+        if let Some(m) = self
+            .segments_mismatch(&alloc)
+            .or_else(|| self.summary_mismatch(&alloc))
+            .or_else(|| self.layout_mismatch(&mut alloc))
+        {
+            return Ok(Err(m));
+        }
+        alloc
+            .check_invariants()
+            .map_err(|msg| Error::InvalidArgument { op: "replay", msg })?;
+        Ok(Ok(self.events.len()))
+    }
+
+    /// Runs the events, comparing the error and every statistic after each with PyTorch's.
+    fn events_mismatch<S: SegmentSource>(
+        &self,
+        alloc: &mut CachingAllocator<S>,
+    ) -> Result<Option<Mismatch>> {
         let mut live: HashMap<u64, u64> = HashMap::new();
-        let mismatch = |event, key: &str, got: String, expected: String| Mismatch {
-            event,
-            key: key.to_string(),
-            got,
-            expected,
-        };
         for (k, (event, step)) in self.events.iter().zip(&self.expected.steps).enumerate() {
             let mut error = None;
             match *event {
@@ -295,44 +319,38 @@ impl AllocTrace {
                 TraceEvent::ResetPeak => alloc.reset_peak_stats(),
             }
             if error != step.error {
-                return Ok(Err(mismatch(
-                    Some(k),
-                    "error",
-                    format!("{error:?}"),
-                    format!("{:?}", step.error),
-                )));
+                let (got, want) = (format!("{error:?}"), format!("{:?}", step.error));
+                return Ok(Some(mismatch(Some(k), "error", got, want)));
             }
             let got = alloc.stats().to_map();
             if got.len() != step.stats.len() {
-                return Ok(Err(mismatch(
-                    Some(k),
-                    "key count",
-                    got.len().to_string(),
-                    step.stats.len().to_string(),
-                )));
+                let (got, want) = (got.len().to_string(), step.stats.len().to_string());
+                return Ok(Some(mismatch(Some(k), "key count", got, want)));
             }
             for (key, want) in &step.stats {
                 let have = got.get(key).copied();
                 if have != Some(*want) {
-                    return Ok(Err(mismatch(
-                        Some(k),
-                        key,
-                        format!("{have:?}"),
-                        want.to_string(),
-                    )));
+                    let got = format!("{have:?}");
+                    return Ok(Some(mismatch(Some(k), key, got, want.to_string())));
                 }
             }
         }
         if self.events.len() != self.expected.steps.len() {
-            return Ok(Err(mismatch(
+            let (got, want) = (self.events.len(), self.expected.steps.len());
+            return Ok(Some(mismatch(
                 None,
                 "steps",
-                self.events.len().to_string(),
-                self.expected.steps.len().to_string(),
+                got.to_string(),
+                want.to_string(),
             )));
         }
-        // Segments: PyTorch sorted them by size (stably, from real addresses); compare as sorted
-        // by (size, contents) so that ties between equal-size segments do not depend on addresses.
+        Ok(None)
+    }
+
+    /// The final segments against PyTorch's. PyTorch sorted them by size (stably, from real
+    /// addresses); compared as sorted by (size, contents), so that ties between equal-size
+    /// segments do not depend on addresses.
+    fn segments_mismatch<S: SegmentSource>(&self, alloc: &CachingAllocator<S>) -> Option<Mismatch> {
         let mut got: Vec<ExpectedSegment> = alloc
             .segments_snapshot(0)
             .into_iter()
@@ -356,50 +374,34 @@ impl AllocTrace {
         let mut want = self.expected.segments_sorted_by_size.clone();
         got.sort();
         want.sort();
-        if got != want {
-            let i = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
-            return Ok(Err(mismatch(
-                None,
-                &format!("segments[{i}] (of {} vs {})", got.len(), want.len()),
-                format!("{:?}", got.get(i)),
-                format!("{:?}", want.get(i)),
-            )));
+        if got == want {
+            return None;
         }
-        // Summary: every row but the title line.
+        let i = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len()));
+        Some(mismatch(
+            None,
+            &format!("segments[{i}] (of {} vs {})", got.len(), want.len()),
+            format!("{:?}", got.get(i)),
+            format!("{:?}", want.get(i)),
+        ))
+    }
+
+    /// `memory_summary` against PyTorch's: every row but the title line.
+    fn summary_mismatch<S: SegmentSource>(&self, alloc: &CachingAllocator<S>) -> Option<Mismatch> {
         let summary = memory_summary(alloc.stats(), "kiln memory summary, device 0", false);
-        for (i, (a, b)) in summary
-            .lines()
-            .zip(self.expected.summary.lines())
-            .enumerate()
-        {
+        let want = &self.expected.summary;
+        for (i, (a, b)) in summary.lines().zip(want.lines()).enumerate() {
             if i != 1 && a != b {
-                return Ok(Err(mismatch(
-                    None,
-                    &format!("summary line {i}"),
-                    a.to_string(),
-                    b.to_string(),
-                )));
+                let key = format!("summary line {i}");
+                return Some(mismatch(None, &key, a.to_string(), b.to_string()));
             }
         }
-        if summary.lines().count() != self.expected.summary.lines().count() {
-            return Ok(Err(mismatch(
-                None,
-                "summary lines",
-                summary.lines().count().to_string(),
-                self.expected.summary.lines().count().to_string(),
-            )));
-        }
-        if let Some(m) = self.layout_mismatch(&mut alloc) {
-            return Ok(Err(m));
-        }
-        alloc
-            .check_invariants()
-            .map_err(|msg| Error::InvalidArgument { op: "replay", msg })?;
-        Ok(Ok(self.events.len()))
+        let (got, want) = (summary.lines().count(), want.lines().count());
+        (got != want).then(|| mismatch(None, "summary lines", got.to_string(), want.to_string()))
     }
 
     /// Where recorded: the map/unmap sequence and the final segments' layout, each address as
@@ -408,12 +410,7 @@ impl AllocTrace {
         &self,
         alloc: &mut CachingAllocator<S>,
     ) -> Option<Mismatch> {
-        let mismatch = |key: String, got: String, expected: String| Mismatch {
-            event: None,
-            key,
-            got,
-            expected,
-        };
+        let mismatch = |key: String, got, expected| mismatch(None, &key, got, expected);
         if self.segment_maps.is_none() && self.expected.segments.is_none() {
             return None;
         }
