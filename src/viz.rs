@@ -305,6 +305,75 @@ where
     Ok(())
 }
 
+/// The legend right of the plot at `(lx, top)`: the coloured categories, the reserved line,
+/// "other", and the phases' shades.
+fn legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    tl: &Timeline,
+    names: &[String],
+    (lx, top): (i32, i32),
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let font = |size: u32| ("sans-serif", size).into_font();
+    for (i, name) in tl.categories.iter().take(PALETTE.len()).enumerate() {
+        let ly = top + 18 * i as i32;
+        area.draw(&Rectangle::new(
+            [(lx, ly), (lx + 12, ly + 12)],
+            colour(i).filled(),
+        ))
+        .map_err(draw_err)?;
+        let label: String = name.chars().take(26).collect();
+        area.draw(&Text::new(label, (lx + 18, ly), font(12).color(&BLACK)))
+            .map_err(draw_err)?;
+    }
+    let mut ly = top + 18 * tl.categories.len().min(PALETTE.len()) as i32;
+    if tl.reserved.iter().any(|&r| r > 0) {
+        area.draw(&PathElement::new(
+            vec![(lx, ly + 6), (lx + 12, ly + 6)],
+            BLACK.stroke_width(2),
+        ))
+        .map_err(draw_err)?;
+        area.draw(&Text::new(
+            "reserved (segments)",
+            (lx + 18, ly),
+            font(12).color(&BLACK),
+        ))
+        .map_err(draw_err)?;
+        ly += 18;
+    }
+    if tl.categories.len() > PALETTE.len() {
+        area.draw(&Rectangle::new(
+            [(lx, ly), (lx + 12, ly + 12)],
+            OTHER.filled(),
+        ))
+        .map_err(draw_err)?;
+        area.draw(&Text::new("other", (lx + 18, ly), font(12).color(&BLACK)))
+            .map_err(draw_err)?;
+        ly += 18;
+    }
+    // Legend: the phases' shades.
+    if !names.is_empty() {
+        ly += 12;
+        area.draw(&Text::new("phases", (lx, ly), font(12).color(&BLACK)))
+            .map_err(draw_err)?;
+        for (i, name) in names.iter().enumerate() {
+            ly += 18;
+            let shade = PHASE_SHADES[i % PHASE_SHADES.len()];
+            area.draw(&Rectangle::new(
+                [(lx, ly), (lx + 12, ly + 12)],
+                shade.filled(),
+            ))
+            .map_err(draw_err)?;
+            let label: String = name.chars().take(26).collect();
+            area.draw(&Text::new(label, (lx + 18, ly), font(12).color(&BLACK)))
+                .map_err(draw_err)?;
+        }
+    }
+    Ok(())
+}
+
 /// Draws `tl` on `area`; text only where `text` (a bitmap needs a font for it).
 fn draw<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
@@ -419,62 +488,7 @@ where
             font(12).color(&BLACK),
         ))
         .map_err(draw_err)?;
-        // Legend: the coloured categories.
-        let lx = left + pw + 15;
-        for (i, name) in tl.categories.iter().take(PALETTE.len()).enumerate() {
-            let ly = top + 18 * i as i32;
-            area.draw(&Rectangle::new(
-                [(lx, ly), (lx + 12, ly + 12)],
-                colour(i).filled(),
-            ))
-            .map_err(draw_err)?;
-            let label: String = name.chars().take(26).collect();
-            area.draw(&Text::new(label, (lx + 18, ly), font(12).color(&BLACK)))
-                .map_err(draw_err)?;
-        }
-        let mut ly = top + 18 * tl.categories.len().min(PALETTE.len()) as i32;
-        if tl.reserved.iter().any(|&r| r > 0) {
-            area.draw(&PathElement::new(
-                vec![(lx, ly + 6), (lx + 12, ly + 6)],
-                BLACK.stroke_width(2),
-            ))
-            .map_err(draw_err)?;
-            area.draw(&Text::new(
-                "reserved (segments)",
-                (lx + 18, ly),
-                font(12).color(&BLACK),
-            ))
-            .map_err(draw_err)?;
-            ly += 18;
-        }
-        if tl.categories.len() > PALETTE.len() {
-            area.draw(&Rectangle::new(
-                [(lx, ly), (lx + 12, ly + 12)],
-                OTHER.filled(),
-            ))
-            .map_err(draw_err)?;
-            area.draw(&Text::new("other", (lx + 18, ly), font(12).color(&BLACK)))
-                .map_err(draw_err)?;
-            ly += 18;
-        }
-        // Legend: the phases' shades.
-        if !names.is_empty() {
-            ly += 12;
-            area.draw(&Text::new("phases", (lx, ly), font(12).color(&BLACK)))
-                .map_err(draw_err)?;
-            for (i, name) in names.iter().enumerate() {
-                ly += 18;
-                let shade = PHASE_SHADES[i % PHASE_SHADES.len()];
-                area.draw(&Rectangle::new(
-                    [(lx, ly), (lx + 12, ly + 12)],
-                    shade.filled(),
-                ))
-                .map_err(draw_err)?;
-                let label: String = name.chars().take(26).collect();
-                area.draw(&Text::new(label, (lx + 18, ly), font(12).color(&BLACK)))
-                    .map_err(draw_err)?;
-            }
-        }
+        legend(area, tl, &names, (left + pw + 15, top))?;
     }
     area.present().map_err(draw_err)
 }
