@@ -8,6 +8,12 @@ fn k_erf(x: f32) -> f32 {
     return sign(x) * (1.0 - poly * exp(-a * a));
 }
 
+// gelu(approximate="tanh")'s exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3), the exponent capped
+// below f32's overflow: 0.5 (1 + tanh u) = 1 / (1 + k_gelu_e(x)) (src/base/elementwise.rs).
+fn k_gelu_e(x: f32) -> f32 {
+    return exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0));
+}
+
 // pow with PyTorch's meaning for negative bases and integer exponents.
 fn k_pow(x: f32, y: f32) -> f32 {
     if y == 0.0 {

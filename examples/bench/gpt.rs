@@ -122,6 +122,8 @@ pub(crate) struct Run {
     amp: bool,
     /// The forward under `save_on_cpu(pin_memory=True)`.
     pub(crate) offload: bool,
+    /// `KILN_BENCH_OFFLOAD_AHEAD=BYTES`: `save_on_cpu_ahead` with that look-ahead instead.
+    offload_ahead: Option<u64>,
 }
 
 impl Run {
@@ -144,6 +146,9 @@ impl Run {
             scaler: GradScaler::new().enabled(amp),
             amp,
             offload: false,
+            offload_ahead: std::env::var("KILN_BENCH_OFFLOAD_AHEAD")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         })
     }
 
@@ -152,11 +157,7 @@ impl Run {
     pub(crate) fn step(&mut self, x: &Tensor, y: &Tensor) -> kiln::Result<()> {
         self.opt.zero_grad(true)?;
         let loss = {
-            // KILN_BENCH_OFFLOAD_AHEAD=BYTES: `save_on_cpu_ahead` with that look-ahead.
-            let ahead = std::env::var("KILN_BENCH_OFFLOAD_AHEAD")
-                .ok()
-                .and_then(|v| v.parse().ok());
-            let _offload = self.offload.then(|| match ahead {
+            let _offload = self.offload.then(|| match self.offload_ahead {
                 Some(bytes) => kiln::autograd::save_on_cpu_ahead(true, bytes),
                 None => kiln::autograd::save_on_cpu(true),
             });

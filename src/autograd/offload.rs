@@ -312,7 +312,7 @@ impl Ledger {
         (at < self.slots.len()).then_some(at)
     }
 
-    /// Ends slot `at`'s copy to the host: the stream waits for it, the device tensor goes.
+    /// Ends slot `at`'s copy to the host: the host waits for it, the device tensor goes.
     fn retire(&mut self, at: usize) -> Result<()> {
         let Some(slot) = self.slots[at].as_mut() else {
             return Ok(());

@@ -133,10 +133,8 @@ impl UnaryOp {
             UnaryOp::Gelu => "0.5 * x * (1.0 + k_erf(x * 0.70710678118654752))",
             // 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)): one exponential and a division where
             // `tanh` cost NVIDIA's compiler about 90 instructions an element (the kernel was
-            // bound by them, not by memory); the exponent is capped below overflow.
-            UnaryOp::GeluTanh => {
-                "x / (1.0 + exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0)))"
-            }
+            // bound by them, not by memory); `k_gelu_e` (shaders/math.wgsl) caps the exponent.
+            UnaryOp::GeluTanh => "x / (1.0 + k_gelu_e(x))",
             UnaryOp::Silu => "x / (1.0 + exp(-x))",
         }
     }
@@ -246,12 +244,12 @@ impl UnaryOp {
             UnaryOp::Gelu => {
                 "y * (0.5 * (1.0 + k_erf(x * 0.70710678118654752)) + x * 0.3989422804014327 * exp(-0.5 * x * x))"
             }
-            // With e = exp(-2u) (capped as in the forward) and s = 1 / (1 + e) = 0.5 (1 + tanh u):
+            // With e = exp(-2u) (`k_gelu_e`, capped) and s = 1 / (1 + e) = 0.5 (1 + tanh u):
             // s + 0.5 x (1 - tanh^2 u) u' = s + 2k x s (1 - s) (1 + 0.134145 x^2), s (1 - s) =
             // e / (1 + e)^2. x meets that factor before the polynomial, as PyTorch's x meets
             // 1 - tanh^2 u: far in the negative tail it is 0 x (a huge number) = 0, not NaN.
             UnaryOp::GeluTanh => {
-                "y * (1.0 / (1.0 + exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0))) + 1.5957691216057308 * (x * (exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0)) / ((1.0 + exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0))) * (1.0 + exp(min(-1.5957691216057308 * (x + 0.044715 * x * x * x), 88.0)))))) * (1.0 + 0.134145 * x * x))"
+                "y * (1.0 / (1.0 + k_gelu_e(x)) + 1.5957691216057308 * (x * (k_gelu_e(x) / ((1.0 + k_gelu_e(x)) * (1.0 + k_gelu_e(x))))) * (1.0 + 0.134145 * x * x))"
             }
             UnaryOp::Silu => {
                 "y * (1.0 / (1.0 + exp(-x))) * (1.0 + x * (1.0 - 1.0 / (1.0 + exp(-x))))"

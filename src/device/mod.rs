@@ -40,12 +40,6 @@ pub(crate) mod side_queue;
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 mod sparse;
 pub(crate) mod stream;
-
-/// Whether `KILN_COPY_QUEUE=transfer` asks for the side queue (Note [Side queue]).
-pub(crate) fn copy_queue_requested() -> bool {
-    cfg!(any(windows, all(unix, not(target_vendor = "apple"))))
-        && std::env::var("KILN_COPY_QUEUE").is_ok_and(|v| v == "transfer")
-}
 mod timer;
 pub(crate) mod transfer;
 mod wgpu_source;
@@ -171,6 +165,12 @@ macro_rules! with_host {
             Backend::Cpu(_) => $none,
         }
     };
+}
+
+/// Whether `KILN_COPY_QUEUE=transfer` asks for the side queue (Note [Side queue]).
+pub(crate) fn copy_queue_requested() -> bool {
+    cfg!(any(windows, all(unix, not(target_vendor = "apple"))))
+        && std::env::var("KILN_COPY_QUEUE").is_ok_and(|v| v == "transfer")
 }
 
 impl std::fmt::Debug for Device {
