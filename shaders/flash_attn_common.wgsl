@@ -51,7 +51,16 @@ const DP: u32 = {{DP}}u;
 // H100, one load per multiply-add).
 const DP4: u32 = {{DP}}u / 4u;
 const BT: u32 = {{BT}}u;
+// Rows (queries; keys in the dK/dV pass) a workgroup takes.
 const WG: u32 = 64u;
+// Invocations a row (`kernels/attention.rs`, `FlashAttnKernel::split`): 1, or 2 or 4 adjacent
+// invocations of one subgroup, each holding every S-th vector of the row's registers
+// (vectors c S + part), their partial dot products added by `across`. Fewer registers a row
+// let more rows share an SM.
+const S: u32 = {{S}}u;
+// Vectors of a row an invocation holds, and invocations a workgroup.
+const DS: u32 = DP4 / S;
+const NI: u32 = WG * S;
 // Hidden scores are set to MASKED, a finite stand-in for -inf (WGSL does not promise IEEE
 // infinities); a running max at or below DEAD means no key has been seen. A mask entry of -inf
 // (a bool mask's false, or a user's float('-inf')) is recognised by its bits.
@@ -128,3 +137,6 @@ fn keep(n: u32, i: u32, j: u32) -> f32 {
 fn hsum(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
+
+// The sum of `x` over the S invocations of a row; called in uniform control flow.
+{{ACROSS}}

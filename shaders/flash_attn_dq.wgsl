@@ -1,4 +1,4 @@
-// Flash attention's backward, first pass: the query gradient, one query row per invocation
+// Flash attention's backward, first pass: the query gradient, one query row per S invocations
 // (FlashAttention-2's dQ loop). Each row first computes delta = dO . O (written after the
 // log-sum-exps, for the second pass), then walks the key tiles as the forward pass did,
 // recomputing each probability from the saved log-sum-exp:
@@ -31,54 +31,78 @@ fn dout4(b: u32, c4: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, quad(c4, p.dv));
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({{NI}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = head_of(wid);
     let row0 = block_row(wid, p.lq, true);
-    let i = row0 + li;
+    let i = row0 + li / S;
+    let part = li % S;
     let ic = min(i, p.lq - 1u);
-    var qr: array<vec4<f32>, DP4>;
-    var dor: array<vec4<f32>, DP4>;
-    var dqa: array<vec4<f32>, DP4>;
+    var qr: array<vec4<f32>, DS>;
+    var dor: array<vec4<f32>, DS>;
+    var dqa: array<vec4<f32>, DS>;
     let ob = row_out(n, ic, p.lq, p.dv);
     var delta4 = vec4<f32>(0.0);
-    for (var c = 0u; c < DP4; c++) {
-        qr[c] = q4(n, i, c) * p.scale;
-        dor[c] = dout4(ob, c);
-        delta4 = fma(dor[c], o4(ob, c), delta4);
+    for (var c = 0u; c < DS; c++) {
+        qr[c] = q4(n, i, c * S + part) * p.scale;
+        dor[c] = dout4(ob, c * S + part);
+        delta4 = fma(dor[c], o4(ob, c * S + part), delta4);
         dqa[c] = vec4<f32>(0.0);
     }
-    let delta = hsum(delta4);
+    let delta = across(hsum(delta4));
     let lse = stats[n * p.lq + ic];
-    if i < p.lq {
+    if i < p.lq && part == 0u {
         stats[p.n * p.lq + n * p.lq + i] = delta;
     }
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         stage_kv(n, j0, li);
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
-            if visible(i, j) && lse > DEAD {
+            if S == 1u {
+                // One invocation a row: the dot products only where the key is seen (the
+                // split rows' order below took this pass from 4.8 to 6.1 ms on the H200).
+                if visible(i, j) && lse > DEAD {
+                    var x4 = vec4<f32>(0.0);
+                    var dp4 = vec4<f32>(0.0);
+                    for (var c = 0u; c < DS; c++) {
+                        x4 = fma(qr[c], kt[r * DP4 + c], x4);
+                        dp4 = fma(dor[c], vt[r * DP4 + c], dp4);
+                    }
+                    let pr = exp(hsum(x4) + mask_at(n, i, j) - lse);
+                    let ds = vec4<f32>(pr * (hsum(dp4) * keep(n, i, j) - delta));
+                    for (var c = 0u; c < DS; c++) {
+                        dqa[c] = fma(ds, kt[r * DP4 + c], dqa[c]);
+                    }
+                }
+            } else {
+                // Split rows add their dot products across the row before the test, in
+                // uniform control flow.
                 var x4 = vec4<f32>(0.0);
                 var dp4 = vec4<f32>(0.0);
-                for (var c = 0u; c < DP4; c++) {
-                    x4 = fma(qr[c], kt[r * DP4 + c], x4);
-                    dp4 = fma(dor[c], vt[r * DP4 + c], dp4);
+                for (var c = 0u; c < DS; c++) {
+                    x4 = fma(qr[c], kt[r * DP4 + c * S + part], x4);
+                    dp4 = fma(dor[c], vt[r * DP4 + c * S + part], dp4);
                 }
-                let pr = exp(hsum(x4) + mask_at(n, i, j) - lse);
-                let ds = vec4<f32>(pr * (hsum(dp4) * keep(n, i, j) - delta));
-                for (var c = 0u; c < DP4; c++) {
-                    dqa[c] = fma(ds, kt[r * DP4 + c], dqa[c]);
+                let x = across(hsum(x4));
+                let dp = across(hsum(dp4));
+                if visible(i, j) && lse > DEAD {
+                    let pr = exp(x + mask_at(n, i, j) - lse);
+                    let ds = vec4<f32>(pr * (dp * keep(n, i, j) - delta));
+                    for (var c = 0u; c < DS; c++) {
+                        dqa[c] = fma(ds, kt[r * DP4 + c * S + part], dqa[c]);
+                    }
                 }
             }
         }
     }
     if i < p.lq {
         let gb = row_out(n, i, p.lq, p.d);
-        for (var c = 0u; c < DP4; c++) {
+        for (var c = 0u; c < DS; c++) {
             let val = dqa[c] * p.scale;
+            let c4 = (c * S + part) * 4u;
             for (var e = 0u; e < 4u; e++) {
-                if c * 4u + e < p.d {
-                    dq[gb + c * 4u + e] = {{T}}(val[e]);
+                if c4 + e < p.d {
+                    dq[gb + c4 + e] = {{T}}(val[e]);
                 }
             }
         }

@@ -1,4 +1,4 @@
-// Flash attention's forward pass (FlashAttention-2's loop, one query row per invocation):
+// Flash attention's forward pass (FlashAttention-2's loop, one query row per S invocations):
 // a workgroup takes 64 query rows of one (b, h), stages BT keys and values at a time in
 // workgroup memory and keeps, per row, the running max, the running sum and the unnormalised
 // output in registers, rescaled once per tile. Only the output and one log-sum-exp per row
@@ -17,15 +17,16 @@
 
 {{KV_TILES}}
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({{NI}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = head_of(wid);
     let row0 = block_row(wid, p.lq, true);
-    let i = row0 + li;
-    var qr: array<vec4<f32>, DP4>;
-    var acc: array<vec4<f32>, DP4>;
-    for (var c = 0u; c < DP4; c++) {
-        qr[c] = q4(n, i, c) * p.scale;
+    let i = row0 + li / S;
+    let part = li % S;
+    var qr: array<vec4<f32>, DS>;
+    var acc: array<vec4<f32>, DS>;
+    for (var c = 0u; c < DS; c++) {
+        qr[c] = q4(n, i, c * S + part) * p.scale;
         acc[c] = vec4<f32>(0.0);
     }
     var m = MASKED;
@@ -37,10 +38,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < BT; r++) {
             let j = j0 + r;
             var x4 = vec4<f32>(0.0);
-            for (var c = 0u; c < DP4; c++) {
-                x4 = fma(qr[c], kt[r * DP4 + c], x4);
+            for (var c = 0u; c < DS; c++) {
+                x4 = fma(qr[c], kt[r * DP4 + c * S + part], x4);
             }
-            var x = max(hsum(x4) + mask_at(n, i, j), MASKED);
+            var x = max(across(hsum(x4)) + mask_at(n, i, j), MASKED);
             if !visible(i, j) {
                 x = MASKED;
             }
@@ -51,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if m_new > DEAD {
             let alpha = exp(m - m_new);
             l *= alpha;
-            for (var c = 0u; c < DP4; c++) {
+            for (var c = 0u; c < DS; c++) {
                 acc[c] *= alpha;
             }
             for (var r = 0u; r < BT; r++) {
@@ -59,8 +60,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 l += pr;
                 let pd = pr * keep(n, i, j0 + r);
                 if pd != 0.0 {
-                    for (var c = 0u; c < DP4; c++) {
-                        acc[c] = fma(vec4<f32>(pd), vt[r * DP4 + c], acc[c]);
+                    for (var c = 0u; c < DS; c++) {
+                        acc[c] = fma(vec4<f32>(pd), vt[r * DP4 + c * S + part], acc[c]);
                     }
                 }
             }
@@ -70,14 +71,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if i < p.lq {
         let inv = select(0.0, 1.0 / l, l > 0.0 && m > DEAD);
         let ob = row_out(n, i, p.lq, p.dv);
-        for (var c = 0u; c < DP4; c++) {
+        for (var c = 0u; c < DS; c++) {
             let val = acc[c] * inv;
+            let c4 = (c * S + part) * 4u;
             for (var e = 0u; e < 4u; e++) {
-                if c * 4u + e < p.dv {
-                    o[ob + c * 4u + e] = {{T}}(val[e]);
+                if c4 + e < p.dv {
+                    o[ob + c4 + e] = {{T}}(val[e]);
                 }
             }
         }
-        stats[n * p.lq + i] = select(MASKED, m + log(l), l > 0.0 && m > DEAD);
+        if part == 0u {
+            stats[n * p.lq + i] = select(MASKED, m + log(l), l > 0.0 && m > DEAD);
+        }
     }
 }

@@ -19,19 +19,19 @@ fn key_end(row0: u32) -> u32 {
 const SU: u32 = {{SU}}u;
 
 // Stages keys and values j0 .. j0 + BT of (b, h) `n`, invocation `li` of the workgroup taking
-// every WG-th vec4, SU of each a trip; called by the whole workgroup.
+// every NI-th vec4, SU of each a trip; called by the whole workgroup.
 fn stage_kv(n: u32, j0: u32, li: u32) {
     workgroupBarrier();
-    for (var e = li; e < BT * DP4; e += SU * WG) {
+    for (var e = li; e < BT * DP4; e += SU * NI) {
         var kv: array<vec4<f32>, SU>;
         var vv: array<vec4<f32>, SU>;
         for (var u = 0u; u < SU; u++) {
-            let eu = e + u * WG;
+            let eu = e + u * NI;
             kv[u] = k4(n, j0 + eu / DP4, eu % DP4);
             vv[u] = v4(n, j0 + eu / DP4, eu % DP4);
         }
         for (var u = 0u; u < SU; u++) {
-            let eu = e + u * WG;
+            let eu = e + u * NI;
             if eu < BT * DP4 {
                 kt[eu] = kv[u];
                 vt[eu] = vv[u];

@@ -176,6 +176,39 @@ fn fused_kernels_match_the_cpu_composite() {
     }
 }
 
+/// The SIMT passes with 2 and 4 invocations a row (and 1, which GPUs with subgroups no longer
+/// take by default), forced on every adapter with subgroups: masks, causality over several
+/// workgroups and tiles, dropout, and head dims in three classes.
+#[test]
+fn split_rows_match_the_cpu_composite() {
+    let cpu = Device::cpu().unwrap();
+    let mut all: Vec<Case> = cases().into_iter().take(5).collect();
+    let mut long = Case::new(&[1, 2, 150, 64], &[1, 2, 150, 64], &[1, 2, 150, 64]);
+    long.causal = true;
+    all.push(long);
+    let want: Vec<_> = all.iter().map(|c| run(c, DType::F32, &cpu)).collect();
+    for dev in fused() {
+        if !dev.adapter_info().is_some_and(|a| a.features.subgroups) {
+            continue;
+        }
+        for split in ["1", "2", "4"] {
+            kiln::kernels::tune::force_variant("flash split", Some(split));
+            for (n, (case, want)) in all.iter().zip(&want).enumerate() {
+                let got = run(case, DType::F32, &dev);
+                for (what, (g, w)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(want)) {
+                    assert_close(
+                        &format!("{dev:?} split {split} case {n} {what}"),
+                        g,
+                        w,
+                        2e-4,
+                    );
+                }
+            }
+        }
+        kiln::kernels::tune::force_variant("flash split", None);
+    }
+}
+
 /// wgpu's GL backend runs the composite: one small case against the CPU device's.
 #[test]
 fn the_gl_composite_matches_the_cpu() {

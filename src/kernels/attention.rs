@@ -31,6 +31,10 @@ pub struct FlashAttnKernel {
     /// Row blocks launched along x in order (CPU adapters) rather than heads first with the
     /// heaviest blocks first (`flash_attn_common.wgsl`'s `block_row`).
     pub blocks_first: bool,
+    /// Invocations a row in the SIMT passes: 1, or 2 or 4 adjacent invocations of one
+    /// subgroup (adapters with subgroups), each holding every `split`-th vector of the row
+    /// (`flash_attn_common.wgsl`'s `S`).
+    pub split: u32,
 }
 
 /// `head_of` and `block_row` on GPUs (`flash_attn_common.wgsl`).
@@ -75,7 +79,15 @@ impl FlashAttnKernel {
                 dp,
                 coop: false,
                 blocks_first: false,
+                split: 1,
             })
+    }
+
+    /// The same SIMT kernel with `split` invocations a row (1, 2 or 4; 4 only where the head
+    /// dim class holds four vectors); `None` for a cooperative-matrix kernel or another split.
+    pub fn with_split(self, split: u32) -> Option<Self> {
+        (!self.coop && matches!(split, 1 | 2 | 4) && split <= self.dp / 4)
+            .then_some(FlashAttnKernel { split, ..self })
     }
 
     /// The same kernel with its row blocks along x, in order (for a CPU adapter).
@@ -92,7 +104,11 @@ impl FlashAttnKernel {
         (self.dtype == DType::F16
             && self.dp <= COOP_MAX_DP
             && super::attention_coop::shared_bytes(self.dp) <= shared_limit)
-            .then_some(FlashAttnKernel { coop: true, ..self })
+            .then_some(FlashAttnKernel {
+                coop: true,
+                split: 1,
+                ..self
+            })
     }
 
     /// Every variant, for validation.
@@ -112,10 +128,19 @@ impl FlashAttnKernel {
                         dp,
                         coop: false,
                         blocks_first: false,
+                        split: 1,
                     })
                 })
             })
-            .flat_map(|k| [Some(k), Some(k.blocks_first()), k.on_coop(u32::MAX)])
+            .flat_map(|k| {
+                [
+                    Some(k),
+                    Some(k.blocks_first()),
+                    k.on_coop(u32::MAX),
+                    k.with_split(2),
+                    k.with_split(4),
+                ]
+            })
             .flatten()
             .collect()
     }
@@ -130,15 +155,20 @@ impl FlashAttnKernel {
         (2048 / self.dp).min(32)
     }
 
-    /// Vectors of keys and of values an invocation of a SIMT query-row pass stages a trip
-    /// (`flash_attn_kv_tiles.wgsl`'s `SU`): four in the forward pass (H200, B8 H12 T1024 D64
-    /// causal f32: 11.7 -> 13.0 TFLOP/s); one in the dQ pass, whose query, output-gradient
-    /// and accumulator rows already hold 192 registers (four a trip in both passes, and in
-    /// the dK/dV pass's staging, took forward + backward from 7.65 to 6.30 TFLOP/s).
-    fn staged_per_trip(&self) -> &'static str {
-        match self.pass {
-            FlashPass::Forward => "4",
-            FlashPass::BackwardDq | FlashPass::BackwardDkDv => "1",
+    /// Vectors of each staged operand an invocation loads a trip (`SU` in
+    /// `flash_attn_kv_tiles.wgsl` and `flash_attn_dkdv.wgsl`): four in the forward pass (H200,
+    /// B8 H12 T1024 D64 causal f32: 11.7 -> 13.0 TFLOP/s); one in the backward passes with a
+    /// row an invocation, whose rows already hold 192 (dQ) and 256 (dK/dV) registers (four a
+    /// trip took forward + backward from 7.65 to 6.30 TFLOP/s). Split rows share those
+    /// registers, and their backward passes load a whole tile in one trip where four vectors
+    /// cover it (H200, split 2: forward + backward 13.39 at one a trip in dQ, 13.76 at four;
+    /// 13.76 at one in dK/dV, 13.87 at two, 13.92 at four).
+    fn staged_per_trip(&self) -> u32 {
+        let one_trip = (self.tile_rows() * self.dp / 4 / (64 * self.split)).max(1);
+        match (self.pass, self.split) {
+            (FlashPass::BackwardDq | FlashPass::BackwardDkDv, 1) => 1,
+            (FlashPass::Forward, 1) => 4,
+            _ => one_trip.min(4),
         }
     }
 
@@ -151,7 +181,14 @@ impl FlashAttnKernel {
         };
         let coop = if self.coop { "coop_" } else { "" };
         let order = if self.blocks_first { "_blocks" } else { "" };
-        format!("flash_attn_{pass}_{coop}{}_d{}{order}", self.dtype, self.dp)
+        let split = match self.split {
+            1 => String::new(),
+            s => format!("_s{s}"),
+        };
+        format!(
+            "flash_attn_{pass}_{coop}{}_d{}{order}{split}",
+            self.dtype, self.dp
+        )
     }
 
     /// Storage buffers the kernel binds.
@@ -168,8 +205,18 @@ impl FlashAttnKernel {
             true => BLOCKS_FIRST,
             false => HEADS_FIRST,
         };
+        let across = match self.split {
+            1 => "fn across(x: f32) -> f32 {\n    return x;\n}",
+            2 => "fn across(x: f32) -> f32 {\n    return x + subgroupShuffleXor(x, 1u);\n}",
+            _ => {
+                "fn across(x: f32) -> f32 {\n    let y = x + subgroupShuffleXor(x, 1u);\n    \
+                 return y + subgroupShuffleXor(y, 2u);\n}"
+            }
+        };
         super::random_source(include_str!("../../shaders/flash_attn_common.wgsl"))
             .replace("{{BLOCK_ORDER}}", order)
+            .replace("{{ACROSS}}", across)
+            .replace("{{S}}", &self.split.to_string())
     }
 
     /// The kernel's WGSL.
@@ -189,7 +236,8 @@ impl FlashAttnKernel {
                 "{{KV_TILES}}",
                 include_str!("../../shaders/flash_attn_kv_tiles.wgsl"),
             )
-            .replace("{{SU}}", self.staged_per_trip())
+            .replace("{{SU}}", &self.staged_per_trip().to_string())
+            .replace("{{NI}}", &(64 * self.split).to_string())
             .replace("{{DP}}", &self.dp.to_string())
             .replace("{{BT}}", &self.tile_rows().to_string());
         super::per_dtype(&src, self.dtype).into_owned()

@@ -521,6 +521,12 @@ pub(crate) fn remembered<V: Copy + PartialEq>(
 
 /// The variant forced for `family`: on this thread (`force_variant`), else by
 /// `KILN_FORCE_VARIANT`.
+/// The variant `force_variant` (or `KILN_FORCE_VARIANT`) names for `family` on this thread,
+/// for the families whose choice is a rule rather than a timing (`flash split`).
+pub(crate) fn forced_name(family: &str) -> Option<String> {
+    forced(family)
+}
+
 fn forced(family: &str) -> Option<String> {
     FORCED
         .with(|f| f.borrow().get(family).cloned())

@@ -336,6 +336,38 @@ fn blocks_first(q: &Tensor) -> bool {
     crate::kernels::tune::on_cpu_adapter(q.device())
 }
 
+/// Invocations a row for `pass`'s SIMT kernel (`FlashAttnKernel::split`): `force_variant("flash
+/// split", ..)` (or `KILN_FORCE_VARIANT`) where given, one number for every pass ("2") or one
+/// for each of the forward, dQ and dK/dV passes ("2;2;4"); else SPLIT_DEFAULT on a GPU with
+/// subgroups and 1 elsewhere (a CPU adapter, whose rows gain nothing from fewer registers,
+/// or an adapter without subgroups). A split the kernel cannot take falls back to 1.
+fn split(q: &Tensor, pass: FlashPass) -> u32 {
+    let at = match pass {
+        FlashPass::Forward => 0,
+        FlashPass::BackwardDq => 1,
+        FlashPass::BackwardDkDv => 2,
+    };
+    if let Some(s) = crate::kernels::tune::forced_name("flash split") {
+        let each: Vec<&str> = s.split(';').collect();
+        return each[at.min(each.len() - 1)].trim().parse().unwrap_or(1);
+    }
+    let subgroups = q
+        .device()
+        .adapter_info()
+        .is_some_and(|info| info.features.subgroups);
+    match subgroups && !blocks_first(q) {
+        true => SPLIT_DEFAULT[at],
+        false => 1,
+    }
+}
+
+/// Invocations a row on GPUs with subgroups, by pass (forward, dQ, dK/dV). H200, B8 H12 T1024
+/// D64 causal f32, TFLOP/s (docs/lab/attention.md): the forward 13.0 at 1, 12.3 at 2, 10.6 at
+/// 4; forward + backward 7.8 with every pass at 1, 13.4 at 2 (10.3 at 4). The backward passes
+/// hold 192 and 256 registers a row: two invocations a row halve that, and an SM holds twice
+/// the rows.
+const SPLIT_DEFAULT: [u32; 3] = [1, 2, 2];
+
 /// The immediates every pass shares (`shaders/flash_attn_common.wgsl`'s `Params`).
 fn params(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
@@ -547,6 +579,7 @@ impl Bound {
                 msg: "no flash kernel for these head dims".into(),
             },
         )?;
+        let simt = simt.with_split(split(&self.q, pass)).unwrap_or(simt);
         let kernel = match blocks_first(&self.q) {
             true => simt.blocks_first(),
             false => self
