@@ -935,3 +935,41 @@ fn head_grads_in_one_launch_match_the_cpu() {
     }
     tune::force_variant("matmul narrow", None);
 }
+
+/// f32 products that miss the vec4 kernel only by a ragged M, N or K (GPT-2's tied head in
+/// f32: `x @ W^T` with N = 50257, `g @ W` with K = 50257, `g^T @ x` with M = 50257), padded to
+/// whole vectors and tiles (`matmul::coop_split`'s f32 units), forced on every adapter but GL
+/// and the CPU device: the padded product runs on the vec4 kernel and matches the CPU's.
+#[test]
+fn ragged_f32_products_run_padded_on_the_vec4_kernel() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = Device::cpu().unwrap();
+    // (m, n, k, A transposed, B transposed), as the head's three products lay them out.
+    let cases = [
+        (256, 261, 48, false, true),
+        (256, 256, 75, false, false),
+        (261, 256, 64, true, false),
+    ];
+    for dev in gpus() {
+        let info = dev.adapter_info().unwrap();
+        if info.backend == wgpu::Backend::Gl {
+            continue;
+        }
+        tune::force_variant("matmul pad", Some("vec4"));
+        tune::force_variant("matmul", Some("tile128_vec4"));
+        kiln::ops::force_matmul_tile(Some(128));
+        for (i, &(m, n, k, ta, tb)) in cases.iter().enumerate() {
+            let a = operand(m, k, ta, 10 + i as u64, &dev);
+            let b = operand(k, n, tb, 20 + i as u64, &dev);
+            let e = product_error(&a, &b, &cpu);
+            assert!(e < 1e-4, "{dev:?} case {i}: error {e}");
+            if info.features.timestamp_query {
+                let trace = product_trace(&a, &b);
+                assert!(trace.contains("matmul128_vec4_f32"), "case {i}: {trace}");
+            }
+        }
+        kiln::ops::force_matmul_tile(None);
+        tune::force_variant("matmul", None);
+        tune::force_variant("matmul pad", None);
+    }
+}

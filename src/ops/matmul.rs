@@ -67,15 +67,31 @@ pub(super) fn coop_split(
     [m, n, k]: [usize; 3],
     bias: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
-    let Some(info) = crate::kernels::coop_f16(a.device()) else {
-        return Ok(None);
+    let units = match a.dtype() {
+        DType::F16 => coop_units(a, b, [m, n, k]),
+        DType::F32 => vec4_units(a, b, [m, n, k]),
+        _ => None,
     };
-    if a.dtype() != DType::F16 || a.rank() != 2 || b.rank() != 2 {
-        return Ok(None);
+    match units {
+        Some(units) => padded_product(a, b, [m, n, k], bias, units),
+        None => Ok(None),
     }
-    let unit = |s: &[usize]| s[0] == 1 || s[1] == 1;
-    if !unit(a.strides()) || !unit(b.strides()) {
-        return Ok(None);
+}
+
+/// The whole units of M, N and K a padded product's kernel takes.
+#[derive(Clone, Copy)]
+struct Units {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// The tensor-core tile's units for an f16 product on an adapter with cooperative
+/// matrices, with each operand of one unit stride.
+fn coop_units(a: &Tensor, b: &Tensor, [m, n, _k]: [usize; 3]) -> Option<Units> {
+    let info = crate::kernels::coop_f16(a.device())?;
+    if a.rank() != 2 || b.rank() != 2 || !unit_stride(a) || !unit_stride(b) {
+        return None;
     }
     let layout = CoopLayout {
         a_t: a.strides()[1] != 1,
@@ -83,15 +99,79 @@ pub(super) fn coop_split(
     };
     let shared = info.limits.max_compute_workgroup_storage_size;
     let tiles = CoopTile::for_layout(layout, m.div_ceil(128) * n.div_ceil(128));
-    let Some(t) = tiles
+    let t = tiles
         .iter()
         .find(|t| m.is_multiple_of(t.block_m() as usize) && t.valid(shared))
-        .or_else(|| tiles.iter().find(|t| t.valid(shared)))
-    else {
-        return Ok(None);
+        .or_else(|| tiles.iter().find(|t| t.valid(shared)))?;
+    Some(Units {
+        m: t.block_m() as usize,
+        n: t.block_n() as usize,
+        k: t.k_step() as usize,
+    })
+}
+
+/// An f32 product that misses the vec4 128-tile kernel (`matmul_choice::vec4_eligible`) only
+/// because M is not a whole number of 128-row tiles, N of 4 or K of 16, with each operand of
+/// one unit stride and the one not copied 16-byte aligned: GPT-2's tied head in f32, whose
+/// three 8192 x 50257 x 768 products ran the scalar kernel at 31-33 TFLOP/s on the H200
+/// (59.5 ms of a 257 ms step) where the vec4 kernel runs the model's other products at
+/// 42-45. Large products on GPUs only (a CPU adapter's products take other kernels, and GL
+/// keeps to the scalar one); `force_variant("matmul pad", Some("vec4" | "off"))` forces it
+/// on or off (tests on lavapipe, comparisons on a GPU).
+fn vec4_units(a: &Tensor, b: &Tensor, [m, n, k]: [usize; 3]) -> Option<Units> {
+    let forced = crate::kernels::tune::forced_name("matmul pad");
+    let info = a.device().adapter_info()?;
+    let gpu =
+        !crate::kernels::tune::on_cpu_adapter(a.device()) && info.backend != wgpu::Backend::Gl;
+    let on = match forced.as_deref() {
+        Some("vec4") => true,
+        Some(_) => false,
+        None => gpu && m * n * k >= 1 << 30,
     };
-    let (kc, nc) = (k - k % t.k_step() as usize, n - n % t.block_n() as usize);
-    let mp = m.next_multiple_of(t.block_m() as usize);
+    if !on || a.rank() != 2 || b.rank() != 2 || !unit_stride(a) || !unit_stride(b) {
+        return None;
+    }
+    let whole = m.is_multiple_of(128) && n.is_multiple_of(4) && k.is_multiple_of(16);
+    let (mp, np) = (m.next_multiple_of(128), n.next_multiple_of(4));
+    // What is not copied must already be whole 16-byte vectors: A is copied where M or K
+    // is padded, B where N or K is.
+    let aligned = |t: &Tensor| {
+        [t.layout().offset, t.strides()[0].max(t.strides()[1])]
+            .iter()
+            .all(|v| v.is_multiple_of(4))
+    };
+    let a_ok = mp > m || !k.is_multiple_of(16) || aligned(a);
+    let b_ok = np > n || !k.is_multiple_of(16) || aligned(b);
+    // (The vec4 kernel's own condition for 128-row tiles, which forcing skips.)
+    let tiles = (mp / 128) * np.div_ceil(128);
+    let big = forced.is_some() || (np >= 128 && tiles >= 64);
+    (!whole && a_ok && b_ok && big).then_some(Units {
+        m: 128,
+        n: 4,
+        k: 16,
+    })
+}
+
+/// Whether a matrix has one unit stride (row-major, or a transposed row-major).
+fn unit_stride(t: &Tensor) -> bool {
+    t.strides()[0] == 1 || t.strides()[1] == 1
+}
+
+/// `a @ b` (+ `bias`) with its ragged dims padded to `units` (`coop_split`); `None` where
+/// nothing is ragged or a dim has no whole unit.
+fn padded_product(
+    a: &Tensor,
+    b: &Tensor,
+    [m, n, k]: [usize; 3],
+    bias: Option<&Tensor>,
+    units: Units,
+) -> Result<Option<Tensor>> {
+    let layout = CoopLayout {
+        a_t: a.strides()[1] != 1,
+        b_t: b.strides()[1] != 1,
+    };
+    let (kc, nc) = (k - k % units.k, n - n % units.n);
+    let mp = m.next_multiple_of(units.m);
     if kc == 0 || nc == 0 || (kc == k && nc == n && mp == m) {
         return Ok(None);
     }
@@ -117,7 +197,7 @@ pub(super) fn coop_split(
             match fast {
                 Some(p) => p.reshape(&isize_shape(&shape)),
                 None => {
-                    let p = Tensor::zeros(&shape, DType::F16, x.device())?;
+                    let p = Tensor::zeros(&shape, x.dtype(), x.device())?;
                     p.narrow(d as isize, 0, len)?.copy_(&stored)?;
                     Ok(p)
                 }
@@ -141,7 +221,7 @@ pub(super) fn coop_split(
         return add_bias(out.narrow(0, 0, m)?, bias).map(Some);
     }
     if nc < n {
-        let bp = pad(b, 1, layout.b_t, nc + t.block_n() as usize)?;
+        let bp = pad(b, 1, layout.b_t, nc + units.n)?;
         let out = matmul_forward(a, &bp, None)?;
         // (`contiguous` copies the kept rows word by word, `super::copy_rows`.)
         return add_bias(out.narrow(1, 0, n)?.contiguous()?, bias).map(Some);
@@ -149,7 +229,7 @@ pub(super) fn coop_split(
     // A long K padded to four k steps where that adds at most 1/256 of it, so that a product
     // with few output tiles can split K in halves or quarters (`matmul_partials::coop_partials`:
     // GPT-2's head gradient `g @ W`, K = 50257 -> 50304 rather than 50272); else to the next.
-    let step = t.k_step() as usize;
+    let step = units.k;
     let four = k.next_multiple_of(4 * step);
     let kp = if four - k <= k / 256 { four } else { kc + step };
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);

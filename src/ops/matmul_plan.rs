@@ -128,8 +128,9 @@ pub(super) enum Route {
     /// (`CPU_K_LIMIT`): products of K slices of `len` (narrowed views, the last shorter),
     /// summed in f32.
     KSlices(usize),
-    /// The f16 tensor-core kernel with a ragged dim padded (`matmul::coop_split`), which may
-    /// decline; then `Direct`.
+    /// The f16 tensor-core kernel, or for large f32 products on a GPU the vec4 128-tile
+    /// kernel, with a ragged dim padded (`matmul::coop_split`), which may decline; then
+    /// `Direct`.
     CoopPadded,
     /// One launch over the flattened operands (`Direct`).
     Direct,
