@@ -214,10 +214,11 @@ fn padded_product(
         // the product's padded [mp, n] cut to its first m rows (a contiguous view) and the bias
         // added after. The SIMT kernel took this product 49.5 ms on the H200.
         let ap = pad(a, 0, layout.a_t, mp)?;
-        let out = match coop_split(&ap, b, [mp, n, k], None)? {
-            Some(out) => out,
-            None => matmul_forward(&ap, b, None)?,
-        };
+        let out =
+            super::matmul_plan::with_padded_a(|| match coop_split(&ap, b, [mp, n, k], None)? {
+                Some(out) => Ok(out),
+                None => matmul_forward(&ap, b, None),
+            })?;
         return add_bias(out.narrow(0, 0, m)?, bias).map(Some);
     }
     if nc < n {
@@ -234,7 +235,7 @@ fn padded_product(
     let kp = if four - k <= k / 256 { four } else { kc + step };
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
     // The padded product has the same [m, n]: its kernel can add the bias.
-    matmul_forward(&ap, &bp, bias).map(Some)
+    super::matmul_plan::with_padded_a(|| matmul_forward(&ap, &bp, bias)).map(Some)
 }
 
 /// A zero-padded copy (`coop_split`'s) of `sharing_pads`'s operand, and the view of it that

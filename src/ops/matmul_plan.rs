@@ -372,6 +372,22 @@ impl Simt {
     }
 }
 
+thread_local! {
+    /// Inside `with_padded_a`: A is already a copy made for this product.
+    static PADDED_A: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a product whose A is a padded copy, `matmul::coop_split`) without the candidate
+/// that copies A again column-major: two copies of A would be live at once. GPT-2's f32 tied
+/// head pads the [8192, 50257] gradient to 50304 columns for `g @ W`, and the H200's tuner
+/// chose that candidate there: 1.65 GB more, and the f32 step's peak 174 MiB above PyTorch's.
+pub(super) fn with_padded_a<R>(f: impl FnOnce() -> R) -> R {
+    let outer = PADDED_A.with(|p| p.replace(true));
+    let r = f();
+    PADDED_A.with(|p| p.set(outer));
+    r
+}
+
 /// What the SIMT kernels may do for one product: the default kernel, and the epilogues each
 /// may take.
 struct SimtPlan<'a> {
@@ -466,7 +482,12 @@ impl<'a> SimtPlan<'a> {
         // A row-major A by a row-major B scatters A's slices into shared memory; copied
         // column-major first (one 2-D A), the product runs 10% faster on the H100 for the
         // price of the copy: measured against the plain kernel.
-        if self.default == Simt::Vec4 && f.sak == 1 && f.sbn == 1 && f.a.rank() == 2 {
+        if self.default == Simt::Vec4
+            && f.sak == 1
+            && f.sbn == 1
+            && f.a.rank() == 2
+            && !PADDED_A.with(|p| p.get())
+        {
             candidates.push((Simt::Vec4ColA, Simt::Vec4ColA.name()));
         }
         if forced_tile() != 0 {
