@@ -51,8 +51,8 @@ const DP: u32 = {{DP}}u;
 // H100, one load per multiply-add).
 const DP4: u32 = {{DP}}u / 4u;
 const BT: u32 = {{BT}}u;
-// Rows (queries; keys in the dK/dV pass) a workgroup takes.
-const WG: u32 = 64u;
+// Rows (queries; keys in the dK/dV pass) a workgroup takes (`FlashAttnKernel::rows`).
+const WG: u32 = {{WG}}u;
 // Invocations a row (`kernels/attention.rs`, `FlashAttnKernel::split`): 1, or 2 or 4 adjacent
 // invocations of one subgroup, each holding every S-th vector of the row's registers
 // (vectors c S + part), their partial dot products added by `across`. Fewer registers a row

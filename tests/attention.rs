@@ -177,8 +177,9 @@ fn fused_kernels_match_the_cpu_composite() {
 }
 
 /// The SIMT passes with 2 and 4 invocations a row (and 1, which GPUs with subgroups no longer
-/// take by default), forced on every adapter with subgroups: masks, causality over several
-/// workgroups and tiles, dropout, and head dims in three classes.
+/// take in the backward passes), and 128 rows a workgroup, forced on every adapter with
+/// subgroups: masks, causality over several workgroups and tiles, dropout, and head dims in
+/// three classes.
 #[test]
 fn split_rows_match_the_cpu_composite() {
     let cpu = Device::cpu().unwrap();
@@ -191,8 +192,15 @@ fn split_rows_match_the_cpu_composite() {
         if !dev.adapter_info().is_some_and(|a| a.features.subgroups) {
             continue;
         }
-        for split in ["1", "2", "4"] {
+        for (split, rows) in [
+            ("1", "64"),
+            ("2", "64"),
+            ("4", "64"),
+            ("1", "128"),
+            ("2", "128"),
+        ] {
             kiln::kernels::tune::force_variant("flash split", Some(split));
+            kiln::kernels::tune::force_variant("flash rows", Some(rows));
             for (n, (case, want)) in all.iter().zip(&want).enumerate() {
                 let got = run(case, DType::F32, &dev);
                 for (what, (g, w)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(want)) {
@@ -206,6 +214,7 @@ fn split_rows_match_the_cpu_composite() {
             }
         }
         kiln::kernels::tune::force_variant("flash split", None);
+        kiln::kernels::tune::force_variant("flash rows", None);
     }
 }
 

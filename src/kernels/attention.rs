@@ -35,6 +35,9 @@ pub struct FlashAttnKernel {
     /// subgroup (adapters with subgroups), each holding every `split`-th vector of the row
     /// (`flash_attn_common.wgsl`'s `S`).
     pub split: u32,
+    /// Rows (queries, or keys in the dK/dV pass) a workgroup takes: 64, or 128 in the SIMT
+    /// passes (`flash_attn_common.wgsl`'s `WG`).
+    pub rows: u32,
 }
 
 /// `head_of` and `block_row` on GPUs (`flash_attn_common.wgsl`).
@@ -80,7 +83,15 @@ impl FlashAttnKernel {
                 coop: false,
                 blocks_first: false,
                 split: 1,
+                rows: 64,
             })
+    }
+
+    /// The same SIMT kernel with `rows` rows a workgroup (64, or 128 with at most two
+    /// invocations a row: 256 a workgroup); `None` where it cannot.
+    pub fn with_rows(self, rows: u32) -> Option<Self> {
+        (!self.coop && (rows == 64 || (rows == 128 && self.split <= 2)))
+            .then_some(FlashAttnKernel { rows, ..self })
     }
 
     /// The same SIMT kernel with `split` invocations a row (1, 2 or 4; 4 only where the head
@@ -107,6 +118,7 @@ impl FlashAttnKernel {
             .then_some(FlashAttnKernel {
                 coop: true,
                 split: 1,
+                rows: 64,
                 ..self
             })
     }
@@ -129,6 +141,7 @@ impl FlashAttnKernel {
                         coop: false,
                         blocks_first: false,
                         split: 1,
+                        rows: 64,
                     })
                 })
             })
@@ -139,6 +152,8 @@ impl FlashAttnKernel {
                     k.on_coop(u32::MAX),
                     k.with_split(2),
                     k.with_split(4),
+                    k.with_rows(128),
+                    k.with_split(2).and_then(|k| k.with_rows(128)),
                 ]
             })
             .flatten()
@@ -164,7 +179,7 @@ impl FlashAttnKernel {
     /// cover it (H200, split 2: forward + backward 13.39 at one a trip in dQ, 13.76 at four;
     /// 13.76 at one in dK/dV, 13.87 at two, 13.92 at four).
     fn staged_per_trip(&self) -> u32 {
-        let one_trip = (self.tile_rows() * self.dp / 4 / (64 * self.split)).max(1);
+        let one_trip = (self.tile_rows() * self.dp / 4 / (self.rows * self.split)).max(1);
         match (self.pass, self.split) {
             (FlashPass::BackwardDq | FlashPass::BackwardDkDv, 1) => 1,
             (FlashPass::Forward, 1) => 4,
@@ -184,6 +199,10 @@ impl FlashAttnKernel {
         let split = match self.split {
             1 => String::new(),
             s => format!("_s{s}"),
+        };
+        let split = match self.rows {
+            64 => split,
+            r => format!("{split}_r{r}"),
         };
         format!(
             "flash_attn_{pass}_{coop}{}_d{}{order}{split}",
@@ -217,6 +236,7 @@ impl FlashAttnKernel {
             .replace("{{BLOCK_ORDER}}", order)
             .replace("{{ACROSS}}", across)
             .replace("{{S}}", &self.split.to_string())
+            .replace("{{WG}}", &self.rows.to_string())
     }
 
     /// The kernel's WGSL.
@@ -237,7 +257,7 @@ impl FlashAttnKernel {
                 include_str!("../../shaders/flash_attn_kv_tiles.wgsl"),
             )
             .replace("{{SU}}", &self.staged_per_trip().to_string())
-            .replace("{{NI}}", &(64 * self.split).to_string())
+            .replace("{{NI}}", &(self.rows * self.split).to_string())
             .replace("{{DP}}", &self.dp.to_string())
             .replace("{{BT}}", &self.tile_rows().to_string());
         super::per_dtype(&src, self.dtype).into_owned()

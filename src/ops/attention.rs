@@ -19,7 +19,6 @@ use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
 const OP: &str = "scaled_dot_product_attention";
-const WG_ROWS: usize = 64;
 
 /// What the checks settle about one call.
 #[derive(Clone)]
@@ -361,6 +360,30 @@ fn split(q: &Tensor, pass: FlashPass) -> u32 {
     }
 }
 
+/// Rows a workgroup for `pass`'s SIMT kernel: `force_variant("flash rows", ..)` as `split`'s,
+/// else ROWS_DEFAULT on a GPU and 64 on a CPU adapter.
+fn rows(q: &Tensor, pass: FlashPass) -> u32 {
+    let at = match pass {
+        FlashPass::Forward => 0,
+        FlashPass::BackwardDq => 1,
+        FlashPass::BackwardDkDv => 2,
+    };
+    match crate::kernels::tune::forced_name("flash rows") {
+        Some(s) => {
+            let each: Vec<&str> = s.split(';').collect();
+            each[at.min(each.len() - 1)].trim().parse().unwrap_or(64)
+        }
+        None if blocks_first(q) => 64,
+        None => ROWS_DEFAULT[at],
+    }
+}
+
+/// Rows a workgroup on GPUs, by pass (forward, dQ, dK/dV). H200, B8 H12 T1024 D64 causal
+/// f32, TFLOP/s (docs/lab/attention.md): the forward 13.0 at 64, 14.7 at 128 (each staged
+/// tile serves twice the rows); forward + backward with the backward passes at 128 fell from
+/// 13.9 to 11.2 (dK/dV alone at 128: 11.5).
+const ROWS_DEFAULT: [u32; 3] = [128, 64, 64];
+
 /// Invocations a row on GPUs with subgroups, by pass (forward, dQ, dK/dV). H200, B8 H12 T1024
 /// D64 causal f32, TFLOP/s (docs/lab/attention.md): the forward 13.0 at 1, 12.3 at 2, 10.6 at
 /// 4; forward + backward 7.8 with every pass at 1, 13.4 at 2 (10.3 at 4). The backward passes
@@ -580,6 +603,7 @@ impl Bound {
             },
         )?;
         let simt = simt.with_split(split(&self.q, pass)).unwrap_or(simt);
+        let simt = simt.with_rows(rows(&self.q, pass)).unwrap_or(simt);
         let kernel = match blocks_first(&self.q) {
             true => simt.blocks_first(),
             false => self
@@ -595,7 +619,10 @@ impl Bound {
             &mask.storage.block,
         ];
         blocks.extend_from_slice(outputs);
-        let (row_blocks, heads) = (u32_of(OP, along.div_ceil(WG_ROWS))?, u32_of(OP, self.rows)?);
+        let (row_blocks, heads) = (
+            u32_of(OP, along.div_ceil(kernel.rows as usize))?,
+            u32_of(OP, self.rows)?,
+        );
         // The (b, h) along x and the row blocks along y, the heaviest first under causality;
         // on a CPU adapter the blocks along x (`flash_attn_common.wgsl`'s `block_row`).
         let groups = match blocks_first(&self.q) {
