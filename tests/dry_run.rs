@@ -446,3 +446,38 @@ fn a_tied_heads_backward_planned_for_an_h200_pads_its_gradient_once() {
     assert_eq!(x.grad().unwrap().shape(), [512, 256]);
     assert_eq!(w.grad().unwrap().shape(), [1000, 256]);
 }
+
+/// The same tied head in f32, planned for an H200, whose vec4 kernel takes ragged products
+/// padded to whole vectors (`matmul::coop_split`): the gradient's one pad (to 4096 columns,
+/// shared by `g @ W` and `g^T @ x`) is not copied again column-major for `g @ W`, even with
+/// that candidate forced. The H200's tuner chose it for GPT-2's head and the f32 step peaked
+/// 174 MiB above PyTorch's: a second 64 MiB block here.
+#[test]
+fn a_padded_f32_gradient_is_not_copied_again() {
+    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    kiln::kernels::tune::force_variant("matmul", Some("tile128_vec4_col_a"));
+    let dev = Device::planning(kiln::PlanTarget::named("H200").unwrap()).unwrap();
+    let f32 = |shape: &[usize]| Tensor::randn(shape, DType::F32, &dev).unwrap();
+    let x = f32(&[4096, 768]).requires_grad_(true).unwrap();
+    let w = f32(&[4090, 768]).requires_grad_(true).unwrap();
+    let g = f32(&[4096, 4090]);
+    let logits = kiln::ops::linear(&x, &w, None).unwrap();
+    dev.record_memory_history(
+        Some(HistoryEnabled::All),
+        HistoryContext::Alloc,
+        HistoryStacks::Kiln,
+        10_000,
+    );
+    logits.backward_with(&g, false).unwrap();
+    let trace = dev.memory_snapshot().device_traces[0].clone();
+    dev.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
+    kiln::kernels::tune::force_variant("matmul", None);
+    let copies = trace
+        .iter()
+        .filter(|e| e.action == TraceAction::Alloc && e.size == 4096 * 4096 * 4)
+        .count();
+    assert_eq!(copies, 1, "{trace:?}");
+    assert_eq!(x.grad().unwrap().shape(), [4096, 768]);
+    assert_eq!(w.grad().unwrap().shape(), [4090, 768]);
+}
