@@ -973,3 +973,43 @@ fn ragged_f32_products_run_padded_on_the_vec4_kernel() {
         tune::force_variant("matmul pad", None);
     }
 }
+
+/// 16 whole 128x128 tiles over K = 8192 (GPT-2's weight gradients have such shapes): K in eight
+/// chunks of 1024 (`matmul_choice::fill_split`), their partial products summed. Each row of A
+/// holds two ones in different chunks, so each output row is the sum of two rows of B, a
+/// reference the host computes at once (the CPU device's product of this size takes minutes
+/// in a debug build).
+#[test]
+fn eight_chunks_of_k_sum_to_the_product() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (m, k, n) = (512, 8192, 512);
+    let at = |i: usize| [(i * 37) % 1024, 4096 + (i * 101) % 4096];
+    let mut a = vec![0.0f32; m * k];
+    for i in 0..m {
+        for c in at(i) {
+            a[i * k + c] = 1.0;
+        }
+    }
+    let b: Vec<f32> = (0..k * n)
+        .map(|e| ((e * 7919) % 1000) as f32 / 1000.0)
+        .collect();
+    for dev in gpus() {
+        if dev.adapter_info().unwrap().backend == wgpu::Backend::Gl {
+            continue;
+        }
+        let ta = Tensor::from_slice(&a, &[m, k], &dev).unwrap();
+        let tb = Tensor::from_slice(&b, &[k, n], &dev).unwrap();
+        let got = ta.matmul(&tb).unwrap().to_vec::<f32>().unwrap();
+        for i in 0..m {
+            let [c0, c1] = at(i);
+            for j in 0..n {
+                let want = b[c0 * n + j] + b[c1 * n + j];
+                let g = got[i * n + j];
+                assert!(
+                    (g - want).abs() < 1e-5,
+                    "{dev:?} ({i}, {j}): {g} against {want}"
+                );
+            }
+        }
+    }
+}

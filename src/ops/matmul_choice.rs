@@ -78,7 +78,7 @@ pub fn force_matmul_tile(tile: Option<u32>) {
 /// long K under 32 tiles (about 128 workgroups in all), or, in f32, a K of 512 or more under
 /// 128 tiles where the product is large enough for the extra sum to pay (about 256
 /// workgroups: the MLP's 10x4096 head gradient, K = 512, went from 64 workgroups); each chunk
-/// at least 128 deep. And two chunks where 128x128 tiles would leave SMs idle (`fill_split`).
+/// at least 128 deep. And chunks where 128x128 tiles would leave SMs idle (`fill_split`).
 pub(super) fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize]) -> Option<usize> {
     if a.device().is_cpu() || a.dtype() == DType::F64 || !batch.is_empty() {
         return None;
@@ -101,19 +101,30 @@ pub(super) fn split_k(a: &Tensor, m: usize, n: usize, k: usize, batch: &[usize])
     (s >= 2).then_some(s)
 }
 
-/// Two chunks of K for an f32 product of whole 128x128 tiles too few to give each SM of a
-/// large GPU one (16 to 127 tiles; the H100 and H200 have 132 SMs) with K of 1024 or more: a
-/// 1024^3 product ran 64 workgroups. On the H200 it went from 20.0 to 30.5 TFLOP/s with two
-/// chunks (the sum included); four gave 28.8, eight 25.6.
+/// Chunks of K for an f32 product of whole 128x128 tiles that leave SMs of a large GPU idle
+/// (the H100 and H200 have 132): fewer tiles than SMs (16 to 127), or more than one wave's
+/// 132 but fewer than two waves' 264, where the second wave runs nearly empty. K must be 1024
+/// or more. K is split into chunks of at least 1024, two to eight of them. On the H200:
+/// - a 1024^3 product (64 tiles) ran 20.0 TFLOP/s whole, 30.5 in two chunks (the sum
+///   included), 28.8 in four and 25.6 in eight;
+/// - GPT-2's f32 step spends most of its time in weight gradients of 144 tiles (3072 x 768
+///   and 768 x 3072 over K = 8192), of 108 tiles and of 36. It took 212.7 ms with those whole
+///   or in two chunks, 200.0 with the 144-tile ones in four chunks, 197.7 in eight, and 195.7
+///   with the others in eight chunks too;
+/// - the big MLP's 128-tile forward (K = 4096), one wave already, went from 1.57 to 1.72 ms a
+///   step when split in eight, so whole waves stay whole.
 fn fill_split(a: &Tensor, m: usize, n: usize, k: usize) -> Option<usize> {
     let tiles = (m / 128) * (n / 128);
+    let idle = (16..128).contains(&tiles) || (133..264).contains(&tiles);
+    let s = (k / 1024).clamp(2, 8);
+    let s = 1 << s.ilog2();
     (a.dtype() == DType::F32
         && m.is_multiple_of(128)
         && n.is_multiple_of(128)
-        && (16..128).contains(&tiles)
+        && idle
         && k >= 1024
-        && k.is_multiple_of(32))
-    .then_some(2)
+        && k.is_multiple_of(32 * s))
+    .then_some(s)
 }
 
 /// `KILN_MATMUL_SCALAR=1`: the scalar 128-tile kernel even where the vec4 one applies (for
