@@ -268,3 +268,39 @@ fn copies_run_within_the_look_ahead_and_a_dry_run_allocates_the_same() {
         );
     }
 }
+
+/// Memory held ahead of need gives way before an out-of-memory error (Note [Memory pressure]):
+/// under a cap on reserved memory that the look-ahead-0 run fits and a 64 MiB look-ahead
+/// (more than every activation of the MLP) does not, the look-ahead run completes with the
+/// same gradients and no out-of-memory in the statistics. Its dry run, under the same cap,
+/// allocates what it does.
+#[test]
+fn a_look_ahead_gives_its_memory_back_before_an_out_of_memory() {
+    kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
+    const AHEAD: u64 = 64 << 20;
+    for dev in devices().into_iter().filter(|d| !d.is_cpu()) {
+        let (plain, _) = grads(&dev, || None);
+        let reserved_peak = |ahead: u64| {
+            dev.empty_cache();
+            dev.reset_peak_memory_stats();
+            grads(&dev, || Some(save_on_cpu_ahead(true, ahead)));
+            dev.max_memory_reserved()
+        };
+        let (without, with) = (reserved_peak(0), reserved_peak(AHEAD));
+        assert!(with > without, "{}: {with} against {without}", dev.name());
+        dev.empty_cache();
+        dev.reset_accumulated_memory_stats();
+        dev.set_memory_limit(Some(without));
+        let (got, _) = grads(&dev, || Some(save_on_cpu_ahead(true, AHEAD)));
+        close(&got, &plain, &format!("{} under the cap", dev.name()));
+        assert_eq!(dev.memory_stats()["num_ooms"], 0, "{}", dev.name());
+        dev.set_memory_limit(None);
+        // A fresh device of the same adapter, for statistics from zero.
+        let fresh = devices()
+            .into_iter()
+            .find(|d| d.name() == dev.name())
+            .unwrap();
+        fresh.set_memory_limit(Some(without));
+        dry_run_equals_real_run(&fresh, || save_on_cpu_ahead(true, AHEAD));
+    }
+}

@@ -33,7 +33,7 @@ mod vaspace;
 
 pub use crate::base::OutOfMemory;
 pub use crate::base::{format_size, parse_size};
-pub use caching::{BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
+pub use caching::{Attempt, BlockRef, CachingAllocator, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 pub use category::{
     backward_scope, op_is_open, op_scope, outer_op, BackwardScope, MemoryCategory, OpScope,
 };

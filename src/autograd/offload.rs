@@ -29,10 +29,16 @@
 // run ahead as its target does (`PlanTarget::copy_queue`), it allocates exactly as the real
 // run, on any adapter. What overlap costs is memory: up to the look-ahead of leaving tensors
 // at the end of forward, and as much brought back early in backward.
+// Memory held ahead must never cost a program that fits under PyTorch an out-of-memory error
+// (Note [Memory pressure]). Where an allocation on a device would fail, the guard's reliever
+// retires every leaving tensor and drops those brought back early; from then on it looks no
+// bytes ahead. Its own requests in an unpack do the same (the reliever cannot lock the ledger
+// then), and it brings tensors back early speculatively: a request that does not fit ends the
+// walk and leaves no out-of-memory in the statistics.
 // Without `pin_memory` the copies are blocking, through the pinned pool's staging chunks, as
 // PyTorch's are, and nothing is kept or brought back early.
 
-use crate::device::{planned_pin, planned_staging, PlannedPin};
+use crate::device::{planned_pin, planned_staging, PlannedPin, Reliever, RelieverGuard};
 use crate::graph::{saved_tensors_hooks, Packed, SavedTensorsHooks};
 use crate::host::PinnedKind;
 use crate::ops::SideCopy;
@@ -124,6 +130,11 @@ struct Ledger {
     leaving: u64,
     /// Bytes of slots brought `back` ahead of their unpack.
     back: u64,
+    /// Memory ran short once (`release`): from then on the guard looks no bytes ahead.
+    pressed: bool,
+    /// The reliever registered on each device the guard holds memory ahead on (Note [Memory
+    /// pressure]).
+    relievers: Vec<(Device, RelieverGuard)>,
 }
 
 /// A packed tensor: its slot in the guard's ledger.
@@ -177,8 +188,25 @@ fn hooks(pin_memory: bool, ahead: Option<u64>) -> SavedTensorsHooks {
         slots: VecDeque::new(),
         leaving: 0,
         back: 0,
+        pressed: false,
+        relievers: Vec::new(),
     }));
     saved_tensors_hooks(move |t| pack(t, pin_memory, &ledger), unpack)
+}
+
+/// The reliever of `ledger`'s memory held ahead of need: its `release`, unless the ledger is
+/// busy (locked by the allocating thread itself, inside a pack or an unpack, or by another).
+fn reliever(ledger: &Arc<Mutex<Ledger>>) -> Reliever {
+    let weak = Arc::downgrade(ledger);
+    Arc::new(move || {
+        let Some(ledger) = weak.upgrade() else {
+            return false;
+        };
+        let Ok(mut l) = ledger.try_lock() else {
+            return false;
+        };
+        l.release().unwrap_or(false)
+    })
 }
 
 fn lock(ledger: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
@@ -213,6 +241,10 @@ fn pack(t: &Tensor, pin_memory: bool, ledger: &Arc<Mutex<Ledger>>) -> Result<Pac
     let mut l = lock(ledger);
     let index = l.first + l.slots.len() as u64;
     let ahead = l.ahead.unwrap_or_else(|| default_ahead(&device));
+    if ahead > 0 && !l.relievers.iter().any(|(d, _)| *d == device) {
+        let guard = device.add_reliever(reliever(ledger));
+        l.relievers.push((device.clone(), guard));
+    }
     l.slots.push_back(Some(Slot {
         host,
         shape: t.shape().to_vec(),
@@ -225,6 +257,7 @@ fn pack(t: &Tensor, pin_memory: bool, ledger: &Arc<Mutex<Ledger>>) -> Result<Pac
         read: false,
     }));
     l.leaving += bytes;
+    let ahead = if l.pressed { 0 } else { ahead };
     l.retire_beyond(ahead)?;
     drop(l);
     Ok(Box::new(Offloaded::Pinned(Entry {
@@ -346,22 +379,60 @@ impl Ledger {
         self.retire(at)?;
         let slot = self.slots[at].as_mut().expect("checked above");
         slot.read = true;
-        let tensor = match slot.back.take() {
+        let (ahead, early) = (slot.ahead, slot.back.take());
+        let tensor = match early {
             Some(flight) => {
                 self.back -= slot.bytes;
                 settle(flight)?
             }
-            None => bring_back(slot, false)?.tensor,
+            None => self.bring_back_now(at)?,
         };
-        let ahead = slot.ahead;
+        let ahead = if self.pressed { 0 } else { ahead };
         self.bring_back_ahead(at, ahead)?;
         Ok(tensor)
     }
 
+    /// Slot `at` brought back for its unpack. Where the guard holds memory ahead of need, the
+    /// first request is speculative; if nothing fits, the guard releases what it holds and
+    /// asks again (its reliever cannot run while the ledger is locked here).
+    fn bring_back_now(&mut self, at: usize) -> Result<Tensor> {
+        let slot = self.slots[at].as_ref().expect("a live slot");
+        if self.leaving == 0 && self.back == 0 {
+            return Ok(bring_back(slot, false)?.tensor);
+        }
+        match crate::device::speculatively(|| bring_back(slot, false)) {
+            Err(crate::Error::OutOfMemory(_)) => {}
+            other => return Ok(other?.tensor),
+        }
+        self.release()?;
+        let slot = self.slots[at].as_ref().expect("a live slot");
+        Ok(bring_back(slot, false)?.tensor)
+    }
+
+    /// Frees what the guard holds ahead of need (Note [Memory pressure]): the device tensors
+    /// whose copies to the host may still run (the host waits for them) and those brought
+    /// back before their unpack (they come back again when read). From then on the guard
+    /// looks no bytes ahead. True where it freed any.
+    fn release(&mut self) -> Result<bool> {
+        let held = self.leaving + self.back > 0;
+        for at in 0..self.slots.len() {
+            self.retire(at)?;
+            let Some(slot) = self.slots[at].as_mut() else {
+                continue;
+            };
+            if let Some(flight) = slot.back.take() {
+                self.back -= slot.bytes;
+                drop(settle(flight)?);
+            }
+        }
+        self.pressed = true;
+        Ok(held)
+    }
+
     /// Brings back the slots before `at` not read yet, latest first, while each fits in `ahead`
     /// with those already back ahead of their unpack (one that does not ends the walk: it comes
-    /// back when read). Running out of memory only ends it too: the tensors come back when read
-    /// instead.
+    /// back when read). Each is a speculative request: running out of memory only ends the walk
+    /// (the tensors come back when read instead), and no out-of-memory is recorded.
     fn bring_back_ahead(&mut self, mut at: usize, ahead: u64) -> Result<()> {
         while self.back < ahead && at > 0 {
             at -= 1;
@@ -378,7 +449,7 @@ impl Ledger {
             }
             self.retire(at)?;
             let slot = self.slots[at].as_mut().expect("checked above");
-            match bring_back(slot, true) {
+            match crate::device::speculatively(|| bring_back(slot, true)) {
                 Ok(flight) => slot.back = Some(flight),
                 Err(crate::Error::OutOfMemory(_)) => return Ok(()),
                 Err(e) => return Err(e),

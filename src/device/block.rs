@@ -4,6 +4,7 @@
 //! See Note [Ordered uploads] in ARCHITECTURE.md.
 
 use super::pinned::PinnedBuffer;
+use super::pressure::malloc_relieved;
 use super::{lock, transfer, with_alloc, Backend, Device};
 use crate::alloc::{HostSegment, MemoryCategory};
 use crate::host::PinnedKind;
@@ -67,12 +68,12 @@ impl DeviceBlock {
             },
             Backend::Gpu(g) => {
                 g.check("allocate")?;
-                match lock(&g.alloc).malloc(size_bytes, stream)? {
+                match malloc_relieved(device, &g.alloc, size_bytes, stream)? {
                     Some(b) => (b.addr, b.offset, b.size, Some(Mem::Gpu(b.segment))),
                     None => (0, 0, 0, None),
                 }
             }
-            Backend::Plan(p) => match lock(&p.alloc).malloc(size_bytes, stream)? {
+            Backend::Plan(p) => match malloc_relieved(device, &p.alloc, size_bytes, stream)? {
                 Some(b) => (b.addr, b.offset, b.size, Some(Mem::Planned)),
                 None => (0, 0, 0, None),
             },

@@ -34,6 +34,7 @@ pub(crate) mod kernel_timer;
 mod memory;
 pub(crate) mod pinned;
 mod plan;
+mod pressure;
 pub(crate) mod serial;
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 pub(crate) mod side_queue;
@@ -49,6 +50,7 @@ pub use block::DeviceBlock;
 pub use kernel_timer::KernelEntry;
 pub use plan::{max_batch_size, BatchFit, PlanTarget};
 pub(crate) use plan::{planned_pin, planned_staging, PlannedPin};
+pub(crate) use pressure::{speculatively, Reliever, RelieverGuard};
 pub use timer::gpu_time;
 pub use transfer::{Event, Transfer};
 
@@ -98,6 +100,8 @@ struct Inner {
     backend: Backend,
     /// The generator: (seed, offset of the next draw).
     rng: Mutex<(u64, u64)>,
+    /// Memory held ahead of need and how to free it (Note [Memory pressure]).
+    relievers: pressure::Relievers,
 }
 
 /// PyTorch's default seed (c10's `default_rng_seed_val`).
@@ -219,6 +223,7 @@ impl Device {
         Ok(Device(Arc::new(Inner {
             spec: "cpu".into(),
             rng: Mutex::new((DEFAULT_SEED, 0)),
+            relievers: pressure::Relievers::default(),
             backend: Backend::Cpu(Box::new(Mutex::new(CachingAllocator::new(
                 HostSource::new(None, "CPU"),
                 config,
@@ -319,6 +324,7 @@ impl Device {
             spec,
             backend: Backend::Gpu(std::mem::ManuallyDrop::new(Box::new(gpu))),
             rng: Mutex::new((DEFAULT_SEED, 0)),
+            relievers: pressure::Relievers::default(),
         })))
     }
 
@@ -371,6 +377,7 @@ impl Device {
             spec: format!("plan:{}", target.info.spec),
             backend: Backend::Plan(Box::new(plan::PlanDevice::new(target)?)),
             rng: Mutex::new((DEFAULT_SEED, 0)),
+            relievers: pressure::Relievers::default(),
         })))
     }
 

@@ -145,6 +145,20 @@ pub struct BlockRef<H> {
     pub segment: H,
 }
 
+/// How `malloc_as` ends a request that nothing fits, even after releasing the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// PyTorch's `malloc`: the out-of-memory error, recorded (the trace's `oom` entry and
+    /// `num_ooms`).
+    Only,
+    /// The error, recorded nowhere: the caller frees memory and asks `Again`, or does without
+    /// (a speculative request, such as `save_on_cpu` bringing a tensor back ahead of use).
+    Quiet,
+    /// After a `Quiet` attempt and a release: the cascade again, its retry not counted a
+    /// second time, and the error recorded.
+    Again,
+}
+
 /// PyTorch's caching allocator for one device, generic over where segments come from.
 /// Not synchronised itself: the device wraps it in one mutex.
 pub struct CachingAllocator<S: SegmentSource> {
@@ -303,6 +317,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// segment, else release oversize cached blocks and retry, else release the whole cache and
     /// retry, else out of memory.
     pub fn malloc(&mut self, size: u64, stream: u64) -> Result<Option<BlockRef<S::Handle>>> {
+        self.malloc_as(size, stream, Attempt::Only)
+    }
+
+    /// `malloc`, with an out-of-memory end as `attempt` says (Note [Memory pressure] in
+    /// `device/block.rs`).
+    pub fn malloc_as(
+        &mut self,
+        size: u64,
+        stream: u64,
+        attempt: Attempt,
+    ) -> Result<Option<BlockRef<S::Handle>>> {
         if size == 0 {
             return Ok(None);
         }
@@ -338,11 +363,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             if found.is_none() {
                 self.release_cached_blocks();
-                found = self.alloc_block(pool, stream, sizes, true, &frames)?;
+                let counted = attempt != Attempt::Again;
+                found = self.alloc_block(pool, stream, sizes, counted, &frames)?;
             }
         }
         let Some(block) = found else {
-            return Err(self.out_of_memory(size, rounded, alloc_size, stream));
+            return Err(match attempt {
+                Attempt::Quiet => self.oom_error(size, rounded, alloc_size),
+                Attempt::Only | Attempt::Again => {
+                    self.out_of_memory(size, rounded, alloc_size, stream)
+                }
+            });
         };
         let id = self.alloc_found_block(block, rounded, size, frames);
         let b = &self.blocks[id];

@@ -31,6 +31,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             category: MemoryCategory::Unknown,
         });
         self.stats.num_ooms += 1;
+        self.oom_error(requested, rounded, alloc_size)
+    }
+
+    /// The out-of-memory error for a request, recorded nowhere (`out_of_memory` records it;
+    /// `Attempt::Quiet` does not).
+    pub(super) fn oom_error(&self, requested: u64, rounded: u64, alloc_size: u64) -> Error {
+        let info = self.source.mem_info();
         let allocated = self.stats.allocated_bytes.all().current as u64;
         let reserved = self.stats.reserved_bytes.all().current as u64;
         let largest_free_block = self.largest_free_block();
