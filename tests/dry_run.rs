@@ -416,7 +416,6 @@ fn gpt2_amp_steps_planned_for_an_h200_peak_where_the_h200_did() {
 /// two.
 #[test]
 fn a_tied_heads_backward_planned_for_an_h200_pads_its_gradient_once() {
-    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
     kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
     let dev = Device::planning(kiln::PlanTarget::named("H200").unwrap()).unwrap();
     let f16 = |shape: &[usize]| {
@@ -428,23 +427,7 @@ fn a_tied_heads_backward_planned_for_an_h200_pads_its_gradient_once() {
     let x = f16(&[512, 256]).requires_grad_(true).unwrap();
     let w = f16(&[1000, 256]).requires_grad_(true).unwrap();
     let g = f16(&[512, 1000]);
-    let logits = kiln::ops::linear(&x, &w, None).unwrap();
-    dev.record_memory_history(
-        Some(HistoryEnabled::All),
-        HistoryContext::Alloc,
-        HistoryStacks::Kiln,
-        10_000,
-    );
-    logits.backward_with(&g, false).unwrap();
-    let trace = dev.memory_snapshot().device_traces[0].clone();
-    dev.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
-    let pads = trace
-        .iter()
-        .filter(|e| e.action == TraceAction::Alloc && e.size == 512 * 1024 * 2)
-        .count();
-    assert_eq!(pads, 1, "{trace:?}");
-    assert_eq!(x.grad().unwrap().shape(), [512, 256]);
-    assert_eq!(w.grad().unwrap().shape(), [1000, 256]);
+    assert_eq!(backward_blocks_of(&dev, [&x, &w, &g], 512 * 1024 * 2), 1);
 }
 
 /// The same tied head in f32, planned for an H200, whose vec4 kernel takes ragged products
@@ -454,7 +437,6 @@ fn a_tied_heads_backward_planned_for_an_h200_pads_its_gradient_once() {
 /// 174 MiB above PyTorch's: a second 64 MiB block here.
 #[test]
 fn a_padded_f32_gradient_is_not_copied_again() {
-    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
     kiln::kernels::tune::set_autotune(kiln::kernels::tune::Autotune::Off);
     kiln::kernels::tune::force_variant("matmul", Some("tile128_vec4_col_a"));
     let dev = Device::planning(kiln::PlanTarget::named("H200").unwrap()).unwrap();
@@ -462,22 +444,29 @@ fn a_padded_f32_gradient_is_not_copied_again() {
     let x = f32(&[4096, 768]).requires_grad_(true).unwrap();
     let w = f32(&[4090, 768]).requires_grad_(true).unwrap();
     let g = f32(&[4096, 4090]);
-    let logits = kiln::ops::linear(&x, &w, None).unwrap();
+    let copies = backward_blocks_of(&dev, [&x, &w, &g], 4096 * 4096 * 4);
+    kiln::kernels::tune::force_variant("matmul", None);
+    assert_eq!(copies, 1);
+}
+
+/// The blocks of `size` bytes that `linear(x, w)`'s backward from `g` allocates on `dev`, from
+/// its memory history; the gradients' shapes checked.
+fn backward_blocks_of(dev: &Device, [x, w, g]: [&Tensor; 3], size: u64) -> usize {
+    use kiln::alloc::{HistoryContext, HistoryEnabled, HistoryStacks, TraceAction};
+    let logits = kiln::ops::linear(x, w, None).unwrap();
     dev.record_memory_history(
         Some(HistoryEnabled::All),
         HistoryContext::Alloc,
         HistoryStacks::Kiln,
         10_000,
     );
-    logits.backward_with(&g, false).unwrap();
+    logits.backward_with(g, false).unwrap();
     let trace = dev.memory_snapshot().device_traces[0].clone();
     dev.record_memory_history(None, HistoryContext::None, HistoryStacks::Kiln, 0);
-    kiln::kernels::tune::force_variant("matmul", None);
-    let copies = trace
+    assert_eq!(x.grad().unwrap().shape(), x.shape());
+    assert_eq!(w.grad().unwrap().shape(), w.shape());
+    trace
         .iter()
-        .filter(|e| e.action == TraceAction::Alloc && e.size == 4096 * 4096 * 4)
-        .count();
-    assert_eq!(copies, 1, "{trace:?}");
-    assert_eq!(x.grad().unwrap().shape(), [4096, 768]);
-    assert_eq!(w.grad().unwrap().shape(), [4090, 768]);
+        .filter(|e| e.action == TraceAction::Alloc && e.size == size)
+        .count()
 }
