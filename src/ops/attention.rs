@@ -335,46 +335,50 @@ fn blocks_first(q: &Tensor) -> bool {
     crate::kernels::tune::on_cpu_adapter(q.device())
 }
 
-/// Invocations a row for `pass`'s SIMT kernel (`FlashAttnKernel::split`): `force_variant("flash
-/// split", ..)` (or `KILN_FORCE_VARIANT`) where given, one number for every pass ("2") or one
-/// for each of the forward, dQ and dK/dV passes ("2;2;4"); else SPLIT_DEFAULT on a GPU with
-/// subgroups and 1 elsewhere (a CPU adapter, whose rows gain nothing from fewer registers,
-/// or an adapter without subgroups). A split the kernel cannot take falls back to 1.
+/// Invocations a row for `pass`'s SIMT kernel (`FlashAttnKernel::split`): as `forced_per_pass`
+/// ("flash split") where forced, else SPLIT_DEFAULT on a GPU with subgroups and 1 elsewhere (a
+/// CPU adapter, whose rows gain nothing from fewer registers, or an adapter without
+/// subgroups). A split the kernel cannot take falls back to 1.
 fn split(q: &Tensor, pass: FlashPass) -> u32 {
-    let at = match pass {
-        FlashPass::Forward => 0,
-        FlashPass::BackwardDq => 1,
-        FlashPass::BackwardDkDv => 2,
-    };
-    if let Some(s) = crate::kernels::tune::forced_name("flash split") {
-        let each: Vec<&str> = s.split(';').collect();
-        return each[at.min(each.len() - 1)].trim().parse().unwrap_or(1);
+    if let Some(s) = forced_per_pass("flash split", pass) {
+        return s;
     }
     let subgroups = q
         .device()
         .adapter_info()
         .is_some_and(|info| info.features.subgroups);
     match subgroups && !blocks_first(q) {
-        true => SPLIT_DEFAULT[at],
+        true => SPLIT_DEFAULT[pass_index(pass)],
         false => 1,
     }
 }
 
-/// Rows a workgroup for `pass`'s SIMT kernel: `force_variant("flash rows", ..)` as `split`'s,
-/// else ROWS_DEFAULT on a GPU and 64 on a CPU adapter.
+/// Rows a workgroup for `pass`'s SIMT kernel: as `forced_per_pass` ("flash rows") where
+/// forced, else ROWS_DEFAULT on a GPU and 64 on a CPU adapter.
 fn rows(q: &Tensor, pass: FlashPass) -> u32 {
-    let at = match pass {
+    match forced_per_pass("flash rows", pass) {
+        Some(r) => r,
+        None if blocks_first(q) => 64,
+        None => ROWS_DEFAULT[pass_index(pass)],
+    }
+}
+
+/// `force_variant(family, ..)`'s number for `pass` (or `KILN_FORCE_VARIANT`'s), for comparing
+/// kernels by hand: one for every pass ("2"), or one each for the forward, dQ and dK/dV
+/// passes ("2;2;4"). A name that is no number is 0, which no kernel takes.
+fn forced_per_pass(family: &str, pass: FlashPass) -> Option<u32> {
+    let forced = crate::kernels::tune::forced_name(family)?;
+    let each: Vec<&str> = forced.split(';').collect();
+    let at = pass_index(pass).min(each.len() - 1);
+    Some(each[at].trim().parse().unwrap_or(0))
+}
+
+/// The index of `pass` in the per-pass tables: forward, dQ, dK/dV.
+fn pass_index(pass: FlashPass) -> usize {
+    match pass {
         FlashPass::Forward => 0,
         FlashPass::BackwardDq => 1,
         FlashPass::BackwardDkDv => 2,
-    };
-    match crate::kernels::tune::forced_name("flash rows") {
-        Some(s) => {
-            let each: Vec<&str> = s.split(';').collect();
-            each[at.min(each.len() - 1)].trim().parse().unwrap_or(64)
-        }
-        None if blocks_first(q) => 64,
-        None => ROWS_DEFAULT[at],
     }
 }
 
