@@ -120,7 +120,8 @@ struct Slot {
 /// The slots of one `save_on_cpu(pin_memory=True)` guard, in order of packing, shared by its
 /// pack hook and every tensor it packed.
 struct Ledger {
-    /// The look-ahead asked for (`save_on_cpu_ahead`); `None`: each device's default.
+    /// The look-ahead asked for (`save_on_cpu_ahead`); `None`: each device's default. 0 once
+    /// memory ran short (`release`).
     ahead: Option<u64>,
     /// The index of `slots[0]`.
     first: u64,
@@ -130,8 +131,6 @@ struct Ledger {
     leaving: u64,
     /// Bytes of slots brought `back` ahead of their unpack.
     back: u64,
-    /// Memory ran short once (`release`): from then on the guard looks no bytes ahead.
-    pressed: bool,
     /// The reliever registered on each device the guard holds memory ahead on (Note [Memory
     /// pressure]).
     relievers: Vec<(Device, RelieverGuard)>,
@@ -188,7 +187,6 @@ fn hooks(pin_memory: bool, ahead: Option<u64>) -> SavedTensorsHooks {
         slots: VecDeque::new(),
         leaving: 0,
         back: 0,
-        pressed: false,
         relievers: Vec::new(),
     }));
     saved_tensors_hooks(move |t| pack(t, pin_memory, &ledger), unpack)
@@ -257,7 +255,6 @@ fn pack(t: &Tensor, pin_memory: bool, ledger: &Arc<Mutex<Ledger>>) -> Result<Pac
         read: false,
     }));
     l.leaving += bytes;
-    let ahead = if l.pressed { 0 } else { ahead };
     l.retire_beyond(ahead)?;
     drop(l);
     Ok(Box::new(Offloaded::Pinned(Entry {
@@ -387,7 +384,6 @@ impl Ledger {
             }
             None => self.bring_back_now(at)?,
         };
-        let ahead = if self.pressed { 0 } else { ahead };
         self.bring_back_ahead(at, ahead)?;
         Ok(tensor)
     }
@@ -411,21 +407,22 @@ impl Ledger {
 
     /// Frees what the guard holds ahead of need (Note [Memory pressure]): the device tensors
     /// whose copies to the host may still run (the host waits for them) and those brought
-    /// back before their unpack (they come back again when read). From then on the guard
-    /// looks no bytes ahead. True where it freed any.
+    /// back before their unpack (they come back again when read). From then on the guard,
+    /// and each slot it packed, looks no bytes ahead. True where it freed any.
     fn release(&mut self) -> Result<bool> {
         let held = self.leaving + self.back > 0;
+        self.ahead = Some(0);
         for at in 0..self.slots.len() {
             self.retire(at)?;
             let Some(slot) = self.slots[at].as_mut() else {
                 continue;
             };
+            slot.ahead = 0;
             if let Some(flight) = slot.back.take() {
                 self.back -= slot.bytes;
                 drop(settle(flight)?);
             }
         }
-        self.pressed = true;
         Ok(held)
     }
 

@@ -23,7 +23,7 @@ use super::{lock, Device};
 use crate::alloc::{Attempt, BlockRef, CachingAllocator, SegmentSource};
 use crate::{Error, Result};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Frees memory held ahead of need; true where it freed any.
@@ -33,6 +33,9 @@ pub(crate) type Reliever = Arc<dyn Fn() -> bool + Send + Sync>;
 #[derive(Default)]
 pub(crate) struct Relievers {
     next: AtomicU64,
+    /// How many are registered: every allocation reads it, and takes the list's lock only
+    /// where there are some.
+    live: AtomicUsize,
     list: Mutex<Vec<(u64, Reliever)>>,
 }
 
@@ -45,7 +48,9 @@ pub(crate) struct RelieverGuard {
 impl Drop for RelieverGuard {
     fn drop(&mut self) {
         if let Some(inner) = self.device.upgrade() {
-            lock(&inner.relievers.list).retain(|(id, _)| *id != self.id);
+            let mut list = lock(&inner.relievers.list);
+            list.retain(|(id, _)| *id != self.id);
+            inner.relievers.live.store(list.len(), Ordering::Relaxed);
         }
     }
 }
@@ -55,14 +60,20 @@ impl Device {
     /// the guard is dropped (Note [Memory pressure]).
     pub(crate) fn add_reliever(&self, f: Reliever) -> RelieverGuard {
         let id = self.0.relievers.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.0.relievers.list).push((id, f));
+        let mut list = lock(&self.0.relievers.list);
+        list.push((id, f));
+        self.0.relievers.live.store(list.len(), Ordering::Relaxed);
         RelieverGuard {
             device: Arc::downgrade(&self.0),
             id,
         }
     }
 
+    /// The relievers registered now (none without taking the lock, where none are).
     fn relievers(&self) -> Vec<Reliever> {
+        if self.0.relievers.live.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
         lock(&self.0.relievers.list)
             .iter()
             .map(|(_, f)| f.clone())

@@ -200,12 +200,12 @@ impl FlashAttnKernel {
             1 => String::new(),
             s => format!("_s{s}"),
         };
-        let split = match self.rows {
-            64 => split,
-            r => format!("{split}_r{r}"),
+        let rows = match self.rows {
+            64 => String::new(),
+            r => format!("_r{r}"),
         };
         format!(
-            "flash_attn_{pass}_{coop}{}_d{}{order}{split}",
+            "flash_attn_{pass}_{coop}{}_d{}{order}{split}{rows}",
             self.dtype, self.dp
         )
     }

@@ -10,6 +10,8 @@ mod release;
 mod slab;
 mod trace;
 
+pub use oom::Attempt;
+
 use super::category::MemoryCategory;
 use super::config::{AllocatorConfig, MIB};
 use super::history::{Frames, History, TraceAction};
@@ -143,20 +145,6 @@ pub struct BlockRef<H> {
     pub requested_size: u64,
     /// The source's handle of the segment the block lies in.
     pub segment: H,
-}
-
-/// How `malloc_as` ends a request that nothing fits, even after releasing the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attempt {
-    /// PyTorch's `malloc`: the out-of-memory error, recorded (the trace's `oom` entry and
-    /// `num_ooms`).
-    Only,
-    /// The error, recorded nowhere: the caller frees memory and asks `Again`, or does without
-    /// (a speculative request, such as `save_on_cpu` bringing a tensor back ahead of use).
-    Quiet,
-    /// After a `Quiet` attempt and a release: the cascade again, its retry not counted a
-    /// second time, and the error recorded.
-    Again,
 }
 
 /// PyTorch's caching allocator for one device, generic over where segments come from.
@@ -321,7 +309,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// `malloc`, with an out-of-memory end as `attempt` says (Note [Memory pressure] in
-    /// `device/block.rs`).
+    /// `device/pressure.rs`).
     pub fn malloc_as(
         &mut self,
         size: u64,
@@ -368,12 +356,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         }
         let Some(block) = found else {
-            return Err(match attempt {
-                Attempt::Quiet => self.oom_error(size, rounded, alloc_size),
-                Attempt::Only | Attempt::Again => {
-                    self.out_of_memory(size, rounded, alloc_size, stream)
-                }
-            });
+            return Err(self.no_fit(attempt, size, (rounded, alloc_size), stream));
         };
         let id = self.alloc_found_block(block, rounded, size, frames);
         let b = &self.blocks[id];

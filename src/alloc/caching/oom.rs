@@ -9,35 +9,46 @@ use crate::alloc::source::SegmentSource;
 use crate::base::OutOfMemory;
 use crate::Error;
 
+/// How `malloc_as` ends a request that nothing fits, even after releasing the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// PyTorch's `malloc`: the out-of-memory error, recorded (the trace's `oom` entry and
+    /// `num_ooms`).
+    Only,
+    /// The error, recorded nowhere: the caller frees memory and asks `Again`, or does without
+    /// (a speculative request, such as `save_on_cpu` bringing a tensor back ahead of use).
+    Quiet,
+    /// After a `Quiet` attempt and a release: the cascade again, its retry not counted a
+    /// second time, and the error recorded.
+    Again,
+}
+
 impl<S: SegmentSource> CachingAllocator<S> {
-    pub(super) fn out_of_memory(
+    /// The error that ends a request nothing fits: PyTorch's message, recorded (the trace's
+    /// `oom` entry, `num_ooms`) unless `attempt` is `Quiet`.
+    pub(super) fn no_fit(
         &mut self,
+        attempt: Attempt,
         requested: u64,
-        rounded: u64,
-        alloc_size: u64,
+        (rounded, alloc_size): (u64, u64),
         stream: u64,
     ) -> Error {
         let info = self.source.mem_info();
-        self.history.record(TraceEntry {
-            action: TraceAction::Oom,
-            addr: None,
-            device_free: Some(info.free.unwrap_or(0)),
-            size: rounded,
-            stream,
-            time_us: now_us(),
-            compile_context: "N/A",
-            user_metadata: String::new(),
-            frames: None,
-            category: MemoryCategory::Unknown,
-        });
-        self.stats.num_ooms += 1;
-        self.oom_error(requested, rounded, alloc_size)
-    }
-
-    /// The out-of-memory error for a request, recorded nowhere (`out_of_memory` records it;
-    /// `Attempt::Quiet` does not).
-    pub(super) fn oom_error(&self, requested: u64, rounded: u64, alloc_size: u64) -> Error {
-        let info = self.source.mem_info();
+        if attempt != Attempt::Quiet {
+            self.history.record(TraceEntry {
+                action: TraceAction::Oom,
+                addr: None,
+                device_free: Some(info.free.unwrap_or(0)),
+                size: rounded,
+                stream,
+                time_us: now_us(),
+                compile_context: "N/A",
+                user_metadata: String::new(),
+                frames: None,
+                category: MemoryCategory::Unknown,
+            });
+            self.stats.num_ooms += 1;
+        }
         let allocated = self.stats.allocated_bytes.all().current as u64;
         let reserved = self.stats.reserved_bytes.all().current as u64;
         let largest_free_block = self.largest_free_block();
