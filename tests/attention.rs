@@ -177,9 +177,11 @@ fn fused_kernels_match_the_cpu_composite() {
 }
 
 /// The SIMT passes with 2 and 4 invocations a row (and 1, which GPUs with subgroups no longer
-/// take in the backward passes), and 128 rows a workgroup, forced on every adapter with
-/// subgroups: masks, causality over several workgroups and tiles, dropout, and head dims in
-/// three classes.
+/// take in the backward passes), 128 rows a workgroup and staged tiles of 8, 16 and 64 rows
+/// (GPUs take 8 and 16), forced on every adapter with subgroups: masks, causality over several
+/// workgroups and tiles, dropout, and head dims in three classes. (A tile of 64 that the
+/// adapter's workgroup memory cannot hold, lavapipe's 32 KiB for the dK/dV pass at head dim
+/// 64, runs the default tile.)
 #[test]
 fn split_rows_match_the_cpu_composite() {
     let cpu = Device::cpu().unwrap();
@@ -192,20 +194,24 @@ fn split_rows_match_the_cpu_composite() {
         if !dev.adapter_info().is_some_and(|a| a.features.subgroups) {
             continue;
         }
-        for (split, rows) in [
-            ("1", "64"),
-            ("2", "64"),
-            ("4", "64"),
-            ("1", "128"),
-            ("2", "128"),
+        for (split, rows, tile) in [
+            ("1", "64", "32"),
+            ("2", "64", "16"),
+            ("4", "64", "32"),
+            ("1", "128", "16"),
+            ("2", "128", "32"),
+            ("1", "128", "64"),
+            ("2", "64", "64"),
+            ("2", "64", "8"),
         ] {
             kiln::kernels::tune::force_variant("flash split", Some(split));
             kiln::kernels::tune::force_variant("flash rows", Some(rows));
+            kiln::kernels::tune::force_variant("flash tile", Some(tile));
             for (n, (case, want)) in all.iter().zip(&want).enumerate() {
                 let got = run(case, DType::F32, &dev);
                 for (what, (g, w)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(want)) {
                     assert_close(
-                        &format!("{dev:?} split {split} case {n} {what}"),
+                        &format!("{dev:?} split {split} rows {rows} tile {tile} case {n} {what}"),
                         g,
                         w,
                         2e-4,
@@ -215,6 +221,7 @@ fn split_rows_match_the_cpu_composite() {
         }
         kiln::kernels::tune::force_variant("flash split", None);
         kiln::kernels::tune::force_variant("flash rows", None);
+        kiln::kernels::tune::force_variant("flash tile", None);
     }
 }
 

@@ -1,8 +1,9 @@
 //! The flash-attention kernels (`shaders/flash_attn_*.wgsl`): the forward pass and the two
 //! backward passes, specialised per storage dtype and head-dim class. A class is the head dim
 //! rounded up to 16, 32, 64 or 128 (`DP`): the per-row registers and the staged tiles are that
-//! wide, and the tiles at most 32 rows deep, so that the two staged tiles take at most 16 KiB
-//! of workgroup memory (lavapipe has 32 KiB).
+//! wide. The staged tiles are 32 rows deep by default (16 for the widest heads), so that the
+//! two take at most 16 KiB of workgroup memory (lavapipe has 32 KiB); GPUs take 8 or 16 rows
+//! (`ops/attention.rs`'s `TILE_DEFAULT`), and the others can be forced for comparison.
 
 use crate::base::DType;
 
@@ -38,6 +39,16 @@ pub struct FlashAttnKernel {
     /// Rows (queries, or keys in the dK/dV pass) a workgroup takes: 64, or 128 in the SIMT
     /// passes (`flash_attn_common.wgsl`'s `WG`).
     pub rows: u32,
+    /// Rows of a staged tile in the SIMT passes (`BT`): `default_tile` (32, or 16 for the
+    /// widest heads), 8 or 16, or 64 for head dims up to 64 (`with_tile`).
+    pub tile: u32,
+}
+
+/// Rows of a staged tile unless `with_tile` says otherwise: 32, or 16 for the widest heads, so
+/// that the two staged tiles take at most 16 KiB (lavapipe has 32 KiB of workgroup memory, and
+/// llvmpipe's compile time grows with the tile: 128 rows took minutes cold).
+fn default_tile(dp: u32) -> u32 {
+    (2048 / dp).min(32)
 }
 
 /// `head_of` and `block_row` on GPUs (`flash_attn_common.wgsl`).
@@ -84,6 +95,7 @@ impl FlashAttnKernel {
                 blocks_first: false,
                 split: 1,
                 rows: 64,
+                tile: default_tile(dp),
             })
     }
 
@@ -99,6 +111,19 @@ impl FlashAttnKernel {
     pub fn with_split(self, split: u32) -> Option<Self> {
         (!self.coop && matches!(split, 1 | 2 | 4) && split <= self.dp / 4)
             .then_some(FlashAttnKernel { split, ..self })
+    }
+
+    /// The same SIMT kernel staging `tile` rows at a time: its default, 8 or 16, or 64 where
+    /// the head dim class is at most 64 and the staged tiles (and the dK/dV pass's per-row
+    /// statistics) fit `shared_limit` bytes; `None` where it cannot.
+    pub fn with_tile(self, tile: u32, shared_limit: u32) -> Option<Self> {
+        let staged = 2 * tile * self.dp * 4 + 2 * tile * 4;
+        (!self.coop
+            && (tile == default_tile(self.dp)
+                || tile == 8
+                || tile == 16
+                || (tile == 64 && self.dp <= 64 && staged <= shared_limit)))
+            .then_some(FlashAttnKernel { tile, ..self })
     }
 
     /// The same kernel with its row blocks along x, in order (for a CPU adapter).
@@ -119,6 +144,7 @@ impl FlashAttnKernel {
                 coop: true,
                 split: 1,
                 rows: 64,
+                tile: default_tile(self.dp),
                 ..self
             })
     }
@@ -142,6 +168,7 @@ impl FlashAttnKernel {
                         blocks_first: false,
                         split: 1,
                         rows: 64,
+                        tile: default_tile(dp),
                     })
                 })
             })
@@ -154,20 +181,21 @@ impl FlashAttnKernel {
                     k.with_split(4),
                     k.with_rows(128),
                     k.with_split(2).and_then(|k| k.with_rows(128)),
+                    k.with_tile(64, u32::MAX),
+                    k.with_split(2).and_then(|k| k.with_tile(64, u32::MAX)),
+                    k.with_rows(128).and_then(|k| k.with_tile(64, u32::MAX)),
                 ]
             })
             .flatten()
             .collect()
     }
 
-    /// Rows of a staged tile: 32, or 16 for the widest heads, so that the two staged tiles
-    /// take at most 16 KiB (the per-row score array is this long, and llvmpipe's compile time
-    /// grows with it: 128 rows took minutes cold).
+    /// Rows of a staged tile (`tile`; the cooperative-matrix passes' own).
     pub fn tile_rows(&self) -> u32 {
         if self.coop {
             return super::attention_coop::COOP_BT;
         }
-        (2048 / self.dp).min(32)
+        self.tile
     }
 
     /// Vectors of each staged operand an invocation loads a trip (`SU` in
@@ -204,8 +232,12 @@ impl FlashAttnKernel {
             64 => String::new(),
             r => format!("_r{r}"),
         };
+        let tile = match self.coop || self.tile == default_tile(self.dp) {
+            true => String::new(),
+            false => format!("_t{}", self.tile),
+        };
         format!(
-            "flash_attn_{pass}_{coop}{}_d{}{order}{split}{rows}",
+            "flash_attn_{pass}_{coop}{}_d{}{order}{split}{rows}{tile}",
             self.dtype, self.dp
         )
     }
@@ -259,6 +291,7 @@ impl FlashAttnKernel {
             .replace("{{SU}}", &self.staged_per_trip().to_string())
             .replace("{{NI}}", &(self.rows * self.split).to_string())
             .replace("{{DP}}", &self.dp.to_string())
+            .replace("{{BC}}", &self.tile_rows().min(32).to_string())
             .replace("{{BT}}", &self.tile_rows().to_string());
         super::per_dtype(&src, self.dtype).into_owned()
     }

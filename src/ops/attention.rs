@@ -363,6 +363,25 @@ fn rows(q: &Tensor, pass: FlashPass) -> u32 {
     }
 }
 
+/// Rows of a staged tile for `pass`'s SIMT kernel: as `forced_per_pass` ("flash tile") where
+/// forced, else TILE_DEFAULT on a GPU and the kernel's default (32; 16 for the widest heads)
+/// on a CPU adapter, whose compile time and speed were measured there.
+fn tile(q: &Tensor, pass: FlashPass) -> u32 {
+    match forced_per_pass("flash tile", pass) {
+        Some(t) => t,
+        None if blocks_first(q) => 32,
+        None => TILE_DEFAULT[pass_index(pass)],
+    }
+}
+
+/// Rows of a staged tile on GPUs, by pass (forward, dQ, dK/dV). H200, B8 H12 T1024 D64 causal
+/// f32, TFLOP/s (docs/lab/attention.md): the forward 14.7 at 32 rows, 16.1 at 16, 16.75 at 8,
+/// 10.4 at 64; forward + backward 14.4 with every pass at 32, 15.25 at 16, 15.5 with the
+/// forward at 8, 10.2 at 64. NVIDIA's compiler unrolls the forward's loops over a tile (255
+/// registers, 5911 instructions at 32 rows); the backward passes keep theirs rolled and gain
+/// less (dQ or dK/dV alone at 16: +1.6%).
+const TILE_DEFAULT: [u32; 3] = [8, 16, 16];
+
 /// `force_variant(family, ..)`'s number for `pass` (or `KILN_FORCE_VARIANT`'s), for comparing
 /// kernels by hand: one for every pass ("2"), or one each for the forward, dQ and dK/dV
 /// passes ("2;2;4"). A name that is no number is 0, which no kernel takes.
@@ -526,6 +545,8 @@ struct Bound {
     token_major: bool,
     /// The workgroup memory of a device whose f16 passes may run on cooperative matrices.
     coop_limit: Option<u32>,
+    /// The device's workgroup memory, which bounds the SIMT passes' staged tiles.
+    shared_limit: u32,
 }
 
 impl Bound {
@@ -544,6 +565,10 @@ impl Bound {
         let token_major = plan.lead.len() == 2 && q.strides()[1] < q.strides()[2];
         let imm = params((&q, &k, &v), mask.as_ref(), plan, rng, token_major)?;
         let rows = plan.lead.iter().product();
+        let shared_limit = q
+            .device()
+            .adapter_info()
+            .map_or(0, |info| info.limits.max_compute_workgroup_storage_size);
         let coop_limit = crate::kernels::coop_f16(q.device())
             .filter(|_| !simt_forced() && rows_of_eight((&q, &k, &v), plan))
             .map(|info| info.limits.max_compute_workgroup_storage_size);
@@ -556,6 +581,7 @@ impl Bound {
             rows,
             token_major,
             coop_limit,
+            shared_limit,
         })
     }
 
@@ -608,6 +634,9 @@ impl Bound {
         )?;
         let simt = simt.with_split(split(&self.q, pass)).unwrap_or(simt);
         let simt = simt.with_rows(rows(&self.q, pass)).unwrap_or(simt);
+        let simt = simt
+            .with_tile(tile(&self.q, pass), self.shared_limit)
+            .unwrap_or(simt);
         let kernel = match blocks_first(&self.q) {
             true => simt.blocks_first(),
             false => self
