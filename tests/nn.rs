@@ -95,11 +95,16 @@ fn batch_norm_fused_matches_the_cpu_reference() {
             .collect()
     };
     // (full shape, batch rows taken from 1, permuted to non-contiguous)
-    let cases: [(&[usize], Option<usize>, bool); 7] = [
+    // In training, [2, 8, 16, 16], [8, 2, 32, 32], [4, 16, 7, 7] (a workgroup across seven
+    // planes) and [32, 4, 16, 16] (five planes, channels wrapping past the last, two chunks)
+    // take the per-channel pass folded into the elementwise one.
+    let cases: [(&[usize], Option<usize>, bool); 9] = [
         (&[4, 6], None, false),
         (&[3, 5, 7, 5], None, false),
         (&[2, 8, 16, 16], None, false),
         (&[8, 2, 32, 32], None, false),
+        (&[4, 16, 7, 7], None, false),
+        (&[32, 4, 16, 16], None, false),
         (&[3, 3, 4, 4], Some(2), false),
         (&[4, 3, 3, 3], Some(3), false),
         (&[2, 4, 6, 5], None, true),

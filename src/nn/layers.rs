@@ -215,25 +215,16 @@ impl BatchNorm {
     /// `ops::batch_norm` (or `batch_norm_relu`) with this layer's state (which casts to f32
     /// under autocast).
     fn forward_f32(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        let op = if relu {
-            crate::ops::batch_norm_relu
-        } else {
-            crate::ops::batch_norm
-        };
-        let y = op(
+        // `num_batches_tracked += 1` in training, inside the op's own launches where it can.
+        crate::ops::batch_norm_counted(
             x,
-            Some(&self.running_mean),
-            Some(&self.running_var),
-            Some(&self.weight),
-            Some(&self.bias),
+            [Some(&self.running_mean), Some(&self.running_var)],
+            [Some(&self.weight), Some(&self.bias)],
             self.training,
-            self.momentum,
-            self.eps,
-        )?;
-        if self.training {
-            crate::no_grad(|| self.num_batches_tracked.add_scalar_(1.0))?;
-        }
-        Ok(y)
+            [self.momentum, self.eps],
+            relu,
+            &self.num_batches_tracked,
+        )
     }
 }
 

@@ -32,7 +32,16 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     let running = [running_mean, running_var];
-    normalise(x, running, [weight, bias], training, [momentum, eps], false)
+    Ok(normalise(
+        x,
+        running,
+        [weight, bias],
+        training,
+        [momentum, eps],
+        false,
+        None,
+    )?
+    .0)
 }
 
 /// `relu(batch_norm(...))` in one node (`NativeBatchNormReluBackward0`): on the fused GPU path
@@ -53,9 +62,52 @@ pub fn batch_norm_relu(
     eps: f64,
 ) -> Result<Tensor> {
     let running = [running_mean, running_var];
-    normalise(x, running, [weight, bias], training, [momentum, eps], true)
+    Ok(normalise(
+        x,
+        running,
+        [weight, bias],
+        training,
+        [momentum, eps],
+        true,
+        None,
+    )?
+    .0)
 }
 
+/// `batch_norm` (or with `relu`, `batch_norm_relu`) that also adds 1 to `counter` in training,
+/// as a module's `num_batches_tracked += 1` after the call: on the fused path inside the
+/// partial sums' launch (53 launches of their own in a ResNet-50 step), elsewhere as that add.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_counted(
+    x: &Tensor,
+    [running_mean, running_var]: [Option<&Tensor>; 2],
+    [weight, bias]: [Option<&Tensor>; 2],
+    training: bool,
+    [momentum, eps]: [f64; 2],
+    relu: bool,
+    counter: &Tensor,
+) -> Result<Tensor> {
+    let running = [running_mean, running_var];
+    let fusable = counter.dtype() == DType::I32
+        && counter.numel() == 1
+        && counter.is_contiguous()
+        && counter.device() == x.device();
+    let (y, counted) = normalise(
+        x,
+        running,
+        [weight, bias],
+        training,
+        [momentum, eps],
+        relu,
+        (training && fusable).then_some(counter),
+    )?;
+    if training && !counted {
+        crate::no_grad(|| counter.add_scalar_(1.0))?;
+    }
+    Ok(y)
+}
+
+/// The normalisation, and whether it added 1 to `counter` (only the fused path does).
 fn normalise(
     x: &Tensor,
     [running_mean, running_var]: [Option<&Tensor>; 2],
@@ -63,7 +115,8 @@ fn normalise(
     training: bool,
     [momentum, eps]: [f64; 2],
     relu: bool,
-) -> Result<Tensor> {
+    counter: Option<&Tensor>,
+) -> Result<(Tensor, bool)> {
     let params = check(x, running_mean, running_var, weight, bias, training)?;
     let c = x.shape()[1];
     let ones;
@@ -84,17 +137,28 @@ fn normalise(
     };
     let running = running_mean.zip(running_var);
     if fused_suits(x, running, weight, bias) {
-        return fused(x, running, weight, bias, training, [momentum, eps], relu);
+        let y = fused(
+            x,
+            running,
+            weight,
+            bias,
+            training,
+            [momentum, eps],
+            relu,
+            counter,
+        )?;
+        return Ok((y, counter.is_some()));
     }
     // Mixed (f16 input, f32 parameters): the reference in the parameters' dtype, the output
     // back in the input's.
     // Autocast stays out of the formula's steps (its reductions are on the f32 list).
-    super::autocast::suspended(|| {
+    let y = super::autocast::suspended(|| {
         let xp = x.to_dtype(params)?;
         let y = composite(&xp, running, weight, bias, training, momentum, eps)?;
         let y = if relu { y.relu()? } else { y };
         y.to_dtype(x.dtype())
-    })
+    })?;
+    Ok((y, false))
 }
 
 /// Checks the operands; returns the parameters' dtype (the input's where none is given).
@@ -288,12 +352,14 @@ fn f32_bits(v: f64) -> u32 {
 
 /// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward).
 /// With `relu` (backward only), g is zeroed where the forward's output was <= 0 (a NaN output passes it).
+/// With `counter` (forward only), the launch also adds 1 to it.
 fn reduce(
     x: &Tensor,
     g: Option<&Tensor>,
     stats: Option<&Tensor>,
     sh: &Shape,
     relu: bool,
+    counter: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (chunks, len) = sh.chunks();
     let backward = g.is_some();
@@ -310,7 +376,7 @@ fn reduce(
         u32_of(OP, stats.map_or(0, |s| s.layout().offset))?,
         u32_of(OP, chunks * sh.c)?,
         0,
-        0,
+        u32_of(OP, counter.map_or(0, |t| t.layout().offset))?,
         0,
         0,
     ];
@@ -319,6 +385,7 @@ fn reduce(
         vec4: sh.vec4,
         relu: relu && backward,
         half: x.dtype() == DType::F16,
+        count: counter.is_some() && !backward,
     });
     let mut blocks = vec![&x.storage.block];
     if let (Some(g), Some(stats)) = (g, stats) {
@@ -326,6 +393,9 @@ fn reduce(
         blocks.push(&stats.storage.block);
     }
     blocks.push(&part.storage.block);
+    if let (Some(counter), false) = (counter, backward) {
+        blocks.push(&counter.storage.block);
+    }
     launch_groups(
         kernel,
         &blocks,
@@ -368,6 +438,7 @@ fn apply(
         vec4: sh.vec4,
         relu,
         half: x.dtype() == DType::F16,
+        folded: false,
     });
     let mut blocks = vec![&x.storage.block, &co.storage.block, &out.storage.block];
     if let Some(g) = g {
@@ -376,6 +447,94 @@ fn apply(
             blocks.push(&stats.storage.block);
         }
     }
+    launch(kernel, &blocks, &imm, units as u64)?;
+    Ok(out)
+}
+
+/// Whether `x`'s elementwise pass can take the per-channel pass folded in: its workgroups'
+/// planes and their chunks fit (`kernels::folded_fits`), and the device binds the forward's 8
+/// buffers.
+fn folded_suits(x: &Tensor, sh: &Shape) -> bool {
+    crate::kernels::folded_fits(sh.s, sh.chunks().0)
+        && x.device()
+            .adapter_info()
+            .is_some_and(|info| info.limits.max_storage_buffers_per_shader_stage >= 8)
+}
+
+/// The elementwise pass with the per-channel pass folded in, from the partial sums `part`:
+/// forward (`g` None), `per_channel` = [weight, bias, running_mean, running_var, stats], the
+/// statistics written and the running ones updated; backward, [stats, grad_weight, grad_bias],
+/// both gradients written. Returns the output, or the input's gradient.
+fn apply_folded(
+    x: &Tensor,
+    g: Option<&Tensor>,
+    part: &Tensor,
+    per_channel: &[&Tensor],
+    sh: &Shape,
+    (relu, training): (bool, bool),
+    [momentum, eps]: [f64; 2],
+) -> Result<Tensor> {
+    let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+    let units = x.numel() / sh.unit;
+    let mut offsets = [0u32; 5];
+    // The binding each operand takes in `batch_norm_params.wgsl`'s order (b1 .. b5).
+    let slots: &[usize] = match g {
+        None => &[0, 1, 2, 3, 4],
+        Some(_) => &[0, 2, 3],
+    };
+    for (t, &slot) in per_channel.iter().zip(slots) {
+        offsets[slot] = u32_of(OP, t.layout().offset)?;
+    }
+    let mut imm = vec![
+        u32_of(OP, sh.c)?,
+        u32_of(OP, sh.chunks().0)?,
+        f32_bits(sh.m_elems as f64),
+        f32_bits(eps),
+        f32_bits(momentum),
+        training as u32,
+    ];
+    imm.extend(offsets);
+    imm.extend([
+        u32_of(OP, units)?,
+        u32_of(OP, sh.s)?,
+        u32_of(OP, x.layout().offset / sh.unit)?,
+        u32_of(OP, g.map_or(0, |g| g.layout().offset / sh.unit))?,
+        0,
+    ]);
+    let kernel = Kernel::BatchNorm(BatchNormPass::Apply {
+        backward: g.is_some(),
+        vec4: sh.vec4,
+        relu,
+        half: x.dtype() == DType::F16,
+        folded: true,
+    });
+    fn b(t: &Tensor) -> &crate::device::DeviceBlock {
+        &t.storage.block
+    }
+    let blocks = match (g, per_channel) {
+        (None, &[w, bias, rm, rv, stats]) => {
+            vec![
+                b(x),
+                b(stats),
+                b(&out),
+                b(part),
+                b(w),
+                b(bias),
+                b(rm),
+                b(rv),
+            ]
+        }
+        (Some(g), &[stats, gw, gb]) => {
+            vec![b(x), b(stats), b(&out), b(g), b(part), b(gw), b(gb)]
+        }
+        _ => {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: "the folded pass takes five per-channel operands forward, three backward"
+                    .into(),
+            })
+        }
+    };
     launch(kernel, &blocks, &imm, units as u64)?;
     Ok(out)
 }
@@ -400,7 +559,7 @@ fn finalize(
     for t in &blocks[1..] {
         imm.push(u32_of(OP, t.layout().offset)?);
     }
-    imm.push(0);
+    imm.extend([0; 5]);
     let storage: Vec<_> = blocks.iter().map(|t| &t.storage.block).collect();
     launch(
         Kernel::BatchNorm(BatchNormPass::Finalize { backward }),
@@ -410,6 +569,7 @@ fn finalize(
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn fused(
     x: &Tensor,
     running: Option<(&Tensor, &Tensor)>,
@@ -418,6 +578,7 @@ fn fused(
     training: bool,
     [momentum, eps]: [f64; 2],
     relu: bool,
+    counter: Option<&Tensor>,
 ) -> Result<Tensor> {
     // The forward's contiguous input and statistics, for the backward builder (which is given
     // only the output).
@@ -444,10 +605,24 @@ fn fused(
                 }
             };
             let (part, chunks) = if training {
-                (reduce(&x, None, None, &sh, false)?, sh.chunks().0)
+                (reduce(&x, None, None, &sh, false, counter)?, sh.chunks().0)
             } else {
                 (stats.clone(), 0)
             };
+            if let Some(counter) = counter {
+                counter.bump_version();
+            }
+            if training && folded_suits(&x, &sh) {
+                let per_channel = [weight, bias, rm, rv, &stats];
+                let hyper = [momentum, eps];
+                let y = apply_folded(&x, None, &part, &per_channel, &sh, (relu, true), hyper)?;
+                if let Some((rm, rv)) = running {
+                    rm.bump_version();
+                    rv.bump_version();
+                }
+                *forward_state.borrow_mut() = Some((x, stats));
+                return Ok(y);
+            }
             finalize(
                 false,
                 [&part, weight, bias, rm, rv, &stats],
@@ -479,10 +654,21 @@ fn fused(
                 // The gradient in the input's dtype (the output's), contiguous.
                 let g = g.to_dtype(x.dtype())?.contiguous()?;
                 let sh = Shape::of(&x, Some(&g));
-                let part = reduce(&x, Some(&g), Some(&stats), &sh, relu)?;
+                let part = reduce(&x, Some(&g), Some(&stats), &sh, relu, None)?;
                 let c = sh.c;
                 let gw = Tensor::empty(&[c], DType::F32, x.device())?;
                 let gb = Tensor::empty(&[c], DType::F32, x.device())?;
+                if needs[0] && folded_suits(&x, &sh) {
+                    let per_channel = [&stats, &gw, &gb];
+                    let flags = (relu, training);
+                    let gx =
+                        apply_folded(&x, Some(&g), &part, &per_channel, &sh, flags, [0.0, 0.0])?;
+                    return Ok(vec![
+                        Some(gx),
+                        needs[1].then_some(gw),
+                        needs[2].then_some(gb),
+                    ]);
+                }
                 let coef = Tensor::empty(&[3, c], DType::F32, x.device())?;
                 finalize(
                     true,

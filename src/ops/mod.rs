@@ -65,6 +65,7 @@ pub use crate::base::CmpOp;
 pub use crate::base::Conv2dParams;
 pub use crate::base::{BinaryOp, UnaryOp};
 pub use attention::scaled_dot_product_attention;
+pub(crate) use batch_norm::batch_norm_counted;
 pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv::{avg_pool2d, conv2d, max_pool2d};
 pub use index::{embedding, gather, index_select, one_hot, scatter_add};
