@@ -95,9 +95,8 @@ fn batch_norm_fused_matches_the_cpu_reference() {
             .collect()
     };
     // (full shape, batch rows taken from 1, permuted to non-contiguous)
-    // In training, [2, 8, 16, 16], [8, 2, 32, 32], [4, 16, 7, 7] (a workgroup across seven
-    // planes) and [32, 4, 16, 16] (five planes, channels wrapping past the last, two chunks)
-    // take the per-channel pass folded into the elementwise one.
+    // [4, 16, 7, 7]: rows of 49 scalars; [32, 4, 16, 16]: two chunks a channel, and a
+    // workgroup's units across five planes.
     let cases: [(&[usize], Option<usize>, bool); 9] = [
         (&[4, 6], None, false),
         (&[3, 5, 7, 5], None, false),

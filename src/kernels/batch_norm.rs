@@ -3,9 +3,7 @@
 //! forward or the backward, the sweeping passes over f32 scalars or vec4s, and with `relu` a
 //! ReLU fused after the normalisation (`ops::batch_norm_relu`): the forward apply clamps, and
 //! the backward passes mask the gradient where the output was not positive, the output
-//! recomputed from the input and the saved statistics with the forward's own `fma`. In
-//! training the per-channel pass can be folded into the elementwise one
-//! (`batch_norm_folded.rs`).
+//! recomputed from the input and the saved statistics with the forward's own `fma`.
 
 /// One pass of the fused batch normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,16 +36,12 @@ pub enum BatchNormPass {
         relu: bool,
         /// x, g and the output in f16 (the coefficients f32).
         half: bool,
-        /// The per-channel pass folded in: each workgroup works out its channels' values from
-        /// the partial sums (`batch_norm_folded.rs`).
-        folded: bool,
     },
 }
 
 /// `y = x * scale + shift` as the ReLU-fused passes compute it, in `{{V}}` units: one `fma`,
 /// so that the backward's recomputation of the output's sign is the forward's bit for bit.
-pub(super) const NORMALISED: &str =
-    "fn normalised(x: {{V}}, scale: f32, shift: f32) -> {{V}} {\n    \
+const NORMALISED: &str = "fn normalised(x: {{V}}, scale: f32, shift: f32) -> {{V}} {\n    \
      return fma(x, {{V}}(scale), {{V}}(shift));\n}\n";
 
 impl BatchNormPass {
@@ -59,24 +53,23 @@ impl BatchNormPass {
             for vec4 in [false, true] {
                 for relu in [false, true] {
                     for half in [false, true] {
-                        for flag in [false, true] {
-                            if (backward || !relu) && !(backward && flag) {
+                        for count in [false, true] {
+                            if (backward || !relu) && !(backward && count) {
                                 v.push(BatchNormPass::Reduce {
                                     backward,
                                     vec4,
                                     relu,
                                     half,
-                                    count: flag,
+                                    count,
                                 });
                             }
-                            v.push(BatchNormPass::Apply {
-                                backward,
-                                vec4,
-                                relu,
-                                half,
-                                folded: flag,
-                            });
                         }
+                        v.push(BatchNormPass::Apply {
+                            backward,
+                            vec4,
+                            relu,
+                            half,
+                        });
                     }
                 }
             }
@@ -106,14 +99,7 @@ impl BatchNormPass {
                 vec4,
                 relu,
                 half,
-                folded,
-            } => (
-                if folded { "apply_folded" } else { "apply" },
-                backward,
-                vec4,
-                relu,
-                half,
-            ),
+            } => ("apply", backward, vec4, relu, half),
         };
         format!(
             "batch_norm_{}{pass}_{}_{}{}",
@@ -124,14 +110,6 @@ impl BatchNormPass {
         )
     }
 
-    /// Bytes of immediates: the sweeping passes' 48, or `batch_norm_params.wgsl`'s 64.
-    pub fn immediate_bytes(&self) -> u32 {
-        match *self {
-            BatchNormPass::Finalize { .. } | BatchNormPass::Apply { folded: true, .. } => 64,
-            _ => 48,
-        }
-    }
-
     /// Storage buffers the pass binds.
     pub fn bindings(&self) -> u32 {
         match *self {
@@ -139,11 +117,6 @@ impl BatchNormPass {
                 backward, count, ..
             } => 2 + 2 * backward as u32 + count as u32,
             BatchNormPass::Finalize { .. } => 6,
-            BatchNormPass::Apply {
-                backward,
-                folded: true,
-                ..
-            } => 8 - backward as u32,
             BatchNormPass::Apply { backward, relu, .. } => {
                 3 + backward as u32 + (backward && relu) as u32
             }
@@ -163,22 +136,8 @@ impl BatchNormPass {
     pub fn source(&self) -> String {
         match *self {
             BatchNormPass::Finalize { .. } => {
-                let channel = [
-                    super::batch_norm_folded::FORWARD_CHANNEL,
-                    super::batch_norm_folded::BACKWARD_CHANNEL,
-                ]
-                .concat();
-                include_str!("../../shaders/batch_norm_finalize.wgsl")
-                    .replace("{{PARAMS}}", super::batch_norm_folded::PARAMS)
-                    .replace("{{CHANNEL}}", &channel)
+                include_str!("../../shaders/batch_norm_finalize.wgsl").to_string()
             }
-            BatchNormPass::Apply {
-                backward,
-                vec4,
-                relu,
-                half,
-                folded: true,
-            } => specialise(super::batch_norm_folded::source(backward, relu), vec4, half),
             BatchNormPass::Reduce {
                 backward,
                 vec4,
@@ -263,7 +222,6 @@ impl BatchNormPass {
                 vec4,
                 relu,
                 half,
-                folded: false,
             } => {
                 let (bindings, body) = match (backward, relu) {
                     (true, false) => (
@@ -306,7 +264,7 @@ impl BatchNormPass {
 /// filled in. With `half`, x, g and the output are stored as f16 (`f16` or `vec4<f16>`): each
 /// load of x or g converts to the f32 unit and the store rounds back, so the sums and the
 /// arithmetic stay f32 as in PyTorch's kernels for f16 input.
-pub(super) fn specialise(tpl: String, vec4: bool, half: bool) -> String {
+fn specialise(tpl: String, vec4: bool, half: bool) -> String {
     let v = if vec4 { "vec4<f32>" } else { "f32" };
     if !half {
         return tpl.replace("{{V}}", v);

@@ -7,7 +7,6 @@ mod amp;
 mod attention;
 mod attention_coop;
 mod batch_norm;
-mod batch_norm_folded;
 mod conv_coop;
 mod conv_gemm;
 mod coop_gen;
@@ -29,7 +28,6 @@ pub use crate::base::CmpOp;
 pub use amp::AMP_MULTI;
 pub use attention::{FlashAttnKernel, FlashPass, FLASH_HEAD_DIMS};
 pub use batch_norm::BatchNormPass;
-pub use batch_norm_folded::folded_fits;
 pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
@@ -659,7 +657,7 @@ impl Kernel {
             Kernel::AmpUnscaleMulti => 8 * AMP_MULTI as u32 + 8,
             Kernel::ColumnSum(..) => 32,
             Kernel::ConvGemm(_) => 128,
-            Kernel::BatchNorm(b) => b.immediate_bytes(),
+            Kernel::BatchNorm(_) => 48,
             Kernel::FlashAttn(_) => 128,
             Kernel::LayerNorm(_) => 48,
             Kernel::CastVec4(..) | Kernel::AddMixedVec4 => 16,

@@ -438,7 +438,6 @@ fn apply(
         vec4: sh.vec4,
         relu,
         half: x.dtype() == DType::F16,
-        folded: false,
     });
     let mut blocks = vec![&x.storage.block, &co.storage.block, &out.storage.block];
     if let Some(g) = g {
@@ -447,94 +446,6 @@ fn apply(
             blocks.push(&stats.storage.block);
         }
     }
-    launch(kernel, &blocks, &imm, units as u64)?;
-    Ok(out)
-}
-
-/// Whether `x`'s elementwise pass can take the per-channel pass folded in: its workgroups'
-/// planes and their chunks fit (`kernels::folded_fits`), and the device binds the forward's 8
-/// buffers.
-fn folded_suits(x: &Tensor, sh: &Shape) -> bool {
-    crate::kernels::folded_fits(sh.s, sh.chunks().0)
-        && x.device()
-            .adapter_info()
-            .is_some_and(|info| info.limits.max_storage_buffers_per_shader_stage >= 8)
-}
-
-/// The elementwise pass with the per-channel pass folded in, from the partial sums `part`:
-/// forward (`g` None), `per_channel` = [weight, bias, running_mean, running_var, stats], the
-/// statistics written and the running ones updated; backward, [stats, grad_weight, grad_bias],
-/// both gradients written. Returns the output, or the input's gradient.
-fn apply_folded(
-    x: &Tensor,
-    g: Option<&Tensor>,
-    part: &Tensor,
-    per_channel: &[&Tensor],
-    sh: &Shape,
-    (relu, training): (bool, bool),
-    [momentum, eps]: [f64; 2],
-) -> Result<Tensor> {
-    let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-    let units = x.numel() / sh.unit;
-    let mut offsets = [0u32; 5];
-    // The binding each operand takes in `batch_norm_params.wgsl`'s order (b1 .. b5).
-    let slots: &[usize] = match g {
-        None => &[0, 1, 2, 3, 4],
-        Some(_) => &[0, 2, 3],
-    };
-    for (t, &slot) in per_channel.iter().zip(slots) {
-        offsets[slot] = u32_of(OP, t.layout().offset)?;
-    }
-    let mut imm = vec![
-        u32_of(OP, sh.c)?,
-        u32_of(OP, sh.chunks().0)?,
-        f32_bits(sh.m_elems as f64),
-        f32_bits(eps),
-        f32_bits(momentum),
-        training as u32,
-    ];
-    imm.extend(offsets);
-    imm.extend([
-        u32_of(OP, units)?,
-        u32_of(OP, sh.s)?,
-        u32_of(OP, x.layout().offset / sh.unit)?,
-        u32_of(OP, g.map_or(0, |g| g.layout().offset / sh.unit))?,
-        0,
-    ]);
-    let kernel = Kernel::BatchNorm(BatchNormPass::Apply {
-        backward: g.is_some(),
-        vec4: sh.vec4,
-        relu,
-        half: x.dtype() == DType::F16,
-        folded: true,
-    });
-    fn b(t: &Tensor) -> &crate::device::DeviceBlock {
-        &t.storage.block
-    }
-    let blocks = match (g, per_channel) {
-        (None, &[w, bias, rm, rv, stats]) => {
-            vec![
-                b(x),
-                b(stats),
-                b(&out),
-                b(part),
-                b(w),
-                b(bias),
-                b(rm),
-                b(rv),
-            ]
-        }
-        (Some(g), &[stats, gw, gb]) => {
-            vec![b(x), b(stats), b(&out), b(g), b(part), b(gw), b(gb)]
-        }
-        _ => {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                msg: "the folded pass takes five per-channel operands forward, three backward"
-                    .into(),
-            })
-        }
-    };
     launch(kernel, &blocks, &imm, units as u64)?;
     Ok(out)
 }
@@ -559,7 +470,7 @@ fn finalize(
     for t in &blocks[1..] {
         imm.push(u32_of(OP, t.layout().offset)?);
     }
-    imm.extend([0; 5]);
+    imm.push(0);
     let storage: Vec<_> = blocks.iter().map(|t| &t.storage.block).collect();
     launch(
         Kernel::BatchNorm(BatchNormPass::Finalize { backward }),
@@ -612,17 +523,6 @@ fn fused(
             if let Some(counter) = counter {
                 counter.bump_version();
             }
-            if training && folded_suits(&x, &sh) {
-                let per_channel = [weight, bias, rm, rv, &stats];
-                let hyper = [momentum, eps];
-                let y = apply_folded(&x, None, &part, &per_channel, &sh, (relu, true), hyper)?;
-                if let Some((rm, rv)) = running {
-                    rm.bump_version();
-                    rv.bump_version();
-                }
-                *forward_state.borrow_mut() = Some((x, stats));
-                return Ok(y);
-            }
             finalize(
                 false,
                 [&part, weight, bias, rm, rv, &stats],
@@ -658,17 +558,6 @@ fn fused(
                 let c = sh.c;
                 let gw = Tensor::empty(&[c], DType::F32, x.device())?;
                 let gb = Tensor::empty(&[c], DType::F32, x.device())?;
-                if needs[0] && folded_suits(&x, &sh) {
-                    let per_channel = [&stats, &gw, &gb];
-                    let flags = (relu, training);
-                    let gx =
-                        apply_folded(&x, Some(&g), &part, &per_channel, &sh, flags, [0.0, 0.0])?;
-                    return Ok(vec![
-                        Some(gx),
-                        needs[1].then_some(gw),
-                        needs[2].then_some(gb),
-                    ]);
-                }
                 let coef = Tensor::empty(&[3, c], DType::F32, x.device())?;
                 finalize(
                     true,
