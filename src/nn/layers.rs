@@ -223,7 +223,7 @@ impl BatchNorm {
             self.training,
             [self.momentum, self.eps],
             relu,
-            &self.num_batches_tracked,
+            Some(&self.num_batches_tracked),
         )
     }
 }

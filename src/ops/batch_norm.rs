@@ -32,7 +32,7 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     let running = [running_mean, running_var];
-    Ok(normalise(
+    batch_norm_counted(
         x,
         running,
         [weight, bias],
@@ -40,8 +40,7 @@ pub fn batch_norm(
         [momentum, eps],
         false,
         None,
-    )?
-    .0)
+    )
 }
 
 /// `relu(batch_norm(...))` in one node (`NativeBatchNormReluBackward0`): on the fused GPU path
@@ -62,7 +61,7 @@ pub fn batch_norm_relu(
     eps: f64,
 ) -> Result<Tensor> {
     let running = [running_mean, running_var];
-    Ok(normalise(
+    batch_norm_counted(
         x,
         running,
         [weight, bias],
@@ -70,38 +69,31 @@ pub fn batch_norm_relu(
         [momentum, eps],
         true,
         None,
-    )?
-    .0)
+    )
 }
 
-/// `batch_norm` (or with `relu`, `batch_norm_relu`) that also adds 1 to `counter` in training,
-/// as a module's `num_batches_tracked += 1` after the call: on the fused path inside the
-/// partial sums' launch (53 launches of their own in a ResNet-50 step), elsewhere as that add.
-#[allow(clippy::too_many_arguments)]
+/// `batch_norm` (or with `relu`, `batch_norm_relu`) that, in training, also adds 1 to
+/// `counter` where one is given, as a module's `num_batches_tracked += 1` after the call: on
+/// the fused path inside the partial sums' launch (a ResNet-50 step made 53 launches of that
+/// add), elsewhere as that add.
 pub(crate) fn batch_norm_counted(
     x: &Tensor,
-    [running_mean, running_var]: [Option<&Tensor>; 2],
-    [weight, bias]: [Option<&Tensor>; 2],
+    running: [Option<&Tensor>; 2],
+    affine: [Option<&Tensor>; 2],
     training: bool,
-    [momentum, eps]: [f64; 2],
+    hyper: [f64; 2],
     relu: bool,
-    counter: &Tensor,
+    counter: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let running = [running_mean, running_var];
-    let fusable = counter.dtype() == DType::I32
-        && counter.numel() == 1
-        && counter.is_contiguous()
-        && counter.device() == x.device();
-    let (y, counted) = normalise(
-        x,
-        running,
-        [weight, bias],
-        training,
-        [momentum, eps],
-        relu,
-        (training && fusable).then_some(counter),
-    )?;
-    if training && !counted {
+    let fusable = counter.filter(|t| {
+        training
+            && t.dtype() == DType::I32
+            && t.numel() == 1
+            && t.is_contiguous()
+            && t.device() == x.device()
+    });
+    let (y, counted) = normalise(x, running, affine, training, hyper, relu, fusable)?;
+    if let (true, false, Some(counter)) = (training, counted, counter) {
         crate::no_grad(|| counter.add_scalar_(1.0))?;
     }
     Ok(y)
