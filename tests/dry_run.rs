@@ -470,3 +470,20 @@ fn backward_blocks_of(dev: &Device, [x, w, g]: [&Tensor; 3], size: u64) -> usize
         .filter(|e| e.action == TraceAction::Alloc && e.size == size)
         .count()
 }
+
+/// A tensor that fits one of the target's buffers but not one storage binding (the H100's 2 GiB)
+/// fails the op that binds it with `TooLarge`, naming the kernel and the operand, on the
+/// planning device as on the GPU; the op's output goes back to the allocator.
+#[test]
+fn a_binding_too_large_names_its_kernel() {
+    let plan = Device::planning(kiln::PlanTarget::named("H100").unwrap()).unwrap();
+    let big = Tensor::empty(&[600 << 20], DType::F32, &plan).unwrap();
+    let before = plan.memory_allocated();
+    let err = big.relu().unwrap_err();
+    let Error::TooLarge { op, what, .. } = &err else {
+        panic!("expected TooLarge, got {err:?}")
+    };
+    assert!(op.contains("relu"), "{err}");
+    assert!(what.contains("operand 0"), "{err}");
+    assert_eq!(plan.memory_allocated(), before);
+}

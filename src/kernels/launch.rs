@@ -241,6 +241,54 @@ pub(crate) fn launch_groups_uniform(
     )
 }
 
+/// `check_bindable`'s error, naming the kernel and the operand: "cast_f16_f32_vec4: 2264924160
+/// bytes of operand 0 (one storage binding) exceeds ..." rather than "bind: ...".
+fn binding_too_large(e: Error, kernel: &Kernel, slot: usize) -> Error {
+    const OPERAND: [&str; 8] = [
+        "bytes of operand 0 (one storage binding)",
+        "bytes of operand 1 (one storage binding)",
+        "bytes of operand 2 (one storage binding)",
+        "bytes of operand 3 (one storage binding)",
+        "bytes of operand 4 (one storage binding)",
+        "bytes of operand 5 (one storage binding)",
+        "bytes of operand 6 (one storage binding)",
+        "bytes of operand 7 (one storage binding)",
+    ];
+    match e {
+        Error::TooLarge {
+            size_bytes,
+            limit_bytes,
+            what,
+            ..
+        } => Error::TooLarge {
+            op: static_name(kernel.name()),
+            size_bytes,
+            limit_bytes,
+            what: OPERAND.get(slot).copied().unwrap_or(what),
+        },
+        e => e,
+    }
+}
+
+/// A kernel's name as `Error::TooLarge`'s `&'static str` op. Names built at run time are
+/// leaked once each; kiln's kernels are a bounded set.
+fn static_name(name: std::borrow::Cow<'static, str>) -> &'static str {
+    static NAMES: Mutex<std::collections::BTreeSet<&'static str>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    match name {
+        std::borrow::Cow::Borrowed(s) => s,
+        std::borrow::Cow::Owned(s) => {
+            let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(&known) = names.get(s.as_str()) {
+                return known;
+            }
+            let leaked: &'static str = Box::leak(s.into_boxed_str());
+            names.insert(leaked);
+            leaked
+        }
+    }
+}
+
 fn launch_bound(
     kernel: Kernel,
     uniform: Option<(&DeviceBlock, u64, u64)>,
@@ -265,11 +313,17 @@ fn launch_bound(
             what: "workgroups in one dimension of a dispatch",
         });
     }
+    // Each operand fits one storage binding, checked alike on a planning device and its target.
+    for (slot, b) in blocks
+        .iter()
+        .chain(uniform.as_ref().map(|u| &u.0))
+        .enumerate()
+    {
+        b.check_bindable(limits.max_storage_buffer_binding_size)
+            .map_err(|e| binding_too_large(e, &kernel, slot))?;
+    }
     let Some(g) = device.gpu() else {
         // A dry run: the target's checks, and no dispatch (Note [Dry runs]).
-        for b in blocks.iter().chain(uniform.as_ref().map(|u| &u.0)) {
-            b.check_bindable(limits.max_storage_buffer_binding_size)?;
-        }
         return Ok(());
     };
     g.check("launch")?;
