@@ -51,8 +51,6 @@ const DP: u32 = {{DP}}u;
 // H100, one load per multiply-add).
 const DP4: u32 = {{DP}}u / 4u;
 const BT: u32 = {{BT}}u;
-// Keys a forward row scores before rescaling: the staged tile, or 32 of a 64-row one.
-const BC: u32 = {{BC}}u;
 // Rows (queries; keys in the dK/dV pass) a workgroup takes (`FlashAttnKernel::rows`).
 const WG: u32 = {{WG}}u;
 // Invocations a row (`kernels/attention.rs`, `FlashAttnKernel::split`): 1, or 2 or 4 adjacent

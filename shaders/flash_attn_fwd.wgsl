@@ -33,43 +33,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var l = 0.0;
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
         stage_kv(n, j0, li);
-        // A staged tile of 64 keys is taken in two chunks of 32, each rescaled once: the
-        // scores of a chunk stay in registers.
-        for (var c0 = 0u; c0 < BT; c0 += BC) {
-            var s: array<f32, BC>;
-            var tile_max = MASKED;
-            for (var r = 0u; r < BC; r++) {
-                let j = j0 + c0 + r;
-                var x4 = vec4<f32>(0.0);
-                for (var c = 0u; c < DS; c++) {
-                    x4 = fma(qr[c], kt[(c0 + r) * DP4 + c * S + part], x4);
-                }
-                var x = max(across(hsum(x4)) + mask_at(n, i, j), MASKED);
-                if !visible(i, j) {
-                    x = MASKED;
-                }
-                s[r] = x;
-                tile_max = max(tile_max, x);
+        var s: array<f32, BT>;
+        var tile_max = MASKED;
+        for (var r = 0u; r < BT; r++) {
+            let j = j0 + r;
+            var x4 = vec4<f32>(0.0);
+            for (var c = 0u; c < DS; c++) {
+                x4 = fma(qr[c], kt[r * DP4 + c * S + part], x4);
             }
-            let m_new = max(m, tile_max);
-            if m_new > DEAD {
-                let alpha = exp(m - m_new);
-                l *= alpha;
-                for (var c = 0u; c < DS; c++) {
-                    acc[c] *= alpha;
-                }
-                for (var r = 0u; r < BC; r++) {
-                    let pr = exp(s[r] - m_new);
-                    l += pr;
-                    let pd = pr * keep(n, i, j0 + c0 + r);
-                    if pd != 0.0 {
-                        for (var c = 0u; c < DS; c++) {
-                            acc[c] = fma(vec4<f32>(pd), vt[(c0 + r) * DP4 + c * S + part], acc[c]);
-                        }
+            var x = max(across(hsum(x4)) + mask_at(n, i, j), MASKED);
+            if !visible(i, j) {
+                x = MASKED;
+            }
+            s[r] = x;
+            tile_max = max(tile_max, x);
+        }
+        let m_new = max(m, tile_max);
+        if m_new > DEAD {
+            let alpha = exp(m - m_new);
+            l *= alpha;
+            for (var c = 0u; c < DS; c++) {
+                acc[c] *= alpha;
+            }
+            for (var r = 0u; r < BT; r++) {
+                let pr = exp(s[r] - m_new);
+                l += pr;
+                let pd = pr * keep(n, i, j0 + r);
+                if pd != 0.0 {
+                    for (var c = 0u; c < DS; c++) {
+                        acc[c] = fma(vec4<f32>(pd), vt[r * DP4 + c * S + part], acc[c]);
                     }
                 }
-                m = m_new;
             }
+            m = m_new;
         }
     }
     if i < p.lq {

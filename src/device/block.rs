@@ -228,22 +228,15 @@ impl DeviceBlock {
         Ok(())
     }
 
-    /// The whole block as a storage binding, refused past the device's binding limit.
-    pub(crate) fn binding(&self, max_binding_bytes: u64) -> Result<wgpu::BufferBinding<'_>> {
+    /// The whole block as a storage binding (the launch has checked its size against the
+    /// device's binding limit: `check_bindable`).
+    pub(crate) fn binding(&self) -> Result<wgpu::BufferBinding<'_>> {
         let Some(Mem::Gpu(buffer)) = &self.mem else {
             return Err(Error::InvalidArgument {
                 op: "bind",
                 msg: "not a GPU block".into(),
             });
         };
-        if self.size > max_binding_bytes {
-            return Err(Error::TooLarge {
-                op: "bind",
-                size_bytes: self.size,
-                limit_bytes: max_binding_bytes,
-                what: "bytes of a tensor to bind (one storage binding)",
-            });
-        }
         Ok(wgpu::BufferBinding {
             buffer,
             offset: self.offset,

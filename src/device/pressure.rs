@@ -69,11 +69,8 @@ impl Device {
         }
     }
 
-    /// The relievers registered now (none without taking the lock, where none are).
+    /// The relievers registered now.
     fn relievers(&self) -> Vec<Reliever> {
-        if self.0.relievers.live.load(Ordering::Relaxed) == 0 {
-            return Vec::new();
-        }
         lock(&self.0.relievers.list)
             .iter()
             .map(|(_, f)| f.clone())
@@ -104,15 +101,15 @@ pub(super) fn malloc_relieved<S: SegmentSource>(
     if SPECULATIVE.with(|s| s.get()) {
         return lock(alloc).malloc_as(size, stream, Attempt::Quiet);
     }
-    let relievers = device.relievers();
-    if relievers.is_empty() {
+    if device.0.relievers.live.load(Ordering::Relaxed) == 0 {
         return lock(alloc).malloc(size, stream);
     }
     let first = lock(alloc).malloc_as(size, stream, Attempt::Quiet);
     if !matches!(first, Err(Error::OutOfMemory(_))) {
         return first;
     }
-    for relieve in &relievers {
+    // Only now, with nothing fitting, the relievers are gathered (not on every allocation).
+    for relieve in device.relievers() {
         relieve();
     }
     lock(alloc).malloc_as(size, stream, Attempt::Again)

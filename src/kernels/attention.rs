@@ -3,7 +3,7 @@
 //! rounded up to 16, 32, 64 or 128 (`DP`): the per-row registers and the staged tiles are that
 //! wide. The staged tiles are 32 rows deep by default (16 for the widest heads), so that the
 //! two take at most 16 KiB of workgroup memory (lavapipe has 32 KiB); GPUs take 8 or 16 rows
-//! (`ops/attention.rs`'s `TILE_DEFAULT`), and the others can be forced for comparison.
+//! (`ops/attention.rs`'s `TILE_DEFAULT`).
 
 use crate::base::DType;
 
@@ -40,7 +40,7 @@ pub struct FlashAttnKernel {
     /// passes (`flash_attn_common.wgsl`'s `WG`).
     pub rows: u32,
     /// Rows of a staged tile in the SIMT passes (`BT`): `default_tile` (32, or 16 for the
-    /// widest heads), 8 or 16, or 64 for head dims up to 64 (`with_tile`).
+    /// widest heads), or 8 or 16 (`with_tile`).
     pub tile: u32,
 }
 
@@ -113,16 +113,11 @@ impl FlashAttnKernel {
             .then_some(FlashAttnKernel { split, ..self })
     }
 
-    /// The same SIMT kernel staging `tile` rows at a time: its default, 8 or 16, or 64 where
-    /// the head dim class is at most 64 and the staged tiles (and the dK/dV pass's per-row
-    /// statistics) fit `shared_limit` bytes; `None` where it cannot.
-    pub fn with_tile(self, tile: u32, shared_limit: u32) -> Option<Self> {
-        let staged = 2 * tile * self.dp * 4 + 2 * tile * 4;
-        (!self.coop
-            && (tile == default_tile(self.dp)
-                || tile == 8
-                || tile == 16
-                || (tile == 64 && self.dp <= 64 && staged <= shared_limit)))
+    /// The same SIMT kernel staging `tile` rows at a time: its default, 8 or 16 (tiles of 64
+    /// rows ran 30% slower in every pass on the H200: docs/lab/attention.md); `None` where it
+    /// cannot.
+    pub fn with_tile(self, tile: u32) -> Option<Self> {
+        (!self.coop && (tile == default_tile(self.dp) || tile == 8 || tile == 16))
             .then_some(FlashAttnKernel { tile, ..self })
     }
 
@@ -181,9 +176,9 @@ impl FlashAttnKernel {
                     k.with_split(4),
                     k.with_rows(128),
                     k.with_split(2).and_then(|k| k.with_rows(128)),
-                    k.with_tile(64, u32::MAX),
-                    k.with_split(2).and_then(|k| k.with_tile(64, u32::MAX)),
-                    k.with_rows(128).and_then(|k| k.with_tile(64, u32::MAX)),
+                    // The GPUs' defaults (`ops/attention.rs`'s TILE_DEFAULT).
+                    k.with_rows(128).and_then(|k| k.with_tile(8)),
+                    k.with_split(2).and_then(|k| k.with_tile(16)),
                 ]
             })
             .flatten()
@@ -291,7 +286,6 @@ impl FlashAttnKernel {
             .replace("{{SU}}", &self.staged_per_trip().to_string())
             .replace("{{NI}}", &(self.rows * self.split).to_string())
             .replace("{{DP}}", &self.dp.to_string())
-            .replace("{{BC}}", &self.tile_rows().min(32).to_string())
             .replace("{{BT}}", &self.tile_rows().to_string());
         super::per_dtype(&src, self.dtype).into_owned()
     }

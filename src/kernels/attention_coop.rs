@@ -259,7 +259,6 @@ pub(super) fn source(k: &FlashAttnKernel) -> String {
             "enable f16;\nenable wgpu_cooperative_matrix;",
         )
         .replace("{{DP}}", &k.dp.to_string())
-        .replace("{{BC}}", &bt.min(32).to_string())
         .replace("{{BT}}", &bt.to_string())
         .replace("{{T}}", "f16")
 }

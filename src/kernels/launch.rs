@@ -329,11 +329,11 @@ fn launch_bound(
     g.check("launch")?;
     let mut bindings = blocks
         .iter()
-        .map(|b| b.binding(limits.max_storage_buffer_binding_size))
+        .map(|b| b.binding())
         .collect::<Result<Vec<_>>>()?;
     let mut stream_copy = None;
     if let (Some(at), Some((src, offset, bytes))) = (kernel.uniform_binding(), uniform) {
-        let source = src.binding(limits.max_storage_buffer_binding_size)?;
+        let source = src.binding()?;
         let fits = bytes <= UNIFORM_SCRATCH
             && offset + bytes <= src.block_size()
             && (source.offset + offset).is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)

@@ -545,8 +545,6 @@ struct Bound {
     token_major: bool,
     /// The workgroup memory of a device whose f16 passes may run on cooperative matrices.
     coop_limit: Option<u32>,
-    /// The device's workgroup memory, which bounds the SIMT passes' staged tiles.
-    shared_limit: u32,
 }
 
 impl Bound {
@@ -565,10 +563,6 @@ impl Bound {
         let token_major = plan.lead.len() == 2 && q.strides()[1] < q.strides()[2];
         let imm = params((&q, &k, &v), mask.as_ref(), plan, rng, token_major)?;
         let rows = plan.lead.iter().product();
-        let shared_limit = q
-            .device()
-            .adapter_info()
-            .map_or(0, |info| info.limits.max_compute_workgroup_storage_size);
         let coop_limit = crate::kernels::coop_f16(q.device())
             .filter(|_| !simt_forced() && rows_of_eight((&q, &k, &v), plan))
             .map(|info| info.limits.max_compute_workgroup_storage_size);
@@ -581,7 +575,6 @@ impl Bound {
             rows,
             token_major,
             coop_limit,
-            shared_limit,
         })
     }
 
@@ -634,9 +627,7 @@ impl Bound {
         )?;
         let simt = simt.with_split(split(&self.q, pass)).unwrap_or(simt);
         let simt = simt.with_rows(rows(&self.q, pass)).unwrap_or(simt);
-        let simt = simt
-            .with_tile(tile(&self.q, pass), self.shared_limit)
-            .unwrap_or(simt);
+        let simt = simt.with_tile(tile(&self.q, pass)).unwrap_or(simt);
         let kernel = match blocks_first(&self.q) {
             true => simt.blocks_first(),
             false => self
