@@ -28,7 +28,8 @@ fn element(gid: vec3<u32>, nw: vec3<u32>) -> vec3<u32> {
 }
 
 // The workgroup's sums and counts added up: the loss (their quotient; 0 / 0 is NaN when every
-// target is ignored) and total_weight (the count).
+// target is ignored) and total_weight (the count); for a window of rows (`p.part`), the sums
+// so far, the quotient only after the last.
 fn finish(t: u32, s: f32, count: f32) {
     sums[t] = s;
     counts[t] = count;
@@ -41,7 +42,16 @@ fn finish(t: u32, s: f32, count: f32) {
         workgroupBarrier();
     }
     if t == 0u {
-        out[p.out_off] = {{T}}(sums[0] / counts[0]);
-        total[p.tw_off] = counts[0];
+        var s = sums[0];
+        var c = counts[0];
+        if p.part >= 2u {
+            s += f32(out[p.out_off]);
+            c += total[p.tw_off];
+        }
+        if p.part == 0u || p.part == 3u {
+            s /= c;
+        }
+        out[p.out_off] = {{T}}(s);
+        total[p.tw_off] = c;
     }
 }

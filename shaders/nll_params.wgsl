@@ -19,6 +19,13 @@ struct Params {
     // cross_entropy_backward_words: each row's factor and target come from records (f32 bits,
     // i32) that `nll_rows.wgsl` wrote at word t_off of `labels`'s buffer.
     records: u32,
+    // nll_loss's forward over windows of rows (`ops/loss.rs`, Note [Windows]): 0 all rows in
+    // one launch; 1 the first window, 2 a middle one, 3 the last. Every window but the first
+    // adds the sums before it, kept in `out` (unscaled) and `total`.
+    part: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 var<immediate> p: Params;

@@ -289,6 +289,11 @@ pub fn named_rows(gpu: &str, rows: &mut Vec<Row>) -> kiln::Result<()> {
         fit.next_peak_reserved as f64 / MIB,
         "MiB",
     );
+    eprintln!(
+        "gpt2 124M T1024 AMP: batch {} does not fit: {}",
+        fit.batch + 1,
+        fit.next_fails_with.lines().next().unwrap_or_default()
+    );
     push(
         "gpt2 124M T1024 AMP: search".into(),
         started.elapsed().as_secs_f64(),

@@ -214,13 +214,13 @@ impl DeviceBlock {
         Ok(())
     }
 
-    /// Whether the block fits one storage binding of `max_binding_bytes` (a planning
-    /// device's launch checks what the target's would).
-    pub(crate) fn check_bindable(&self, max_binding_bytes: u64) -> Result<()> {
-        if self.size > max_binding_bytes {
+    /// Whether `bytes` of the block (all of it, or a window) fit one storage binding of
+    /// `max_binding_bytes` (a planning device's launch checks what the target's would).
+    pub(crate) fn check_bindable(&self, bytes: u64, max_binding_bytes: u64) -> Result<()> {
+        if bytes > max_binding_bytes {
             return Err(Error::TooLarge {
                 op: "bind",
-                size_bytes: self.size,
+                size_bytes: bytes,
                 limit_bytes: max_binding_bytes,
                 what: "bytes of a tensor to bind (one storage binding)",
             });
@@ -228,19 +228,22 @@ impl DeviceBlock {
         Ok(())
     }
 
-    /// The whole block as a storage binding (the launch has checked its size against the
-    /// device's binding limit: `check_bindable`).
-    pub(crate) fn binding(&self) -> Result<wgpu::BufferBinding<'_>> {
+    /// The block as a storage binding: whole, or its bytes `[start, start + len)` (the launch
+    /// has checked the size against the device's binding limit, `check_bindable`, and
+    /// `kernels::window_covering` aligned the start).
+    pub(crate) fn binding(&self, window: Option<(u64, u64)>) -> Result<wgpu::BufferBinding<'_>> {
         let Some(Mem::Gpu(buffer)) = &self.mem else {
             return Err(Error::InvalidArgument {
                 op: "bind",
                 msg: "not a GPU block".into(),
             });
         };
+        let (start, len) = window.unwrap_or((0, self.size));
+        self.check_range("bind", start, len)?;
         Ok(wgpu::BufferBinding {
             buffer,
-            offset: self.offset,
-            size: wgpu::BufferSize::new(self.size),
+            offset: self.offset + start,
+            size: wgpu::BufferSize::new(len),
         })
     }
 

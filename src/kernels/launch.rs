@@ -185,11 +185,115 @@ pub(crate) fn launch(
 
 /// The device a launch runs on: its first block's (kiln's ops launch only on GPU and
 /// planning devices, with at least one block).
-fn device_of<'a>(blocks: &[&'a DeviceBlock]) -> &'a crate::device::Device {
+fn device_of<'a, O: Operand<'a>>(blocks: &[O]) -> &'a crate::device::Device {
     blocks
         .first()
         .expect("a kernel binds at least one block")
+        .block()
         .device()
+}
+
+/// What a launch binds at one slot: a whole block (`&DeviceBlock`), or a `Window` of one.
+pub(crate) trait Operand<'a>: Copy {
+    fn block(&self) -> &'a DeviceBlock;
+    /// Bytes `[start, start + len)` of the block, where not the whole of it.
+    fn window(&self) -> Option<(u64, u64)>;
+}
+
+impl<'a> Operand<'a> for &'a DeviceBlock {
+    fn block(&self) -> &'a DeviceBlock {
+        self
+    }
+    fn window(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+/// Part of a block bound as one storage binding: an operand larger than the device's binding
+/// limit whose kernel touches only a range of it (a chunk of a cast, the rows of a loss, the
+/// records at a gradient's start; Note [Windows]). Made by `window_covering`.
+#[derive(Clone, Copy)]
+pub(crate) struct Window<'a> {
+    block: &'a DeviceBlock,
+    start: u64,
+    len: u64,
+}
+
+impl<'a> Operand<'a> for Window<'a> {
+    fn block(&self) -> &'a DeviceBlock {
+        self.block
+    }
+    fn window(&self) -> Option<(u64, u64)> {
+        Some((self.start, self.len))
+    }
+}
+
+// Note [Windows]
+// A tensor may be larger than one storage binding (2 GiB - 4 bytes on NVIDIA's Vulkan, 128 MiB
+// on lavapipe) while its buffer is not (4 GiB on NVIDIA). GPT-2's autocast loss makes such
+// tensors from batch 11 at T1024: the f32 copy of the [B*T, 50257] log-probabilities and
+// nll_loss's f32 gradient. The kernels that touch them bind windows instead of the whole block:
+// - a contiguous cast runs in chunks, each binding the part of both operands it converts
+//   (`ops::predicate::cast_into`);
+// - nll_loss's forward runs over windows of rows, each launch adding its part of the sums
+//   (`ops::loss`, `shaders/nll_common.wgsl`'s `finish`);
+// - nll_loss's records under autocast lie at the start of the gradient's block, and every kernel
+//   that reads or writes them binds just those bytes.
+// A window starts at the device's storage-offset alignment, so each launch passes the offset
+// of its first element inside the window. The allocations are the same as with whole
+// bindings, so a dry run plans them alike; a kernel that would need the whole of a block
+// still fails with `binding_too_large`.
+
+/// The window of `block` holding its bytes `[first, end)`: its start aligned down to the
+/// device's storage-offset alignment and its length up to whole words. Returns the window and
+/// how many bytes it starts before `first`.
+pub(crate) fn window_covering(
+    block: &DeviceBlock,
+    first: u64,
+    end: u64,
+) -> Result<(Window<'_>, u64)> {
+    let align = block
+        .device()
+        .adapter_info()
+        .map_or(256, |i| i.limits.min_storage_buffer_offset_alignment as u64)
+        .max(4);
+    let absolute = block.offset() + first;
+    let before = absolute % align;
+    if before > first || end < first || end > block.block_size() {
+        return Err(Error::InvalidArgument {
+            op: "bind",
+            msg: format!(
+                "bytes {first}..{end} of a block of {} at offset {} have no aligned window",
+                block.block_size(),
+                block.offset()
+            ),
+        });
+    }
+    let start = first - before;
+    let len = (end - start)
+        .next_multiple_of(4)
+        .min(block.block_size() - start);
+    Ok((Window { block, start, len }, before))
+}
+
+/// All of `block` as a `Window`, beside windows of other blocks in one launch.
+pub(crate) fn whole(block: &DeviceBlock) -> Window<'_> {
+    Window {
+        block,
+        start: 0,
+        len: block.block_size(),
+    }
+}
+
+/// The most bytes one window may hold on `device` such that a window of that many bytes from
+/// any start fits one binding (its start aligned down adds up to an alignment less four).
+pub(crate) fn window_bytes(device: &crate::device::Device) -> u64 {
+    let limits = &device
+        .adapter_info()
+        .expect("windows are for GPU and planning devices")
+        .limits;
+    let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
+    (limits.max_storage_buffer_binding_size / 4 * 4).saturating_sub(align)
 }
 
 /// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
@@ -214,6 +318,32 @@ pub(crate) fn launch_wg(
 pub(crate) fn launch_groups(
     kernel: Kernel,
     blocks: &[&DeviceBlock],
+    immediates: &[u32],
+    groups: (u32, u32, u32),
+) -> Result<()> {
+    launch_bound(kernel, None, blocks, immediates, groups)
+}
+
+/// `launch` with operands that may be windows of their blocks (Note [Windows]).
+pub(crate) fn launch_windows<'a, O: Operand<'a>>(
+    kernel: Kernel,
+    blocks: &[O],
+    immediates: &[u32],
+    threads: u64,
+) -> Result<()> {
+    let max = device_of(blocks)
+        .adapter_info()
+        .expect("launch is for GPU and planning devices")
+        .limits
+        .max_compute_workgroups_per_dimension;
+    let (x, y) = grid_of(threads, WORKGROUP, max);
+    launch_bound(kernel, None, blocks, immediates, (x, y, 1))
+}
+
+/// `launch_groups` with operands that may be windows of their blocks.
+pub(crate) fn launch_groups_windows<'a, O: Operand<'a>>(
+    kernel: Kernel,
+    blocks: &[O],
     immediates: &[u32],
     groups: (u32, u32, u32),
 ) -> Result<()> {
@@ -289,10 +419,10 @@ fn static_name(name: std::borrow::Cow<'static, str>) -> &'static str {
     }
 }
 
-fn launch_bound(
+fn launch_bound<'a, O: Operand<'a>>(
     kernel: Kernel,
     uniform: Option<(&DeviceBlock, u64, u64)>,
-    blocks: &[&DeviceBlock],
+    blocks: &[O],
     immediates: &[u32],
     groups: (u32, u32, u32),
 ) -> Result<()> {
@@ -314,12 +444,13 @@ fn launch_bound(
         });
     }
     // Each operand fits one storage binding, checked alike on a planning device and its target.
-    for (slot, b) in blocks
+    let bound = blocks
         .iter()
-        .chain(uniform.as_ref().map(|u| &u.0))
-        .enumerate()
-    {
-        b.check_bindable(limits.max_storage_buffer_binding_size)
+        .map(|b| (b.block(), b.window()))
+        .chain(uniform.as_ref().map(|u| (u.0, None)));
+    for (slot, (b, window)) in bound.enumerate() {
+        let bytes = window.map_or(b.block_size(), |w| w.1);
+        b.check_bindable(bytes, limits.max_storage_buffer_binding_size)
             .map_err(|e| binding_too_large(e, &kernel, slot))?;
     }
     let Some(g) = device.gpu() else {
@@ -329,11 +460,11 @@ fn launch_bound(
     g.check("launch")?;
     let mut bindings = blocks
         .iter()
-        .map(|b| b.binding())
+        .map(|b| b.block().binding(b.window()))
         .collect::<Result<Vec<_>>>()?;
     let mut stream_copy = None;
     if let (Some(at), Some((src, offset, bytes))) = (kernel.uniform_binding(), uniform) {
-        let source = src.binding()?;
+        let source = src.binding(None)?;
         let fits = bytes <= UNIFORM_SCRATCH
             && offset + bytes <= src.block_size()
             && (source.offset + offset).is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)

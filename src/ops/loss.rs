@@ -6,7 +6,7 @@
 
 use super::u32_of;
 use crate::graph::Epilogue;
-use crate::kernels::{launch, launch_groups, Kernel};
+use crate::kernels::{launch, launch_groups, launch_windows, whole, Kernel, Operand, Window};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -103,7 +103,7 @@ fn immediates(
     [out, tw]: [&Tensor; 2],
     ignore: i32,
     y: Option<&Tensor>,
-) -> Result<[u32; 12]> {
+) -> Result<[u32; 16]> {
     let strides = match x.rank() {
         2 => [x.strides()[0], x.strides()[1]],
         _ => [0, 0],
@@ -121,6 +121,10 @@ fn immediates(
         u32_of(OP, tw.layout().offset)?,
         ignore as u32,
         u32_of(OP, y.map_or(0, |y| y.layout().offset))?,
+        0,
+        0,
+        0,
+        0,
         0,
     ])
 }
@@ -156,18 +160,56 @@ fn forward(lp: &Tensor, target: &Tensor, ignore: i32) -> Result<(Tensor, Tensor)
     let loss = Tensor::empty(&[], lp.dtype(), lp.device())?;
     let total = Tensor::empty(&[], DType::F32, lp.device())?;
     let imm = immediates([n, c], lp, target, [&loss, &total], ignore, None)?;
-    launch(
-        Kernel::Nll(lp.dtype(), false),
-        &[
-            &lp.storage.block,
-            &target.storage.block,
-            &loss.storage.block,
-            &total.storage.block,
-        ],
-        &imm,
-        256,
-    )?;
+    let blocks = [
+        &lp.storage.block,
+        &target.storage.block,
+        &loss.storage.block,
+        &total.storage.block,
+    ];
+    let rows = crate::kernels::window_bytes(lp.device()) / (c as u64 * 4).max(1);
+    let windowed = lp.storage.block.block_size() > crate::kernels::window_bytes(lp.device())
+        && lp.dtype() == DType::F32
+        && lp.strides() == [c, 1]
+        && rows > 0;
+    match windowed {
+        true => forward_windows(lp, &blocks, imm, rows as usize)?,
+        // (A block too large for one binding fails here, naming the kernel.)
+        false => launch(Kernel::Nll(lp.dtype(), false), &blocks, &imm, 256)?,
+    }
     Ok((loss, total))
+}
+
+/// nll_loss's forward over an f32 `lp` [N, C] (row-major) larger than one binding: windows of
+/// `rows` rows, each launch adding its sums to those before (`shaders/nll_common.wgsl`'s
+/// `finish`, Note [Windows]). The sums are added in another order than one launch's.
+fn forward_windows(
+    lp: &Tensor,
+    blocks: &[&crate::device::DeviceBlock; 4],
+    mut imm: [u32; 16],
+    rows: usize,
+) -> Result<()> {
+    use crate::kernels::{launch_groups_windows, whole, window_covering};
+    let (n, c) = (lp.shape()[0], lp.shape()[1]);
+    let (offset, t_off, st) = (lp.layout().offset, imm[5] as usize, imm[6] as usize);
+    let mut first = 0;
+    while first < n {
+        let end = (first + rows).min(n);
+        let bytes = |row: usize| ((offset + row * c) * 4) as u64;
+        let (x, before) = window_covering(blocks[0], bytes(first), bytes(end))?;
+        imm[0] = u32_of(OP, end - first)?;
+        imm[2] = u32_of(OP, before as usize / 4)?;
+        imm[5] = u32_of(OP, t_off + first * st)?;
+        imm[12] = match (first == 0, end == n) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, false) => 2,
+            (false, true) => 3,
+        };
+        let operands = [x, whole(blocks[1]), whole(blocks[2]), whole(blocks[3])];
+        launch_groups_windows(Kernel::Nll(DType::F32, false), &operands, &imm, (1, 1, 1))?;
+        first = end;
+    }
+    Ok(())
 }
 
 /// The gradient of the input [N, C]: `-g / total_weight` at each counted row's target.
@@ -200,18 +242,43 @@ fn backward(
         return Ok(out);
     }
     let numel = u32_of(OP, n * c)?;
-    let imm = immediates([n, c], &g, target, [&out, total], ignore, None)?;
-    launch(
-        Kernel::Nll(dtype, true),
-        &[
-            &g.storage.block,
-            &target.storage.block,
-            &out.storage.block,
-            &total.storage.block,
-        ],
-        &imm,
-        numel as u64,
-    )?;
+    let mut imm = immediates([n, c], &g, target, [&out, total], ignore, None)?;
+    let (gb, tb, ob, wb) = (
+        &g.storage.block,
+        &target.storage.block,
+        &out.storage.block,
+        &total.storage.block,
+    );
+    let window = crate::kernels::window_bytes(out.device());
+    let rows = window as usize / (c * dtype.size_bytes()).max(1);
+    if ob.block_size() <= window || rows == 0 {
+        // (A block too large for one binding fails here, naming the kernel.)
+        launch(
+            Kernel::Nll(dtype, true),
+            &[gb, tb, ob, wb],
+            &imm,
+            numel as u64,
+        )?;
+        return Ok(out);
+    }
+    // Windows of rows of the fresh gradient (Note [Windows]).
+    let (t_off, st) = (imm[5] as usize, imm[6] as usize);
+    let mut first = 0;
+    while first < n {
+        let end = (first + rows).min(n);
+        let bytes = |row: usize| (row * c * dtype.size_bytes()) as u64;
+        let (o, before) = crate::kernels::window_covering(ob, bytes(first), bytes(end))?;
+        imm[0] = u32_of(OP, end - first)?;
+        imm[5] = u32_of(OP, t_off + first * st)?;
+        imm[7] = u32_of(OP, before as usize / dtype.size_bytes())?;
+        launch_windows(
+            Kernel::Nll(dtype, true),
+            &[whole(gb), whole(tb), o, whole(wb)],
+            &imm,
+            ((end - first) * c) as u64,
+        )?;
+        first = end;
+    }
     Ok(out)
 }
 
@@ -347,14 +414,15 @@ fn backward_through_copy(
     let records = Tensor::empty(copied.shape(), copied.dtype(), copied.device())?;
     if n > 0 {
         let mut imm = immediates([n, c], g, target, [&records, total], ignore, None)?;
-        imm[7] = first_word(&records)?;
-        launch(
+        let (rec, at) = records_window(&records, first_word(&records)?, words)?;
+        imm[7] = at;
+        launch_windows(
             Kernel::NllRows(g.dtype()),
             &[
-                &g.storage.block,
-                &target.storage.block,
-                &records.storage.block,
-                &total.storage.block,
+                whole(&g.storage.block),
+                whole(&target.storage.block),
+                rec,
+                whole(&total.storage.block),
             ],
             &imm,
             u32_of(OP, n)? as u64,
@@ -364,10 +432,11 @@ fn backward_through_copy(
     let copy_step: crate::graph::Finish = Box::new(move |records: Tensor| {
         let out = Tensor::empty(records.shape(), to, records.device())?;
         if n > 0 {
-            let (from, at) = (first_word(&records)?, first_word(&out)?);
-            launch(
+            let (rec, from) = records_window(&records, first_word(&records)?, words)?;
+            let (dst, at) = records_window(&out, first_word(&out)?, words)?;
+            launch_windows(
                 Kernel::CopyRows(4),
-                &[&records.storage.block, &out.storage.block],
+                &[rec, dst],
                 &[words, words, words, words, from, at, 0, 0],
                 words as u64,
             )?;
@@ -389,13 +458,26 @@ fn backward_through_copy(
             ignore,
             Some(&y),
         )?;
-        imm[5] = first_word(&records)?;
+        // Only the records of `records` are read: their window is bound at every slot of it.
+        let (rb, at) = records_window(&records, first_word(&records)?, words)?;
+        imm[5] = at;
         imm[11] = 1;
-        let (rb, ob, yb) = (&records.storage.block, &out.storage.block, &y.storage.block);
+        let (ob, yb) = (whole(&out.storage.block), whole(&y.storage.block));
         launch_words(&y, &[rb, rb, ob, rb, yb, yb, ob], &imm, DType::F32)?;
         Ok(out)
     });
     Ok(Some((records, vec![copy_step, log_softmax_step])))
+}
+
+/// The window of `t`'s block holding `words` 4-byte words from word `first` of its storage
+/// (the records at the start of nll_loss's gradient under autocast, or where they are copied),
+/// and the word at which they start in it: the records are a few bytes a row of a tensor that
+/// may be larger than one binding (Note [Windows]).
+fn records_window(t: &Tensor, first: u32, words: u32) -> Result<(Window<'_>, u32)> {
+    let start = first as u64 * 4;
+    let (window, before) =
+        crate::kernels::window_covering(&t.storage.block, start, start + words as u64 * 4)?;
+    Ok((window, u32_of(OP, before as usize / 4)?))
 }
 
 /// Whether log_softmax's output `y` and the upstream `g` suit a fused backward: a contiguous
@@ -416,15 +498,15 @@ fn words_fit(y: &Tensor) -> bool {
 
 /// `Kernel::CrossEntropyWords` over `y`'s chunks, the upstream gradient bound first being of
 /// dtype `g`.
-fn launch_words(
+fn launch_words<'a, O: Operand<'a>>(
     y: &Tensor,
-    blocks: &[&crate::device::DeviceBlock],
-    imm: &[u32; 12],
+    blocks: &[O],
+    imm: &[u32; 16],
     g: DType,
 ) -> Result<()> {
     let chunk = 16 / y.dtype().size_bytes() as u64;
     let numel = u32_of(OP, y.numel())? as u64;
-    launch(
+    launch_windows(
         Kernel::CrossEntropyWords(y.dtype(), g),
         blocks,
         imm,

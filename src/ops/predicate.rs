@@ -179,19 +179,7 @@ pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
         && x.layout.offset.is_multiple_of(4)
         && out.layout.offset.is_multiple_of(4)
     {
-        const OP: &str = "to_dtype";
-        let imm = [
-            u32_of(OP, n / 4)?,
-            u32_of(OP, x.layout.offset / 4)?,
-            u32_of(OP, out.layout.offset / 4)?,
-            0,
-        ];
-        return launch(
-            Kernel::CastVec4(x.dtype, out.dtype),
-            &[&x.storage.block, &out.storage.block],
-            &imm,
-            (n / 4) as u64,
-        );
+        return cast_vec4(x, out);
     }
     let k = PredicateKernel {
         form: PredicateForm::Cast,
@@ -199,6 +187,46 @@ pub(super) fn cast_into(x: &Tensor, out: &Tensor) -> Result<()> {
         output: out.dtype,
     };
     gpu_predicate(k, x, None, None, out, "to_dtype")
+}
+
+/// `cast_into`'s vec4 kernel: in one launch, or where either operand is larger than one
+/// binding, in chunks that each bind the part of both they convert (Note [Windows]).
+fn cast_vec4(x: &Tensor, out: &Tensor) -> Result<()> {
+    const OP: &str = "to_dtype";
+    let kernel = Kernel::CastVec4(x.dtype, out.dtype);
+    let vecs = x.numel() / 4;
+    let (x_off, out_off) = (x.layout.offset / 4, out.layout.offset / 4);
+    let (xb, ob) = (&x.storage.block, &out.storage.block);
+    let window = crate::kernels::window_bytes(x.device());
+    if xb.block_size().max(ob.block_size()) <= window {
+        let imm = [
+            u32_of(OP, vecs)?,
+            u32_of(OP, x_off)?,
+            u32_of(OP, out_off)?,
+            0,
+        ];
+        return launch(kernel, &[xb, ob], &imm, vecs as u64);
+    }
+    let (xv, ov) = (4 * x.dtype.size_bytes(), 4 * out.dtype.size_bytes());
+    let chunk = window as usize / xv.max(ov);
+    let mut first = 0;
+    while first < vecs {
+        let end = (first + chunk).min(vecs);
+        let span = |off: usize, v: usize| (((off + first) * v) as u64, ((off + end) * v) as u64);
+        let (xs, xe) = span(x_off, xv);
+        let (os, oe) = span(out_off, ov);
+        let (xw, x_before) = crate::kernels::window_covering(xb, xs, xe)?;
+        let (ow, o_before) = crate::kernels::window_covering(ob, os, oe)?;
+        let imm = [
+            u32_of(OP, end - first)?,
+            u32_of(OP, x_before as usize / xv)?,
+            u32_of(OP, o_before as usize / ov)?,
+            0,
+        ];
+        crate::kernels::launch_windows(kernel, &[xw, ow], &imm, (end - first) as u64)?;
+        first = end;
+    }
+    Ok(())
 }
 
 /// Elements of `a` where `cond` holds, else of `b`; all three broadcast together.
