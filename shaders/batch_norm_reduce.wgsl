@@ -4,6 +4,8 @@
 //   variance's cancellation small (the finalize pass gets k from the extra row);
 // - backward: sum(g) and sum(g * (x - mean[c])).
 // Output: partials [chunks, C] of vec2<f32>, then (forward) one row [C] of (k, 0).
+// With the finalize folded in (the closing lines), the last workgroup of a channel to write its
+// partial (counted in the device's arrival counters) also runs the channel's finalize.
 struct Params {
     c: u32,
     s: u32,
@@ -19,6 +21,20 @@ struct Params {
     pad2: u32,
     pad3: u32,
     pad4: u32,
+    // The folded finalize's (`Fin` in `batch_norm_finalize_fns.wgsl`): chunks, elements per
+    // channel, eps, momentum, training, and the offsets of b1..b5.
+    chunks: u32,
+    fm: f32,
+    eps: f32,
+    momentum: f32,
+    training: u32,
+    o0: u32,
+    o1: u32,
+    o2: u32,
+    o3: u32,
+    o4: u32,
+    pad5: u32,
+    pad6: u32,
 }
 
 var<immediate> p: Params;
@@ -59,4 +75,5 @@ fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) wg: v
         part[wg.y * p.c + c] = red[0];
         {{EXTRA}}
     }
+    {{FINISH}}
 }

@@ -20,6 +20,9 @@ pub enum BatchNormPass {
         half: bool,
         /// Forward only: also adds 1 to an i32 counter (a module's `num_batches_tracked`).
         count: bool,
+        /// The finalize folded in: the last workgroup of each channel to finish runs it
+        /// (Note [Folded finalize]).
+        finalize: bool,
     },
     /// One invocation per channel: statistics (forward) or coefficients (backward).
     Finalize {
@@ -53,7 +56,9 @@ impl BatchNormPass {
             for vec4 in [false, true] {
                 for relu in [false, true] {
                     for half in [false, true] {
-                        for count in [false, true] {
+                        for (count, finalize) in
+                            [(false, false), (true, false), (false, true), (true, true)]
+                        {
                             if (backward || !relu) && !(backward && count) {
                                 v.push(BatchNormPass::Reduce {
                                     backward,
@@ -61,6 +66,7 @@ impl BatchNormPass {
                                     relu,
                                     half,
                                     count,
+                                    finalize,
                                 });
                             }
                         }
@@ -86,8 +92,14 @@ impl BatchNormPass {
                 relu,
                 half,
                 count,
+                finalize,
             } => (
-                if count { "reduce_count" } else { "reduce" },
+                match (count, finalize) {
+                    (false, false) => "reduce",
+                    (true, false) => "reduce_count",
+                    (false, true) => "reduce_finalize",
+                    (true, true) => "reduce_count_finalize",
+                },
                 backward,
                 vec4,
                 relu,
@@ -114,13 +126,31 @@ impl BatchNormPass {
     pub fn bindings(&self) -> u32 {
         match *self {
             BatchNormPass::Reduce {
-                backward, count, ..
-            } => 2 + 2 * backward as u32 + count as u32,
+                backward,
+                count,
+                finalize,
+                ..
+            } => 2 + 2 * backward as u32 + count as u32 + 6 * finalize as u32,
             BatchNormPass::Finalize { .. } => 6,
             BatchNormPass::Apply { backward, relu, .. } => {
                 3 + backward as u32 + (backward && relu) as u32
             }
         }
+    }
+
+    /// Bytes of the pass's immediates: the partial sums' pass carries the folded finalize's
+    /// too.
+    pub fn immediate_size(&self) -> u32 {
+        match self {
+            BatchNormPass::Reduce { .. } => 96,
+            _ => 48,
+        }
+    }
+
+    /// Whether the pass binds the device's arrival counters after its blocks (Note [Folded
+    /// finalize]).
+    pub fn counts_arrivals(&self) -> bool {
+        matches!(self, BatchNormPass::Reduce { finalize: true, .. })
     }
 
     /// The WGSL entry point of the pass.
@@ -136,7 +166,8 @@ impl BatchNormPass {
     pub fn source(&self) -> String {
         match *self {
             BatchNormPass::Finalize { .. } => {
-                include_str!("../../shaders/batch_norm_finalize.wgsl").to_string()
+                include_str!("../../shaders/batch_norm_finalize.wgsl")
+                    .replace("{{FNS}}", FINALIZE_FNS)
             }
             BatchNormPass::Reduce {
                 backward,
@@ -144,6 +175,7 @@ impl BatchNormPass {
                 relu,
                 half,
                 count,
+                finalize,
             } => {
                 let (bindings, shift, acc, extra) = if backward && relu {
                     (
@@ -196,15 +228,22 @@ impl BatchNormPass {
                     ),
                     false => (bindings.to_string(), extra.to_string()),
                 };
+                let (bindings, helpers, finish) = match finalize {
+                    true => {
+                        folded_finalize(bindings, 2 + 2 * backward as u32 + count as u32, backward)
+                    }
+                    false => (bindings, String::new(), String::new()),
+                };
                 let tpl = include_str!("../../shaders/batch_norm_reduce.wgsl")
                     .replace("{{BINDINGS}}", &bindings)
                     .replace("{{SHIFT}}", shift)
                     .replace("{{ACC}}", acc)
                     .replace("{{EXTRA}}", &extra)
+                    .replace("{{FINISH}}", &finish)
                     .replace(
                         "{{HELPERS}}",
                         &format!(
-                            "{}{}",
+                            "{helpers}{}{}",
                             if vec4 {
                                 "fn total(v: vec4<f32>) -> f32 {\n    return dot(v, vec4<f32>(1.0));\n}\n\n\
                                  fn mul_sum(a: vec4<f32>, b: vec4<f32>) -> f32 {\n    return dot(a, b);\n}\n"
@@ -258,6 +297,66 @@ impl BatchNormPass {
             }
         }
     }
+}
+
+/// The finalize's functions (`Fin`, `finalize_forward`, `finalize_backward`).
+const FINALIZE_FNS: &str = include_str!("../../shaders/batch_norm_finalize_fns.wgsl");
+
+// Note [Folded finalize]
+// The per-channel finalize used to be a launch of its own after the partial sums: 106 launches
+// of 8-9 us in a ResNet-50 step (two per batch norm), about 0.6 ms of its 46. With the finalize
+// folded in, each workgroup of the partial sums, once its partial is written, passes a
+// `storageBarrier` (naga's: a workgroup control barrier with device-scope acquire-release
+// semantics on storage memory) and adds 1 to its channel's arrival counter; the workgroup
+// that brings the count to the channel's chunks passes a second barrier and runs the
+// channel's finalize, reading every chunk's partial, and sets the counter back to 0. The
+// counters are the device's own (`kernels::launch`: 4096 u32s, zeroed at creation, bound
+// after the blocks), not a tensor, like the assert flag: every launch leaves them at 0, so no
+// fill precedes it. Dispatches that bind them are ordered by wgpu's barriers between
+// read-write uses. A channel count above the counters, or a device with too few storage
+// bindings a stage, takes the two launches.
+
+/// The folded finalize's bindings (after the pass's `first` ones: b1..b5, then the arrival
+/// counters), helpers and closing lines, for the `backward` direction or the forward.
+fn folded_finalize(bindings: String, first: u32, backward: bool) -> (String, String, String) {
+    let mut b = bindings;
+    for (i, name) in ["b1", "b2", "b3", "b4", "b5"].iter().enumerate() {
+        b += &format!(
+            "\n@group(0) @binding({}) var<storage, read_write> {name}: array<f32>;",
+            first + i as u32
+        );
+    }
+    b += &format!(
+        "\n@group(0) @binding({}) var<storage, read_write> arrivals: array<atomic<u32>>;",
+        first + 5
+    );
+    let helpers = format!(
+        "{FINALIZE_FNS}\n\
+         fn fin() -> Fin {{\n    \
+         return Fin(p.c, p.chunks, p.fm, p.eps, p.momentum, p.training, p.o0, p.o1, p.o2, p.o3, p.o4);\n}}\n\n\
+         var<workgroup> arrived_last: u32;\n\n"
+    );
+    let finish = format!(
+        "// The partial is written (device scope) before the channel's arrival is counted; the\n    \
+         // last workgroup to arrive reads every chunk's after its own barrier.\n    \
+         storageBarrier();\n    \
+         if l.x == 0u {{\n        \
+         var last = 0u;\n        \
+         if atomicAdd(&arrivals[c], 1u) + 1u == p.chunks {{\n            \
+         atomicStore(&arrivals[c], 0u);\n            \
+         last = 1u;\n        \
+         }}\n        \
+         arrived_last = last;\n    \
+         }}\n    \
+         if workgroupUniformLoad(&arrived_last) == 1u {{\n        \
+         storageBarrier();\n        \
+         if l.x == 0u {{\n            \
+         finalize_{}(fin(), c);\n        \
+         }}\n    \
+         }}",
+        if backward { "backward" } else { "forward" }
+    );
+    (b, helpers, finish)
 }
 
 /// A sweeping pass's template with `{{V}}` (the unit it computes in: `f32` or `vec4<f32>`)

@@ -21,6 +21,25 @@ pub(crate) struct LaunchState {
     pub(super) tuner: Mutex<tune::Tuner>,
     /// The uniform buffer of `Kernel::uniform_binding` (made on first use).
     scratch: std::sync::OnceLock<wgpu::Buffer>,
+    /// The arrival counters of `Kernel::counts_arrivals` (made zeroed on first use; Note
+    /// [Folded finalize]).
+    arrivals: std::sync::OnceLock<wgpu::Buffer>,
+}
+
+/// Arrival counters a device keeps (one per channel of a folded batch-norm finalize).
+pub(crate) const ARRIVALS: usize = 4096;
+
+/// The device's arrival counters (`Kernel::counts_arrivals`): zeroed when made, and every
+/// launch that counts on them leaves them at zero.
+fn arrivals(g: &GpuDevice) -> &wgpu::Buffer {
+    launch_state(g).arrivals.get_or_init(|| {
+        g.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln arrival counters"),
+            size: 4 * ARRIVALS as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    })
 }
 
 /// Bytes of the uniform scratch buffer: WebGPU's guaranteed uniform binding size.
@@ -66,6 +85,7 @@ fn launch_state_in<'a>(
             pipelines: Mutex::new(KernelCache::default()),
             tuner: Mutex::new(tune::Tuner::new(info, tuning)),
             scratch: std::sync::OnceLock::new(),
+            arrivals: std::sync::OnceLock::new(),
         })
     })
     .downcast_ref()
@@ -488,6 +508,13 @@ fn launch_bound<'a, O: Operand<'a>>(
                 size: None,
             },
         );
+    }
+    if kernel.counts_arrivals() {
+        bindings.push(wgpu::BufferBinding {
+            buffer: arrivals(g),
+            offset: 0,
+            size: None,
+        });
     }
     if kernel.checks_input() {
         bindings.push(wgpu::BufferBinding {

@@ -33,7 +33,7 @@ pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
 pub(crate) use launch::{
     coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_groups_windows, launch_wg,
-    launch_windows, pipelines, whole, window_bytes, window_covering, Operand, Window,
+    launch_windows, pipelines, whole, window_bytes, window_covering, Operand, Window, ARRIVALS,
     UNIFORM_SCRATCH,
 };
 pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
@@ -571,7 +571,13 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel checks its input and binds the device's assert flag last.
+    /// Whether the kernel binds the device's arrival counters after its blocks (Note [Folded
+    /// finalize]).
+    fn counts_arrivals(&self) -> bool {
+        matches!(self, Kernel::BatchNorm(b) if b.counts_arrivals())
+    }
+
+    /// Whether the kernel raises the device's assert flag (bound after its blocks).
     fn checks_input(&self) -> bool {
         matches!(
             self,
@@ -658,7 +664,7 @@ impl Kernel {
             Kernel::AmpUnscaleMulti => 8 * AMP_MULTI as u32 + 8,
             Kernel::ColumnSum(..) => 32,
             Kernel::ConvGemm(_) => 128,
-            Kernel::BatchNorm(_) => 48,
+            Kernel::BatchNorm(b) => b.immediate_size(),
             Kernel::FlashAttn(_) => 128,
             Kernel::LayerNorm(_) => 48,
             Kernel::CastVec4(..) | Kernel::AddMixedVec4 => 16,

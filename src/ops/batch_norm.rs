@@ -342,7 +342,17 @@ fn f32_bits(v: f64) -> u32 {
     (v as f32).to_bits()
 }
 
-/// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward).
+/// The per-channel finalize after the partial sums: its tensors (`finalize`'s after the
+/// partials), whether it is training's, and (momentum, eps).
+struct Then<'a> {
+    blocks: [&'a Tensor; 5],
+    training: bool,
+    hyper: [f64; 2],
+}
+
+/// Partial sums per (channel, chunk): of x (forward) or of g and g * (x - mean) (backward),
+/// then the per-channel finalize `then` over them: in the same launch where the device can
+/// (Note [Folded finalize]), else in a launch of its own. Returns the partials.
 /// With `relu` (backward only), g is zeroed where the forward's output was <= 0 (a NaN output passes it).
 /// With `counter` (forward only), the launch also adds 1 to it.
 fn reduce(
@@ -350,15 +360,24 @@ fn reduce(
     g: Option<&Tensor>,
     stats: Option<&Tensor>,
     sh: &Shape,
-    relu: bool,
-    counter: Option<&Tensor>,
+    (relu, counter): (bool, Option<&Tensor>),
+    then: Then<'_>,
 ) -> Result<Tensor> {
     let (chunks, len) = sh.chunks();
     let backward = g.is_some();
     // The forward's extra row holds each channel's shift.
     let rows = chunks * sh.c + if backward { 0 } else { sh.c };
     let part = Tensor::empty(&[rows, 2], DType::F32, x.device())?;
-    let imm = [
+    let mut kernel = BatchNormPass::Reduce {
+        backward,
+        vec4: sh.vec4,
+        relu: relu && backward,
+        half: x.dtype() == DType::F16,
+        count: counter.is_some() && !backward,
+        finalize: true,
+    };
+    let fold = folds(x.device(), sh.c, kernel.bindings());
+    let mut imm = vec![
         u32_of(OP, sh.c)?,
         u32_of(OP, sh.s)?,
         u32_of(OP, sh.m)?,
@@ -372,13 +391,7 @@ fn reduce(
         0,
         0,
     ];
-    let kernel = Kernel::BatchNorm(BatchNormPass::Reduce {
-        backward,
-        vec4: sh.vec4,
-        relu: relu && backward,
-        half: x.dtype() == DType::F16,
-        count: counter.is_some() && !backward,
-    });
+    imm.extend(finalize_immediates(&then, chunks, sh)?);
     let mut blocks = vec![&x.storage.block];
     if let (Some(g), Some(stats)) = (g, stats) {
         blocks.push(&g.storage.block);
@@ -388,13 +401,54 @@ fn reduce(
     if let (Some(counter), false) = (counter, backward) {
         blocks.push(&counter.storage.block);
     }
+    match fold {
+        true => blocks.extend(then.blocks.iter().map(|t| &t.storage.block)),
+        false => {
+            if let BatchNormPass::Reduce { finalize, .. } = &mut kernel {
+                *finalize = false;
+            }
+        }
+    }
     launch_groups(
-        kernel,
+        Kernel::BatchNorm(kernel),
         &blocks,
         &imm,
         (u32_of(OP, sh.c)?, u32_of(OP, chunks)?, 1),
     )?;
+    if !fold {
+        finalize(backward, &part, then, chunks, sh)?;
+    }
     Ok(part)
+}
+
+/// Whether the partial sums of `c` channels on `device` take the finalize in their launch:
+/// a GPU with `bindings` storage buffers a stage, at most `ARRIVALS` channels, and not turned
+/// off with `force_variant("batch norm finalize", "launch")` (for measuring both).
+fn folds(device: &crate::Device, c: usize, bindings: u32) -> bool {
+    let Some(info) = device.adapter_info() else {
+        return false;
+    };
+    c <= crate::kernels::ARRIVALS
+        && bindings <= info.limits.max_storage_buffers_per_shader_stage
+        && crate::kernels::tune::forced_name("batch norm finalize").as_deref() != Some("launch")
+}
+
+/// The finalize's immediates after `c` (`Fin` in `shaders/batch_norm_finalize_fns.wgsl`):
+/// chunks, elements per channel, eps, momentum, training, the offsets of b1..b5, two pads.
+fn finalize_immediates(then: &Then<'_>, chunks: usize, sh: &Shape) -> Result<Vec<u32>> {
+    let [momentum, eps] = then.hyper;
+    let mut imm = vec![
+        u32_of(OP, chunks)?,
+        f32_bits(sh.m_elems as f64),
+        f32_bits(eps),
+        f32_bits(momentum),
+        then.training as u32,
+    ];
+    for t in then.blocks {
+        imm.push(u32_of(OP, t.layout().offset)?);
+    }
+    imm.extend([0, 0]);
+    Ok(imm)
 }
 
 /// out = x * co[0] + co[1] (forward) or g * co[0] + x * co[1] + co[2] (backward), per channel.
@@ -442,28 +496,21 @@ fn apply(
     Ok(out)
 }
 
-/// The per-channel pass: `blocks` as `shaders/batch_norm_finalize.wgsl` lists them.
+/// The per-channel pass in a launch of its own, over the partials `part` (or, in evaluation,
+/// the statistics, with no chunks): `shaders/batch_norm_finalize.wgsl`.
 fn finalize(
     backward: bool,
-    blocks: [&Tensor; 6],
+    part: &Tensor,
+    then: Then<'_>,
     chunks: usize,
     sh: &Shape,
-    training: bool,
-    [momentum, eps]: [f64; 2],
 ) -> Result<()> {
-    let mut imm = vec![
-        u32_of(OP, sh.c)?,
-        u32_of(OP, chunks)?,
-        f32_bits(sh.m_elems as f64),
-        f32_bits(eps),
-        f32_bits(momentum),
-        training as u32,
-    ];
-    for t in &blocks[1..] {
-        imm.push(u32_of(OP, t.layout().offset)?);
-    }
-    imm.push(0);
-    let storage: Vec<_> = blocks.iter().map(|t| &t.storage.block).collect();
+    let mut imm = vec![u32_of(OP, sh.c)?];
+    imm.extend(&finalize_immediates(&then, chunks, sh)?[..11]);
+    let storage: Vec<_> = std::iter::once(part)
+        .chain(then.blocks)
+        .map(|t| &t.storage.block)
+        .collect();
     launch(
         Kernel::BatchNorm(BatchNormPass::Finalize { backward }),
         &storage,
@@ -507,22 +554,18 @@ fn fused(
                     (&scratch, &scratch)
                 }
             };
-            let (part, chunks) = if training {
-                (reduce(&x, None, None, &sh, false, counter)?, sh.chunks().0)
-            } else {
-                (stats.clone(), 0)
+            let then = Then {
+                blocks: [weight, bias, rm, rv, &stats],
+                training,
+                hyper: [momentum, eps],
             };
+            match training {
+                true => drop(reduce(&x, None, None, &sh, (false, counter), then)?),
+                false => finalize(false, &stats, then, 0, &sh)?,
+            }
             if let Some(counter) = counter {
                 counter.bump_version();
             }
-            finalize(
-                false,
-                [&part, weight, bias, rm, rv, &stats],
-                chunks,
-                &sh,
-                training,
-                [momentum, eps],
-            )?;
             if training {
                 if let Some((rm, rv)) = running {
                     rm.bump_version();
@@ -546,19 +589,16 @@ fn fused(
                 // The gradient in the input's dtype (the output's), contiguous.
                 let g = g.to_dtype(x.dtype())?.contiguous()?;
                 let sh = Shape::of(&x, Some(&g));
-                let part = reduce(&x, Some(&g), Some(&stats), &sh, relu, None)?;
                 let c = sh.c;
                 let gw = Tensor::empty(&[c], DType::F32, x.device())?;
                 let gb = Tensor::empty(&[c], DType::F32, x.device())?;
                 let coef = Tensor::empty(&[3, c], DType::F32, x.device())?;
-                finalize(
-                    true,
-                    [&part, &stats, &stats, &gw, &gb, &coef],
-                    sh.chunks().0,
-                    &sh,
+                let then = Then {
+                    blocks: [&stats, &stats, &gw, &gb, &coef],
                     training,
-                    [0.0, 0.0],
-                )?;
+                    hyper: [0.0, 0.0],
+                };
+                drop(reduce(&x, Some(&g), Some(&stats), &sh, (relu, None), then)?);
                 let gx = needs[0]
                     .then(|| apply(&x, Some(&g), &coef, 0, &sh, relu, Some(&stats)))
                     .transpose()?;
