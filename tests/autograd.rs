@@ -213,6 +213,9 @@ fn binary_and_scalar_ops_with_broadcasting() {
         case("minimum", &[&[4], &[2, 4]], Any, |x| {
             t(x, 0).minimum(t(x, 1))
         }),
+        case("add_relu", &[&[2, 3], &[3]], Any, |x| {
+            t(x, 0).add_relu(t(x, 1))
+        }),
         case("same operand twice", &[&[3]], Any, |x| t(x, 0).mul(t(x, 0))),
         case("scalars", &[&[2, 3]], Positive, |x| {
             t(x, 0)

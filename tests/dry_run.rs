@@ -307,11 +307,13 @@ fn reading_a_value_in_a_dry_run_is_an_error_and_op_errors_stay() {
 /// ResNet-50's steps as `bench --suite resnet` times them (SGD momentum, batch 32, 224x224,
 /// three steps, then the peak of the next two), planned for an H200: the tensor-core
 /// convolution paths (forward, both gradients, the padded stem) and batch norm on f16 input
-/// under autocast all go through the planner here, on any machine. The f32 peak is the one the
-/// H200 itself reported for the same loop at f0e2f9c (BENCHMARKS.md), to the byte. The AMP
-/// peak came out 2.06 MiB below the H200's 1629.56 MiB (not investigated: the H200's run tuned
-/// its kernels, this one takes the defaults); it is held within 0.5% of it, and well below
-/// f32's (it was above it while batch norm ran in f32 under autocast).
+/// under autocast all go through the planner here, on any machine. The peaks are held to what
+/// the H200 itself reported for the same loop (2026-11-30, kiln with the residual add and ReLU
+/// fused): f32 within 0.1%, AMP within 0.5%, and AMP well below f32 (it was above it while
+/// batch norm ran in f32 under autocast). Not to the byte: the H200's runs tune their kernels,
+/// and a tuned candidate may hold a transient copy that the defaults taken here do not (f32
+/// comes out 1 MiB above the H200's, AMP 2 MiB below). A dry run given the device's own
+/// tuning equals its real run to the byte: `bench --suite plan` ("dry equals real").
 #[test]
 fn a_resnet50_step_planned_for_an_h200_peaks_where_the_h200_did() {
     use kiln::nn::models::resnet50;
@@ -342,8 +344,11 @@ fn a_resnet50_step_planned_for_an_h200_peaks_where_the_h200_did() {
     };
     let (f32_peak, amp_peak) = (peak(false).unwrap(), peak(true).unwrap());
     // The H200's max_memory_allocated for these loops, in bytes.
-    let (h200_f32, h200_amp) = (2_993_497_600u64, 1_708_716_544u64);
-    assert_eq!(f32_peak, h200_f32, "f32");
+    let (h200_f32, h200_amp) = (2_995_660_288u64, 1_705_964_032u64);
+    assert!(
+        f32_peak.abs_diff(h200_f32) * 1000 < h200_f32,
+        "f32 {f32_peak} against the H200's {h200_f32}"
+    );
     assert!(
         amp_peak.abs_diff(h200_amp) * 200 < h200_amp,
         "AMP {amp_peak} against the H200's {h200_amp}"

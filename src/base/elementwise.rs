@@ -59,6 +59,9 @@ pub enum BinaryOp {
     Minimum,
     /// The second operand: `copy_` and `fill_`.
     Right,
+    /// `relu(x + y)`: a residual add and the ReLU after it in one pass (kiln's; PyTorch's
+    /// ResNet blocks run `out += identity; relu(out)`), floats only.
+    AddRelu,
     /// The backward of a unary op: `x` is what its backward saved (the input, or the output
     /// where `UnaryOp::grad_from_output`), `y` the gradient of the output.
     Grad(UnaryOp),
@@ -328,8 +331,9 @@ impl BinaryOp {
     ];
 
     /// Every binary op but the gradient forms.
-    pub const ALL: [BinaryOp; 8] = [
+    pub const ALL: [BinaryOp; 9] = [
         BinaryOp::Add,
+        BinaryOp::AddRelu,
         BinaryOp::Sub,
         BinaryOp::Mul,
         BinaryOp::Div,
@@ -343,6 +347,7 @@ impl BinaryOp {
     pub fn name(self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
+            BinaryOp::AddRelu => "add_relu",
             BinaryOp::Sub => "sub",
             BinaryOp::Mul => "mul",
             BinaryOp::Div => "div",
@@ -358,6 +363,8 @@ impl BinaryOp {
     pub fn wgsl_float(self) -> &'static str {
         match self {
             BinaryOp::Add => "x + y",
+            // ReLU's own form over the sum: NaN passes.
+            BinaryOp::AddRelu => "select(x + y, 0.0, x + y < 0.0 && !k_isnan(x + y))",
             BinaryOp::Sub => "x - y",
             BinaryOp::Mul => "x * y",
             BinaryOp::Div => "x / y",
@@ -379,7 +386,7 @@ impl BinaryOp {
             BinaryOp::Maximum => Some("max(x, y)"),
             BinaryOp::Minimum => Some("min(x, y)"),
             BinaryOp::Right => Some("y"),
-            BinaryOp::Div | BinaryOp::Pow | BinaryOp::Grad(_) => None,
+            BinaryOp::Div | BinaryOp::Pow | BinaryOp::AddRelu | BinaryOp::Grad(_) => None,
         }
     }
 
@@ -389,6 +396,7 @@ impl BinaryOp {
             BinaryOp::Grad(op) => op.grad_cpu(x, y),
             BinaryOp::Right => y,
             BinaryOp::Add => x + y,
+            BinaryOp::AddRelu => UnaryOp::Relu.cpu(x + y),
             BinaryOp::Sub => x - y,
             BinaryOp::Mul => x * y,
             BinaryOp::Div => x / y,
@@ -419,7 +427,7 @@ impl BinaryOp {
             BinaryOp::Maximum => x.max(y),
             BinaryOp::Minimum => x.min(y),
             BinaryOp::Right => y,
-            BinaryOp::Div | BinaryOp::Pow | BinaryOp::Grad(_) => {
+            BinaryOp::Div | BinaryOp::Pow | BinaryOp::AddRelu | BinaryOp::Grad(_) => {
                 unreachable!("refused before dispatch")
             }
         }

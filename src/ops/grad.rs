@@ -13,6 +13,7 @@ use std::sync::Arc;
 pub(super) fn binary_name(op: BinaryOp) -> &'static str {
     match op {
         BinaryOp::Add => "AddBackward0",
+        BinaryOp::AddRelu => "AddReluBackward0",
         BinaryOp::Sub => "SubBackward0",
         BinaryOp::Mul => "MulBackward0",
         BinaryOp::Div => "DivBackward0",
@@ -27,6 +28,7 @@ pub(super) fn binary_name(op: BinaryOp) -> &'static str {
 pub(super) fn scalar_name(op: BinaryOp) -> &'static str {
     match op {
         BinaryOp::Add => "AddBackward1",
+        BinaryOp::AddRelu => "AddReluBackward1",
         BinaryOp::Sub => "SubBackward1",
         BinaryOp::Mul => "MulBackward1",
         BinaryOp::Div => "DivBackward1",
@@ -86,6 +88,8 @@ pub(super) fn binary_op(a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> R
         BinaryOp::Mul => (need_b, need_a, false),
         BinaryOp::Div => (need_b, true, false),
         BinaryOp::Pow => (true, true, need_b),
+        // ReLU's mask, from the output as ReluBackward0 takes it.
+        BinaryOp::AddRelu => (false, false, true),
         BinaryOp::Maximum | BinaryOp::Minimum => (true, true, false),
         _ => (false, false, false),
     };
@@ -97,6 +101,10 @@ pub(super) fn binary_op(a: &Tensor, b: &Tensor, out: &Tensor, op: BinaryOp) -> R
         let get = |s: &Option<Saved>| s.as_ref().expect("saved above").get();
         let (ga, gb) = match op {
             BinaryOp::Add => (Some(g.clone()), Some(g.clone())),
+            BinaryOp::AddRelu => {
+                let masked = binary(&get(&o_s)?, g, BinaryOp::Grad(UnaryOp::Relu))?;
+                (Some(masked.clone()), Some(masked))
+            }
             BinaryOp::Sub => (Some(g.clone()), needs[1].then(|| g.neg()).transpose()?),
             BinaryOp::Right => (None, Some(g.clone())),
             BinaryOp::Mul => (
@@ -171,6 +179,12 @@ pub(super) fn scalar_op(a: &Tensor, s: f64, op: BinaryOp) -> Result<BackwardFn> 
                 Some(g.mul(&winner_weight(&a, &s_t, op)?)?)
             }
             BinaryOp::Right => None,
+            BinaryOp::AddRelu => {
+                return Err(crate::Error::Autograd {
+                    op: name,
+                    msg: "add_relu takes a tensor, not a scalar".into(),
+                })
+            }
             BinaryOp::Grad(_) => return Err(no_double_backward(name)),
         };
         Ok(vec![ga])

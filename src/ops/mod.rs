@@ -625,6 +625,15 @@ binary_methods! {
     minimum, minimum_scalar => Minimum,
 }
 
+impl Tensor {
+    /// `relu(self + other)` with broadcasting, in one pass (a residual add and the ReLU after
+    /// it: ResNet's blocks end with one). One `AddReluBackward0` node, which saves the output
+    /// as ReluBackward0 does and gives both operands the masked gradient.
+    pub fn add_relu(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryOp::AddRelu)
+    }
+}
+
 macro_rules! operators {
     ($($trait:ident, $method:ident => $op:ident),*) => {$(
         impl std::ops::$trait<&Tensor> for &Tensor {

@@ -144,7 +144,6 @@ impl Block {
 
 impl Module for Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let relu = ReluInplace;
         let stages: &[(&str, &str)] = if self.bottleneck {
             &[("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]
         } else {
@@ -167,7 +166,8 @@ impl Module for Block {
             }
             None => x.clone(),
         };
-        relu.forward(&y.add(&identity)?)
+        // torchvision's `out += identity; out = self.relu(out)`, in one pass.
+        y.add_relu(&identity)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = self.body.named_parameters();
