@@ -1,21 +1,8 @@
 // Batch normalisation's per-channel pass, one invocation per channel, after the partial sums
 // (`batch_norm_finalize_fns.wgsl` says what each direction computes).
-struct Params {
-    c: u32,
-    chunks: u32,
-    m: f32,
-    eps: f32,
-    momentum: f32,
-    training: u32,
-    o0: u32,
-    o1: u32,
-    o2: u32,
-    o3: u32,
-    o4: u32,
-    pad0: u32,
-}
+{{FIN}}
 
-var<immediate> p: Params;
+var<immediate> p: Fin;
 
 @group(0) @binding(0) var<storage, read_write> part: array<vec2<f32>>;
 @group(0) @binding(1) var<storage, read_write> b1: array<f32>;
@@ -26,20 +13,16 @@ var<immediate> p: Params;
 
 {{FNS}}
 
-fn fin() -> Fin {
-    return Fin(p.c, p.chunks, p.m, p.eps, p.momentum, p.training, p.o0, p.o1, p.o2, p.o3, p.o4);
-}
-
 @compute @workgroup_size(256)
 fn forward(@builtin(global_invocation_id) gid: vec3<u32>) {
     if gid.x < p.c {
-        finalize_forward(fin(), gid.x);
+        finalize_forward(p, gid.x);
     }
 }
 
 @compute @workgroup_size(256)
 fn backward(@builtin(global_invocation_id) gid: vec3<u32>) {
     if gid.x < p.c {
-        finalize_backward(fin(), gid.x);
+        finalize_backward(p, gid.x);
     }
 }

@@ -6,23 +6,8 @@
 // running statistics are updated in place (momentum, unbiased variance), as PyTorch does.
 // `backward`: the weight's and bias's gradients and the input gradient's coefficients
 // coef [3, C] = (a, b, d) with dx = g * a + x * b + d.
-// The including shader declares `part` (array<vec2<f32>>) and b1..b5 (array<f32>).
-struct Fin {
-    c: u32,
-    chunks: u32,
-    // Elements per channel (N * H * W) as f32.
-    m: f32,
-    eps: f32,
-    momentum: f32,
-    training: u32,
-    // Offsets in f32s of b1..b5.
-    o0: u32,
-    o1: u32,
-    o2: u32,
-    o3: u32,
-    o4: u32,
-}
-
+// The including shader declares `Fin` (`batch_norm_fin.wgsl`), `part` (array<vec2<f32>>) and
+// b1..b5 (array<f32>).
 fn sums(q: Fin, c: u32) -> vec2<f32> {
     var s = vec2<f32>(0.0);
     for (var j = 0u; j < q.chunks; j++) {

@@ -6,6 +6,8 @@
 // Output: partials [chunks, C] of vec2<f32>, then (forward) one row [C] of (k, 0).
 // With the finalize folded in (the closing lines), the last workgroup of a channel to write its
 // partial (counted in the device's arrival counters) also runs the channel's finalize.
+{{FIN}}
+
 struct Params {
     c: u32,
     s: u32,
@@ -21,20 +23,9 @@ struct Params {
     pad2: u32,
     pad3: u32,
     pad4: u32,
-    // The folded finalize's (`Fin` in `batch_norm_finalize_fns.wgsl`): chunks, elements per
-    // channel, eps, momentum, training, and the offsets of b1..b5.
-    chunks: u32,
-    fm: f32,
-    eps: f32,
-    momentum: f32,
-    training: u32,
-    o0: u32,
-    o1: u32,
-    o2: u32,
-    o3: u32,
-    o4: u32,
+    // The folded finalize's (`batch_norm_fin.wgsl`).
+    fin: Fin,
     pad5: u32,
-    pad6: u32,
 }
 
 var<immediate> p: Params;

@@ -167,6 +167,7 @@ impl BatchNormPass {
         match *self {
             BatchNormPass::Finalize { .. } => {
                 include_str!("../../shaders/batch_norm_finalize.wgsl")
+                    .replace("{{FIN}}", FIN)
                     .replace("{{FNS}}", FINALIZE_FNS)
             }
             BatchNormPass::Reduce {
@@ -235,6 +236,7 @@ impl BatchNormPass {
                     false => (bindings, String::new(), String::new()),
                 };
                 let tpl = include_str!("../../shaders/batch_norm_reduce.wgsl")
+                    .replace("{{FIN}}", FIN)
                     .replace("{{BINDINGS}}", &bindings)
                     .replace("{{SHIFT}}", shift)
                     .replace("{{ACC}}", acc)
@@ -299,7 +301,10 @@ impl BatchNormPass {
     }
 }
 
-/// The finalize's functions (`Fin`, `finalize_forward`, `finalize_backward`).
+/// The finalize's parameters (`Fin`), which both passes that may run it take as immediates.
+const FIN: &str = include_str!("../../shaders/batch_norm_fin.wgsl");
+
+/// The finalize's functions (`finalize_forward`, `finalize_backward`).
 const FINALIZE_FNS: &str = include_str!("../../shaders/batch_norm_finalize_fns.wgsl");
 
 // Note [Folded finalize]
@@ -330,19 +335,14 @@ fn folded_finalize(bindings: String, first: u32, backward: bool) -> (String, Str
         "\n@group(0) @binding({}) var<storage, read_write> arrivals: array<atomic<u32>>;",
         first + 5
     );
-    let helpers = format!(
-        "{FINALIZE_FNS}\n\
-         fn fin() -> Fin {{\n    \
-         return Fin(p.c, p.chunks, p.fm, p.eps, p.momentum, p.training, p.o0, p.o1, p.o2, p.o3, p.o4);\n}}\n\n\
-         var<workgroup> arrived_last: u32;\n\n"
-    );
+    let helpers = format!("{FINALIZE_FNS}\nvar<workgroup> arrived_last: u32;\n\n");
     let finish = format!(
         "// The partial is written (device scope) before the channel's arrival is counted; the\n    \
          // last workgroup to arrive reads every chunk's after its own barrier.\n    \
          storageBarrier();\n    \
          if l.x == 0u {{\n        \
          var last = 0u;\n        \
-         if atomicAdd(&arrivals[c], 1u) + 1u == p.chunks {{\n            \
+         if atomicAdd(&arrivals[c], 1u) + 1u == p.fin.chunks {{\n            \
          atomicStore(&arrivals[c], 0u);\n            \
          last = 1u;\n        \
          }}\n        \
@@ -351,7 +351,7 @@ fn folded_finalize(bindings: String, first: u32, backward: bool) -> (String, Str
          if workgroupUniformLoad(&arrived_last) == 1u {{\n        \
          storageBarrier();\n        \
          if l.x == 0u {{\n            \
-         finalize_{}(fin(), c);\n        \
+         finalize_{}(p.fin, c);\n        \
          }}\n    \
          }}",
         if backward { "backward" } else { "forward" }

@@ -194,9 +194,9 @@ pub(crate) fn grid_of(n: u64, workgroup: u32, max_per_dim: u32) -> (u32, u32) {
 }
 
 /// Launches `threads` invocations of a 1-D kernel (workgroups of `WORKGROUP`).
-pub(crate) fn launch(
+pub(crate) fn launch<'a, O: Operand<'a>>(
     kernel: Kernel,
-    blocks: &[&DeviceBlock],
+    blocks: &[O],
     immediates: &[u32],
     threads: u64,
 ) -> Result<()> {
@@ -317,9 +317,9 @@ pub(crate) fn window_bytes(device: &crate::device::Device) -> u64 {
 }
 
 /// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.
-pub(crate) fn launch_wg(
+pub(crate) fn launch_wg<'a, O: Operand<'a>>(
     kernel: Kernel,
-    blocks: &[&DeviceBlock],
+    blocks: &[O],
     immediates: &[u32],
     threads: u64,
     workgroup: u32,
@@ -333,35 +333,10 @@ pub(crate) fn launch_wg(
     launch_groups(kernel, blocks, immediates, (x, y, 1))
 }
 
-/// The one launch path: binds each block whole (bind groups cached), sets the immediates and
-/// dispatches `groups` workgroups in the device's open compute pass.
-pub(crate) fn launch_groups(
-    kernel: Kernel,
-    blocks: &[&DeviceBlock],
-    immediates: &[u32],
-    groups: (u32, u32, u32),
-) -> Result<()> {
-    launch_bound(kernel, None, blocks, immediates, groups)
-}
-
-/// `launch` with operands that may be windows of their blocks (Note [Windows]).
-pub(crate) fn launch_windows<'a, O: Operand<'a>>(
-    kernel: Kernel,
-    blocks: &[O],
-    immediates: &[u32],
-    threads: u64,
-) -> Result<()> {
-    let max = device_of(blocks)
-        .adapter_info()
-        .expect("launch is for GPU and planning devices")
-        .limits
-        .max_compute_workgroups_per_dimension;
-    let (x, y) = grid_of(threads, WORKGROUP, max);
-    launch_bound(kernel, None, blocks, immediates, (x, y, 1))
-}
-
-/// `launch_groups` with operands that may be windows of their blocks.
-pub(crate) fn launch_groups_windows<'a, O: Operand<'a>>(
+/// The one launch path: binds each operand (a block whole, with bind groups cached, or a
+/// `Window` of one), sets the immediates and dispatches `groups` workgroups in the device's
+/// open compute pass.
+pub(crate) fn launch_groups<'a, O: Operand<'a>>(
     kernel: Kernel,
     blocks: &[O],
     immediates: &[u32],

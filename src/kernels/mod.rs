@@ -32,9 +32,8 @@ pub use conv_gemm::{ConvGemm, ConvMode};
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
 pub(crate) use launch::{
-    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_groups_windows, launch_wg,
-    launch_windows, pipelines, whole, window_bytes, window_covering, Operand, Window, ARRIVALS,
-    UNIFORM_SCRATCH,
+    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines, whole,
+    window_bytes, window_covering, Operand, Window, ARRIVALS, UNIFORM_SCRATCH,
 };
 pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
 pub use matmul128::{Epilogue, Operands, Vec4Layout};

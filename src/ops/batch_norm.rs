@@ -433,11 +433,12 @@ fn folds(device: &crate::Device, c: usize, bindings: u32) -> bool {
         && crate::kernels::tune::forced_name("batch norm finalize").as_deref() != Some("launch")
 }
 
-/// The finalize's immediates after `c` (`Fin` in `shaders/batch_norm_finalize_fns.wgsl`):
-/// chunks, elements per channel, eps, momentum, training, the offsets of b1..b5, two pads.
+/// The finalize's immediates (`Fin` in `shaders/batch_norm_fin.wgsl`, then a pad): channels,
+/// chunks, elements per channel, eps, momentum, training, the offsets of b1..b5.
 fn finalize_immediates(then: &Then<'_>, chunks: usize, sh: &Shape) -> Result<Vec<u32>> {
     let [momentum, eps] = then.hyper;
     let mut imm = vec![
+        u32_of(OP, sh.c)?,
         u32_of(OP, chunks)?,
         f32_bits(sh.m_elems as f64),
         f32_bits(eps),
@@ -447,7 +448,7 @@ fn finalize_immediates(then: &Then<'_>, chunks: usize, sh: &Shape) -> Result<Vec
     for t in then.blocks {
         imm.push(u32_of(OP, t.layout().offset)?);
     }
-    imm.extend([0, 0]);
+    imm.push(0);
     Ok(imm)
 }
 
@@ -505,8 +506,7 @@ fn finalize(
     chunks: usize,
     sh: &Shape,
 ) -> Result<()> {
-    let mut imm = vec![u32_of(OP, sh.c)?];
-    imm.extend(&finalize_immediates(&then, chunks, sh)?[..11]);
+    let imm = finalize_immediates(&then, chunks, sh)?;
     let storage: Vec<_> = std::iter::once(part)
         .chain(then.blocks)
         .map(|t| &t.storage.block)

@@ -6,7 +6,7 @@
 
 use super::u32_of;
 use crate::graph::Epilogue;
-use crate::kernels::{launch, launch_groups, launch_windows, whole, Kernel, Operand, Window};
+use crate::kernels::{launch, launch_groups, whole, Kernel, Operand, Window};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -188,7 +188,7 @@ fn forward_windows(
     mut imm: [u32; 16],
     rows: usize,
 ) -> Result<()> {
-    use crate::kernels::{launch_groups_windows, whole, window_covering};
+    use crate::kernels::window_covering;
     let (n, c) = (lp.shape()[0], lp.shape()[1]);
     let (offset, t_off, st) = (lp.layout().offset, imm[5] as usize, imm[6] as usize);
     let mut first = 0;
@@ -206,7 +206,7 @@ fn forward_windows(
             (false, true) => 3,
         };
         let operands = [x, whole(blocks[1]), whole(blocks[2]), whole(blocks[3])];
-        launch_groups_windows(Kernel::Nll(DType::F32, false), &operands, &imm, (1, 1, 1))?;
+        launch_groups(Kernel::Nll(DType::F32, false), &operands, &imm, (1, 1, 1))?;
         first = end;
     }
     Ok(())
@@ -271,7 +271,7 @@ fn backward(
         imm[0] = u32_of(OP, end - first)?;
         imm[5] = u32_of(OP, t_off + first * st)?;
         imm[7] = u32_of(OP, before as usize / dtype.size_bytes())?;
-        launch_windows(
+        launch(
             Kernel::Nll(dtype, true),
             &[whole(gb), whole(tb), o, whole(wb)],
             &imm,
@@ -416,7 +416,7 @@ fn backward_through_copy(
         let mut imm = immediates([n, c], g, target, [&records, total], ignore, None)?;
         let (rec, at) = records_window(&records, first_word(&records)?, words)?;
         imm[7] = at;
-        launch_windows(
+        launch(
             Kernel::NllRows(g.dtype()),
             &[
                 whole(&g.storage.block),
@@ -434,7 +434,7 @@ fn backward_through_copy(
         if n > 0 {
             let (rec, from) = records_window(&records, first_word(&records)?, words)?;
             let (dst, at) = records_window(&out, first_word(&out)?, words)?;
-            launch_windows(
+            launch(
                 Kernel::CopyRows(4),
                 &[rec, dst],
                 &[words, words, words, words, from, at, 0, 0],
@@ -506,7 +506,7 @@ fn launch_words<'a, O: Operand<'a>>(
 ) -> Result<()> {
     let chunk = 16 / y.dtype().size_bytes() as u64;
     let numel = u32_of(OP, y.numel())? as u64;
-    launch_windows(
+    launch(
         Kernel::CrossEntropyWords(y.dtype(), g),
         blocks,
         imm,

@@ -223,7 +223,7 @@ fn cast_vec4(x: &Tensor, out: &Tensor) -> Result<()> {
             u32_of(OP, o_before as usize / ov)?,
             0,
         ];
-        crate::kernels::launch_windows(kernel, &[xw, ow], &imm, (end - first) as u64)?;
+        crate::kernels::launch(kernel, &[xw, ow], &imm, (end - first) as u64)?;
         first = end;
     }
     Ok(())
