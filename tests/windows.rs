@@ -147,3 +147,34 @@ fn cross_entropy_past_one_binding_under_autocast_matches_f64() {
         }
     }
 }
+
+/// The windowed loss allocates as the dry run of it plans: the same steps on the device and on
+/// its planning twin (which checks the target's bindings and launches nothing) leave equal
+/// allocator statistics. The windows add no allocation of their own.
+#[test]
+fn a_windowed_loss_plans_as_it_runs() {
+    let steps = |dev: &Device, n: usize| -> kiln::Result<()> {
+        let c = 50257usize;
+        let labels: Vec<i32> = (0..n as i32).map(|i| (i * 31) % c as i32).collect();
+        let y = Tensor::from_slice(&labels, &[n], dev)?;
+        let x = Tensor::zeros(&[n, c], DType::F16, dev)?.requires_grad_(true)?;
+        let l = with_autocast(DeviceType::Gpu, DType::F16, true, || cross_entropy(&x, &y))??;
+        l.backward()?;
+        drop((l, x));
+        dev.synchronize()
+    };
+    for (dev, limit) in small_binding_gpus() {
+        let n = (limit as usize).div_ceil(50257 * 4) + 40;
+        let plan = dev.planning_twin().unwrap();
+        steps(&dev, n).unwrap();
+        steps(&plan, n).unwrap();
+        let (real, dry) = (dev.memory_stats(), plan.memory_stats());
+        assert!(
+            real["allocated_bytes.all.peak"] as u64 > 2 * limit,
+            "{dev:?}"
+        );
+        for (key, value) in &real {
+            assert_eq!(dry.get(key), Some(value), "{dev:?}: {key}");
+        }
+    }
+}
