@@ -1,6 +1,6 @@
 // Rows copied between row strides, in 4-byte words (`{{U}}`: u32, or vec4<u32> where every
-// count and offset is a multiple of 16 bytes; 2-byte rows of any length go through
-// `copy_rows_halves.wgsl`), any dtype:
+// count and offset is a multiple of 16 bytes; into fresh outputs, other rows go through
+// `copy_rows_vectors.wgsl`), any dtype:
 // out[r, c] = x[r, c] for c < the source's columns, else zero, into a contiguous output. It
 // pads a ragged operand with zeros to whole tensor-core tiles, and keeps the first columns of
 // a padded product, each in one pass at the word width, where the strided elementwise copy

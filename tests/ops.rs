@@ -1210,10 +1210,11 @@ fn float_casts_round_as_the_cpu_does() {
     }
 }
 
-/// Copies of matrices narrowed along their columns go row by row in 4-byte words (16-byte
-/// vectors where the offsets and lengths allow; element by element where an f16 row is not
-/// whole words), exact against the CPU, for f32, i32 and f16, and the trace names the word
-/// kernel where the adapter has timestamps.
+/// Copies of matrices narrowed along their columns go row by row: in 16-byte vectors where
+/// the offsets and lengths allow, else four words or eight f16 elements to a 16-byte store;
+/// exact against the CPU, for f32, i32 and f16 (rows of 32, 50 and 9 columns, at offsets of
+/// whole vectors, of whole words and odd), and the trace names each kernel where the adapter
+/// has timestamps.
 #[test]
 fn row_copies_match_the_cpu() {
     let cpu = Device::cpu().unwrap();
@@ -1256,6 +1257,10 @@ fn row_copies_match_the_cpu() {
             if dtype == DType::F16 {
                 let odd = g.narrow(1, 3, 50).unwrap();
                 assert!(kernel(&odd, "copy_rows_f16"), "{dev:?}: odd f16 rows");
+            } else {
+                // Rows of whole words that are not whole vectors: four words a store.
+                let words = g.narrow(0, 1, 30).unwrap().narrow(1, 2, 50).unwrap();
+                assert!(kernel(&words, "copy_rows_words"), "{dev:?} {dtype}: word rows");
             }
             let options = kiln::profiler::ProfileOptions {
                 devices: vec![dev.clone()],

@@ -162,9 +162,32 @@ pub enum Kernel {
     /// `shaders/nll_rows.wgsl`: nll_loss's backward as one record a row, for an upstream
     /// gradient of this dtype.
     NllRows(DType),
-    /// `shaders/copy_rows.wgsl`: rows copied between row strides with zero padding, in units of
-    /// this many bytes: 16 (vectors of words), 4 (words) or 2 (f16 elements).
-    CopyRows(u8),
+    /// `shaders/copy_rows.wgsl` and `copy_rows_vectors.wgsl`: rows copied between row strides
+    /// with zero padding.
+    CopyRows(RowCopy),
+}
+
+/// How `Kernel::CopyRows` moves rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowCopy {
+    /// 16-byte vectors, one an invocation: every count and offset a multiple of 16 bytes.
+    Vectors,
+    /// 4-byte words, one an invocation.
+    Words,
+    /// 4-byte elements, four an invocation into one 16-byte vector of a fresh output.
+    WordsToVectors,
+    /// 2-byte elements, eight an invocation into one 16-byte vector of a fresh output.
+    HalvesToVectors,
+}
+
+impl RowCopy {
+    /// Every form, for validation.
+    pub const ALL: [RowCopy; 4] = [
+        RowCopy::Vectors,
+        RowCopy::Words,
+        RowCopy::WordsToVectors,
+        RowCopy::HalvesToVectors,
+    ];
 }
 
 /// The entry points of `shaders/matmul_narrow.wgsl`: which side of the product is narrow.
@@ -410,10 +433,32 @@ impl Kernel {
                     .replace("{{ENABLES}}", if *g == DType::F16 { "enable f16;" } else { "" })
                     .replace("{{G}}", g.name()),
             ),
-            Kernel::CopyRows(2) => Cow::Borrowed(include_str!("../../shaders/copy_rows_halves.wgsl")),
+            Kernel::CopyRows(RowCopy::HalvesToVectors) => Cow::Owned(
+                include_str!("../../shaders/copy_rows_vectors.wgsl")
+                    .replace(
+                        "{{ELEMENT}}",
+                        "// The 16 bits of source element `s`.\nfn element(s: u32) -> u32 {\n    \
+                         return (x[s / 2u] >> ((s % 2u) * 16u)) & 0xffffu;\n}",
+                    )
+                    .replace(
+                        "{{PACK}}",
+                        "vec4<u32>(h[0] | (h[1] << 16u), h[2] | (h[3] << 16u),\n        \
+                         h[4] | (h[5] << 16u), h[6] | (h[7] << 16u))",
+                    )
+                    .replace("{{PER}}", "8"),
+            ),
+            Kernel::CopyRows(RowCopy::WordsToVectors) => Cow::Owned(
+                include_str!("../../shaders/copy_rows_vectors.wgsl")
+                    .replace(
+                        "{{ELEMENT}}",
+                        "// Source element `s`.\nfn element(s: u32) -> u32 {\n    return x[s];\n}",
+                    )
+                    .replace("{{PACK}}", "vec4<u32>(h[0], h[1], h[2], h[3])")
+                    .replace("{{PER}}", "4"),
+            ),
             Kernel::CopyRows(unit) => {
                 let u = match unit {
-                    16 => "vec4<u32>",
+                    RowCopy::Vectors => "vec4<u32>",
                     _ => "u32",
                 };
                 Cow::Owned(include_str!("../../shaders/copy_rows.wgsl").replace("{{U}}", u))
@@ -493,9 +538,10 @@ impl Kernel {
             }),
             Kernel::NllRows(g) => Cow::Owned(format!("nll_loss_backward_rows_from_{g}")),
             Kernel::CopyRows(unit) => Cow::Borrowed(match unit {
-                2 => "copy_rows_f16",
-                16 => "copy_rows_vec4",
-                _ => "copy_rows",
+                RowCopy::HalvesToVectors => "copy_rows_f16",
+                RowCopy::WordsToVectors => "copy_rows_words",
+                RowCopy::Vectors => "copy_rows_vec4",
+                RowCopy::Words => "copy_rows",
             }),
             Kernel::AmpUnscaleMulti => Cow::Borrowed("amp_unscale_f32_multi"),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
@@ -607,7 +653,7 @@ impl Kernel {
             }) | Kernel::SoftmaxBackward(SoftmaxKernel {
                 layout: RowLayout::Words,
                 ..
-            }) | Kernel::CopyRows(2)
+            }) | Kernel::CopyRows(RowCopy::HalvesToVectors | RowCopy::WordsToVectors)
                 | Kernel::CrossEntropyWords(..)
                 | Kernel::ColumnSum(..)
         );

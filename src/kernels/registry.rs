@@ -3,8 +3,8 @@
 
 use super::{
     BatchNormPass, ConvGemm, CoopLayout, CoopTile, ElementwiseKernel, FlashAttnKernel, Kernel,
-    LayerNormKernel, MatmulWide, Narrow, OptimKernel, PredicateKernel, ReduceKernel, SoftmaxKernel,
-    Vec4Layout, SGD_MULTI,
+    LayerNormKernel, MatmulWide, Narrow, OptimKernel, PredicateKernel, ReduceKernel, RowCopy,
+    SoftmaxKernel, Vec4Layout, SGD_MULTI,
 };
 use crate::base::DType;
 
@@ -90,7 +90,7 @@ impl Kernel {
                 Kernel::CastVec4(DType::F16, DType::F32),
                 Kernel::AddMixedVec4,
             ])
-            .chain([2, 4, 16].map(Kernel::CopyRows))
+            .chain(RowCopy::ALL.map(Kernel::CopyRows))
             .chain(
                 SoftmaxKernel::all()
                     .into_iter()

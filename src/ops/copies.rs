@@ -4,7 +4,7 @@
 
 use super::{coalesce_for_kernel, gpu_elementwise_flat, u32_of, Coalesced};
 use crate::base::UnaryOp;
-use crate::kernels::{launch, launch_groups, tune, Form, Kernel};
+use crate::kernels::{launch, launch_groups, tune, Form, Kernel, RowCopy};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -231,10 +231,11 @@ pub(crate) fn contiguous_two(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)>
 
 /// `x` (2-D, unit stride along its rows) into a new contiguous `[rows, cols]` tensor of its
 /// dtype: its first `cols` columns where that is fewer, zeros after its columns where more.
-/// One pass of `shaders/copy_rows.wgsl` in 4-byte words (16-byte vectors where every count
-/// and offset allows) where the rows are whole words, else two 2-byte elements to a word
-/// (`shaders/copy_rows_halves.wgsl`); `None` otherwise, or on the CPU, for the caller's
-/// elementwise path. No graph is recorded: for copies inside an op.
+/// One pass: of `shaders/copy_rows.wgsl` in 16-byte vectors where every count and offset
+/// allows, else of `shaders/copy_rows_vectors.wgsl`, which writes a 16-byte vector of the
+/// output an invocation from four words (rows of whole words) or eight 2-byte elements (any
+/// other 2-byte rows); `None` otherwise, or on the CPU, for the caller's elementwise path. No
+/// graph is recorded: for copies inside an op.
 pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     const OP: &str = "copy_rows";
     let [rows, x_cols] = *x.shape() else {
@@ -251,7 +252,7 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     // (A fresh output starts at offset 0: only the source's counts and offset decide.)
     let bytes = [copied, cols, stride, x.layout.offset].map(|v| v * es);
     // 2-byte rows of any length (GPT-2's 50257 logits) in 2-byte units, two to a word
-    // (`shaders/copy_rows_halves.wgsl`).
+    // (`shaders/copy_rows_vectors.wgsl`).
     let halves = es == 2;
     let Some(unit) = [16, 4, 2]
         .into_iter()
@@ -273,10 +274,20 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         .into_iter()
         .map(|v| u32_of(OP, v))
         .collect::<Result<Vec<u32>>>()?;
-    // The halves kernel writes 16 bytes (eight elements) an invocation.
-    let invocations = if unit == 2 { total.div_ceil(8) } else { total };
+    // Rows of words that are not whole vectors (GPT-2's f32 logits) are gathered four words to
+    // a 16-byte store, as 2-byte rows eight elements to one (`shaders/copy_rows_vectors.wgsl`):
+    // H200, an [8192, 50257] f32 copy, one word an invocation against four (BENCHMARKS.md).
+    // `force_variant("copy rows", "words")` keeps one word an invocation, for comparison.
+    let words = tune::forced_name("copy rows").as_deref() == Some("words");
+    let (form, per) = match unit {
+        16 => (RowCopy::Vectors, 1),
+        4 if words => (RowCopy::Words, 1),
+        4 => (RowCopy::WordsToVectors, 4),
+        _ => (RowCopy::HalvesToVectors, 8),
+    };
+    let invocations = total.div_ceil(per);
     launch(
-        Kernel::CopyRows(unit as u8),
+        Kernel::CopyRows(form),
         &[&x.storage.block, &out.storage.block],
         &imm,
         invocations as u64,

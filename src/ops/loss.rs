@@ -435,7 +435,7 @@ fn backward_through_copy(
             let (rec, from) = records_window(&records, first_word(&records)?, words)?;
             let (dst, at) = records_window(&out, first_word(&out)?, words)?;
             launch(
-                Kernel::CopyRows(4),
+                Kernel::CopyRows(crate::kernels::RowCopy::Words),
                 &[rec, dst],
                 &[words, words, words, words, from, at, 0, 0],
                 words as u64,

@@ -1,10 +1,10 @@
-// `copy_rows.wgsl` for 2-byte elements (f16) whose rows are not whole 4-byte words (GPT-2's
-// 50257 logits): the source as 4-byte words, the output as 16-byte vectors, an invocation
-// writing one vector of the output (eight elements, each taken out of its source word by a
-// shift), so that no adapter needs f16 in shaders and no store is narrower than a word.
-// Counts, strides and offsets are in elements; the output starts on 16 bytes (a fresh tensor),
-// and a total that is not a multiple of eight is completed with zero halves, inside its block
-// (blocks are whole multiples of 512 bytes).
+// `copy_rows.wgsl` for rows that are not whole 16-byte vectors (GPT-2's 50257 logits): the
+// source as 4-byte words, the output as 16-byte vectors, an invocation writing one vector of
+// the output: {{PER}} elements, 2-byte ones (f16) each taken out of its source word by a shift,
+// so that no adapter needs f16 in shaders and no store is narrower than a word, or 4-byte
+// ones. Counts, strides and offsets are in elements; the output starts on 16 bytes (a fresh
+// tensor), and a total that is not a multiple of {{PER}} is completed with zeros, inside its
+// block (blocks are whole multiples of 512 bytes).
 struct Params {
     // Output elements in all, and per row.
     total: u32,
@@ -24,28 +24,25 @@ var<immediate> p: Params;
 @group(0) @binding(0) var<storage, read_write> x: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<vec4<u32>>;
 
-// The 16 bits of source element `s`.
-fn half_of(s: u32) -> u32 {
-    return (x[s / 2u] >> ((s % 2u) * 16u)) & 0xffffu;
-}
+{{ELEMENT}}
 
-// An invocation writes 16 bytes of the output (eight elements) and divides once: one word an
+// An invocation writes 16 bytes of the output ({{PER}} elements) and divides once: one word an
 // invocation, dividing for each element, ran at about 1.8 TB/s on the H200 (0.91 ms for
 // GPT-2's [8192, 50257] f16 logits).
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let w = gid.x + gid.y * nw.x * 256u;
-    let e0 = 8u * w;
+    let e0 = {{PER}}u * w;
     if e0 >= p.total {
         return;
     }
     var r = e0 / p.out_cols;
     var c = e0 - r * p.out_cols;
-    var h: array<u32, 8>;
-    for (var k = 0u; k < 8u; k++) {
+    var h: array<u32, {{PER}}>;
+    for (var k = 0u; k < {{PER}}u; k++) {
         var v = 0u;
         if e0 + k < p.total && c < p.x_cols {
-            v = half_of(p.x_off + r * p.x_stride + c);
+            v = element(p.x_off + r * p.x_stride + c);
         }
         h[k] = v;
         c += 1u;
@@ -54,6 +51,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             r += 1u;
         }
     }
-    out[p.out_off / 8u + w] = vec4<u32>(h[0] | (h[1] << 16u), h[2] | (h[3] << 16u),
-        h[4] | (h[5] << 16u), h[6] | (h[7] << 16u));
+    out[p.out_off / {{PER}}u + w] = {{PACK}};
 }
