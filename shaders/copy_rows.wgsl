@@ -5,20 +5,7 @@
 // pads a ragged operand with zeros to whole tensor-core tiles, and keeps the first columns of
 // a padded product, each in one pass at the word width, where the strided elementwise copy
 // moves one element per invocation (and the pad was a fill and a copy).
-struct Params {
-    // Output words (or vec4s) in all, and per row.
-    total: u32,
-    out_cols: u32,
-    // Source words per row that are copied (the rest of an output row is zero), the source's
-    // row stride, and both offsets, in the same unit.
-    x_cols: u32,
-    x_stride: u32,
-    x_off: u32,
-    out_off: u32,
-    pad0: u32,
-    pad1: u32,
-}
-
+{{PARAMS}}
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> x: array<{{U}}>;

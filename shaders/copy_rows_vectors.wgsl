@@ -5,20 +5,7 @@
 // ones. Counts, strides and offsets are in elements; the output starts on 16 bytes (a fresh
 // tensor), and a total that is not a multiple of {{PER}} is completed with zeros, inside its
 // block (blocks are whole multiples of 512 bytes).
-struct Params {
-    // Output elements in all, and per row.
-    total: u32,
-    out_cols: u32,
-    // Source elements per row that are copied (the rest of an output row is zero), the
-    // source's row stride, and both offsets.
-    x_cols: u32,
-    x_stride: u32,
-    x_off: u32,
-    out_off: u32,
-    pad0: u32,
-    pad1: u32,
-}
-
+{{PARAMS}}
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> x: array<u32>;

@@ -1260,7 +1260,10 @@ fn row_copies_match_the_cpu() {
             } else {
                 // Rows of whole words that are not whole vectors: four words a store.
                 let words = g.narrow(0, 1, 30).unwrap().narrow(1, 2, 50).unwrap();
-                assert!(kernel(&words, "copy_rows_words"), "{dev:?} {dtype}: word rows");
+                assert!(
+                    kernel(&words, "copy_rows_words"),
+                    "{dev:?} {dtype}: word rows"
+                );
             }
             let options = kiln::profiler::ProfileOptions {
                 devices: vec![dev.clone()],

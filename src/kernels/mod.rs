@@ -435,6 +435,7 @@ impl Kernel {
             ),
             Kernel::CopyRows(RowCopy::HalvesToVectors) => Cow::Owned(
                 include_str!("../../shaders/copy_rows_vectors.wgsl")
+                    .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
                     .replace(
                         "{{ELEMENT}}",
                         "// The 16 bits of source element `s`.\nfn element(s: u32) -> u32 {\n    \
@@ -449,6 +450,7 @@ impl Kernel {
             ),
             Kernel::CopyRows(RowCopy::WordsToVectors) => Cow::Owned(
                 include_str!("../../shaders/copy_rows_vectors.wgsl")
+                    .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
                     .replace(
                         "{{ELEMENT}}",
                         "// Source element `s`.\nfn element(s: u32) -> u32 {\n    return x[s];\n}",
@@ -461,7 +463,11 @@ impl Kernel {
                     RowCopy::Vectors => "vec4<u32>",
                     _ => "u32",
                 };
-                Cow::Owned(include_str!("../../shaders/copy_rows.wgsl").replace("{{U}}", u))
+                Cow::Owned(
+                    include_str!("../../shaders/copy_rows.wgsl")
+                        .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
+                        .replace("{{U}}", u),
+                )
             }
         }
     }
@@ -739,6 +745,9 @@ impl Kernel {
         }
     }
 }
+
+/// The row copies' immediates (`shaders/copy_rows_params.wgsl`).
+const COPY_ROWS_PARAMS: &str = include_str!("../../shaders/copy_rows_params.wgsl");
 
 /// The narrow products' immediates (`shaders/matmul_narrow_params.wgsl`).
 const NARROW_PARAMS: &str = include_str!("../../shaders/matmul_narrow_params.wgsl");
