@@ -272,11 +272,7 @@ pub(crate) fn window_covering(
     first: u64,
     end: u64,
 ) -> Result<(Window<'_>, u64)> {
-    let align = block
-        .device()
-        .adapter_info()
-        .map_or(256, |i| i.limits.min_storage_buffer_offset_alignment as u64)
-        .max(4);
+    let align = offset_alignment(block.device());
     let absolute = block.offset() + first;
     let before = absolute % align;
     if before > first || end < first || end > block.block_size() {
@@ -308,12 +304,28 @@ pub(crate) fn whole(block: &DeviceBlock) -> Window<'_> {
 /// The most bytes one window may hold on `device` such that a window of that many bytes from
 /// any start fits one binding (its start aligned down adds up to an alignment less four).
 pub(crate) fn window_bytes(device: &crate::device::Device) -> u64 {
-    let limits = &device
+    let limit = device
         .adapter_info()
         .expect("windows are for GPU and planning devices")
-        .limits;
-    let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
-    (limits.max_storage_buffer_binding_size / 4 * 4).saturating_sub(align)
+        .limits
+        .max_storage_buffer_binding_size;
+    (limit / 4 * 4).saturating_sub(offset_alignment(device))
+}
+
+/// The alignment of a storage binding's offset on `device`, in bytes (at least a word).
+fn offset_alignment(device: &crate::device::Device) -> u64 {
+    device
+        .adapter_info()
+        .map_or(256, |i| i.limits.min_storage_buffer_offset_alignment as u64)
+        .max(4)
+}
+
+/// The spans `[first, end)` of at most `per` items each that cover `0..n`, in order: the
+/// windows' rows or elements, a launch each.
+pub(crate) fn spans(n: usize, per: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(per.max(1))
+        .map(move |first| (first, (first + per.max(1)).min(n)))
 }
 
 /// Launches `threads` invocations of a 1-D kernel whose workgroups have `workgroup`.

@@ -10,6 +10,7 @@ mod batch_norm;
 mod conv_coop;
 mod conv_gemm;
 mod coop_gen;
+mod copy_rows;
 mod elementwise;
 mod fill;
 mod launch;
@@ -29,11 +30,12 @@ pub use amp::AMP_MULTI;
 pub use attention::{FlashAttnKernel, FlashPass, FLASH_HEAD_DIMS};
 pub use batch_norm::BatchNormPass;
 pub use conv_gemm::{ConvGemm, ConvMode};
+pub use copy_rows::RowCopy;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
 pub(crate) use launch::{
-    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines, whole,
-    window_bytes, window_covering, Operand, Window, ARRIVALS, UNIFORM_SCRATCH,
+    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines, spans,
+    whole, window_bytes, window_covering, Operand, Window, ARRIVALS, UNIFORM_SCRATCH,
 };
 pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
 pub use matmul128::{Epilogue, Operands, Vec4Layout};
@@ -165,29 +167,6 @@ pub enum Kernel {
     /// `shaders/copy_rows.wgsl` and `copy_rows_vectors.wgsl`: rows copied between row strides
     /// with zero padding.
     CopyRows(RowCopy),
-}
-
-/// How `Kernel::CopyRows` moves rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RowCopy {
-    /// 16-byte vectors, one an invocation: every count and offset a multiple of 16 bytes.
-    Vectors,
-    /// 4-byte words, one an invocation.
-    Words,
-    /// 4-byte elements, four an invocation into one 16-byte vector of a fresh output.
-    WordsToVectors,
-    /// 2-byte elements, eight an invocation into one 16-byte vector of a fresh output.
-    HalvesToVectors,
-}
-
-impl RowCopy {
-    /// Every form, for validation.
-    pub const ALL: [RowCopy; 4] = [
-        RowCopy::Vectors,
-        RowCopy::Words,
-        RowCopy::WordsToVectors,
-        RowCopy::HalvesToVectors,
-    ];
 }
 
 /// The entry points of `shaders/matmul_narrow.wgsl`: which side of the product is narrow.
@@ -433,42 +412,7 @@ impl Kernel {
                     .replace("{{ENABLES}}", if *g == DType::F16 { "enable f16;" } else { "" })
                     .replace("{{G}}", g.name()),
             ),
-            Kernel::CopyRows(RowCopy::HalvesToVectors) => Cow::Owned(
-                include_str!("../../shaders/copy_rows_vectors.wgsl")
-                    .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
-                    .replace(
-                        "{{ELEMENT}}",
-                        "// The 16 bits of source element `s`.\nfn element(s: u32) -> u32 {\n    \
-                         return (x[s / 2u] >> ((s % 2u) * 16u)) & 0xffffu;\n}",
-                    )
-                    .replace(
-                        "{{PACK}}",
-                        "vec4<u32>(h[0] | (h[1] << 16u), h[2] | (h[3] << 16u),\n        \
-                         h[4] | (h[5] << 16u), h[6] | (h[7] << 16u))",
-                    )
-                    .replace("{{PER}}", "8"),
-            ),
-            Kernel::CopyRows(RowCopy::WordsToVectors) => Cow::Owned(
-                include_str!("../../shaders/copy_rows_vectors.wgsl")
-                    .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
-                    .replace(
-                        "{{ELEMENT}}",
-                        "// Source element `s`.\nfn element(s: u32) -> u32 {\n    return x[s];\n}",
-                    )
-                    .replace("{{PACK}}", "vec4<u32>(h[0], h[1], h[2], h[3])")
-                    .replace("{{PER}}", "4"),
-            ),
-            Kernel::CopyRows(unit) => {
-                let u = match unit {
-                    RowCopy::Vectors => "vec4<u32>",
-                    _ => "u32",
-                };
-                Cow::Owned(
-                    include_str!("../../shaders/copy_rows.wgsl")
-                        .replace("{{PARAMS}}", COPY_ROWS_PARAMS)
-                        .replace("{{U}}", u),
-                )
-            }
+            Kernel::CopyRows(form) => Cow::Owned(form.source()),
         }
     }
 
@@ -543,12 +487,7 @@ impl Kernel {
                 false => format!("cross_entropy_backward_{d}_words_from_{g}"),
             }),
             Kernel::NllRows(g) => Cow::Owned(format!("nll_loss_backward_rows_from_{g}")),
-            Kernel::CopyRows(unit) => Cow::Borrowed(match unit {
-                RowCopy::HalvesToVectors => "copy_rows_f16",
-                RowCopy::WordsToVectors => "copy_rows_words",
-                RowCopy::Vectors => "copy_rows_vec4",
-                RowCopy::Words => "copy_rows",
-            }),
+            Kernel::CopyRows(form) => Cow::Borrowed(form.name()),
             Kernel::AmpUnscaleMulti => Cow::Borrowed("amp_unscale_f32_multi"),
             Kernel::AmpUnscale(vec4) => Cow::Owned(format!(
                 "amp_unscale_f32{}",
@@ -745,9 +684,6 @@ impl Kernel {
         }
     }
 }
-
-/// The row copies' immediates (`shaders/copy_rows_params.wgsl`).
-const COPY_ROWS_PARAMS: &str = include_str!("../../shaders/copy_rows_params.wgsl");
 
 /// The narrow products' immediates (`shaders/matmul_narrow_params.wgsl`).
 const NARROW_PARAMS: &str = include_str!("../../shaders/matmul_narrow_params.wgsl");

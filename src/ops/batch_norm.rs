@@ -368,15 +368,15 @@ fn reduce(
     // The forward's extra row holds each channel's shift.
     let rows = chunks * sh.c + if backward { 0 } else { sh.c };
     let part = Tensor::empty(&[rows, 2], DType::F32, x.device())?;
-    let mut kernel = BatchNormPass::Reduce {
+    let pass = |finalize| BatchNormPass::Reduce {
         backward,
         vec4: sh.vec4,
         relu: relu && backward,
         half: x.dtype() == DType::F16,
         count: counter.is_some() && !backward,
-        finalize: true,
+        finalize,
     };
-    let fold = folds(x.device(), sh.c, kernel.bindings());
+    let fold = folds(x.device(), sh.c, pass(true).bindings());
     let mut imm = vec![
         u32_of(OP, sh.c)?,
         u32_of(OP, sh.s)?,
@@ -401,16 +401,11 @@ fn reduce(
     if let (Some(counter), false) = (counter, backward) {
         blocks.push(&counter.storage.block);
     }
-    match fold {
-        true => blocks.extend(then.blocks.iter().map(|t| &t.storage.block)),
-        false => {
-            if let BatchNormPass::Reduce { finalize, .. } = &mut kernel {
-                *finalize = false;
-            }
-        }
+    if fold {
+        blocks.extend(then.blocks.iter().map(|t| &t.storage.block));
     }
     launch_groups(
-        Kernel::BatchNorm(kernel),
+        Kernel::BatchNorm(pass(fold)),
         &blocks,
         &imm,
         (u32_of(OP, sh.c)?, u32_of(OP, chunks)?, 1),

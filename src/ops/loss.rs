@@ -166,8 +166,9 @@ fn forward(lp: &Tensor, target: &Tensor, ignore: i32) -> Result<(Tensor, Tensor)
         &loss.storage.block,
         &total.storage.block,
     ];
-    let rows = crate::kernels::window_bytes(lp.device()) / (c as u64 * 4).max(1);
-    let windowed = lp.storage.block.block_size() > crate::kernels::window_bytes(lp.device())
+    let window = crate::kernels::window_bytes(lp.device());
+    let rows = window / (c as u64 * 4).max(1);
+    let windowed = lp.storage.block.block_size() > window
         && lp.dtype() == DType::F32
         && lp.strides() == [c, 1]
         && rows > 0;
@@ -188,12 +189,10 @@ fn forward_windows(
     mut imm: [u32; 16],
     rows: usize,
 ) -> Result<()> {
-    use crate::kernels::window_covering;
+    use crate::kernels::{spans, window_covering};
     let (n, c) = (lp.shape()[0], lp.shape()[1]);
     let (offset, t_off, st) = (lp.layout().offset, imm[5] as usize, imm[6] as usize);
-    let mut first = 0;
-    while first < n {
-        let end = (first + rows).min(n);
+    for (first, end) in spans(n, rows) {
         let bytes = |row: usize| ((offset + row * c) * 4) as u64;
         let (x, before) = window_covering(blocks[0], bytes(first), bytes(end))?;
         imm[0] = u32_of(OP, end - first)?;
@@ -207,7 +206,6 @@ fn forward_windows(
         };
         let operands = [x, whole(blocks[1]), whole(blocks[2]), whole(blocks[3])];
         launch_groups(Kernel::Nll(DType::F32, false), &operands, &imm, (1, 1, 1))?;
-        first = end;
     }
     Ok(())
 }
@@ -263,9 +261,7 @@ fn backward(
     }
     // Windows of rows of the fresh gradient (Note [Windows]).
     let (t_off, st) = (imm[5] as usize, imm[6] as usize);
-    let mut first = 0;
-    while first < n {
-        let end = (first + rows).min(n);
+    for (first, end) in crate::kernels::spans(n, rows) {
         let bytes = |row: usize| (row * c * dtype.size_bytes()) as u64;
         let (o, before) = crate::kernels::window_covering(ob, bytes(first), bytes(end))?;
         imm[0] = u32_of(OP, end - first)?;
@@ -277,7 +273,6 @@ fn backward(
             &imm,
             ((end - first) * c) as u64,
         )?;
-        first = end;
     }
     Ok(out)
 }

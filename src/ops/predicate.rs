@@ -208,10 +208,7 @@ fn cast_vec4(x: &Tensor, out: &Tensor) -> Result<()> {
         return launch(kernel, &[xb, ob], &imm, vecs as u64);
     }
     let (xv, ov) = (4 * x.dtype.size_bytes(), 4 * out.dtype.size_bytes());
-    let chunk = window as usize / xv.max(ov);
-    let mut first = 0;
-    while first < vecs {
-        let end = (first + chunk).min(vecs);
+    for (first, end) in crate::kernels::spans(vecs, window as usize / xv.max(ov)) {
         let span = |off: usize, v: usize| (((off + first) * v) as u64, ((off + end) * v) as u64);
         let (xs, xe) = span(x_off, xv);
         let (os, oe) = span(out_off, ov);
@@ -224,7 +221,6 @@ fn cast_vec4(x: &Tensor, out: &Tensor) -> Result<()> {
             0,
         ];
         crate::kernels::launch(kernel, &[xw, ow], &imm, (end - first) as u64)?;
-        first = end;
     }
     Ok(())
 }
