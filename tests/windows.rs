@@ -178,3 +178,231 @@ fn a_windowed_loss_plans_as_it_runs() {
         }
     }
 }
+
+/// Rows of `t` (a matrix) as f64: `t` copied to the host as it is stored, converted there (a
+/// kernel over a view binds the view's whole block, and a copy of a view starting off a word
+/// is not made).
+fn rows_of(t: &Tensor, rows: &[usize]) -> Vec<Vec<f64>> {
+    let host = t.to_device(&Device::cpu().unwrap()).unwrap();
+    rows.iter()
+        .map(|&i| {
+            let row = host.narrow(0, i, 1).unwrap().to_dtype(DType::F32).unwrap();
+            row.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect()
+        })
+        .collect()
+}
+
+/// Deterministic values of row i, column j (exact in f16).
+fn value(i: usize, j: usize) -> f32 {
+    ((i * 131 + j * 7) % 509) as f32 / 64.0 - 4.0
+}
+
+/// A matrix of `value`s as `dtype` on `dev`, made on the host.
+fn matrix(n: usize, c: usize, dtype: DType, dev: &Device) -> Tensor {
+    let values: Vec<f32> = (0..n * c).map(|e| value(e / c, e % c)).collect();
+    Tensor::from_slice(&values, &[n, c], &Device::cpu().unwrap())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_device(dev)
+        .unwrap()
+}
+
+/// Rows at both ends and around the first windows' boundaries, for rows of `row_bytes` (the
+/// windows hold at most `limit / row_bytes` rows).
+fn probe_rows(n: usize, limit: u64, row_bytes: usize) -> Vec<usize> {
+    let w = limit as usize / row_bytes;
+    let mut rows: Vec<usize> = [0, 1, w / 2, w - 130, w - 1, w, w + 1, n - 2, n - 1]
+        .into_iter()
+        .filter(|&i| i < n)
+        .collect();
+    rows.dedup();
+    rows
+}
+
+/// A matrix narrowed along its columns and made contiguous (`copy_rows`, GPT-2's head crops its
+/// padded product so) where the source and the copy pass the binding limit: 2-byte and 4-byte
+/// rows of 50257 from rows of 50304, in windows of rows.
+#[test]
+fn row_copies_past_one_binding_run_in_windows() {
+    for (dev, limit) in small_binding_gpus() {
+        for dtype in [DType::F16, DType::F32] {
+            let (padded, c) = (50304usize, 50257usize);
+            let es = dtype.size_bytes();
+            let n = limit as usize / (c * es) + 30;
+            let x = matrix(n, padded, dtype, &dev);
+            let y = x.narrow(1, 0, c).unwrap().contiguous().unwrap();
+            assert!((y.numel() * es) as u64 > limit);
+            let rows = probe_rows(n, limit, c * es);
+            for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
+                let want: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
+                assert_eq!(got, want, "{dev:?} {dtype:?}: row {i} of the copy");
+            }
+        }
+    }
+}
+
+/// log_softmax of f16 and f32 rows of 50257 (GPT-2's logits) past the binding limit, in
+/// windows of rows, against f64.
+#[test]
+fn log_softmax_past_one_binding_runs_in_windows() {
+    for (dev, limit) in small_binding_gpus() {
+        // Relative: f16 outputs near -11 are steps of 2^-7 apart.
+        for (dtype, tol) in [(DType::F16, 1e-3), (DType::F32, 2e-6)] {
+            let c = 50257usize;
+            let es = dtype.size_bytes();
+            let n = limit as usize / (c * es) + 30;
+            let y = matrix(n, c, dtype, &dev).log_softmax(-1).unwrap();
+            let rows = probe_rows(n, limit, c * es);
+            for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
+                let xs: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
+                let m = xs.iter().fold(f64::MIN, |a, &b| a.max(b));
+                let lse = m + xs.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                let worst = got.iter().zip(&xs).fold(0f64, |w, (g, x)| {
+                    w.max((g - (x - lse)).abs() / (x - lse).abs().max(1.0))
+                });
+                assert!(worst <= tol, "{dev:?} {dtype:?}: row {i} off by {worst}");
+            }
+        }
+    }
+}
+
+/// cross_entropy under autocast of f16 logits that themselves pass the binding limit (GPT-2's
+/// from batch 21 at T1024): log_softmax's f16 forward and the fused backward's f16 gradient run
+/// in windows of rows too, against f64.
+#[test]
+fn cross_entropy_of_f16_logits_past_one_binding_matches_f64() {
+    for (dev, limit) in small_binding_gpus() {
+        let c = 50257usize;
+        // (Rows in fours, as GPT-2's B * T: the f32 copy's cast takes whole vectors.)
+        let n = (limit as usize / (c * 2) + 30).next_multiple_of(4);
+        let x16 = matrix(n, c, DType::F16, &dev);
+        let xs: Vec<f32> = (0..n * c).map(|e| value(e / c, e % c)).collect();
+        let labels: Vec<i32> = (0..n as i32)
+            .map(|i| match i % 97 {
+                5 => -100,
+                _ => ((i as i64 * 7919) % c as i64) as i32,
+            })
+            .collect();
+        let rows = probe_rows(n, limit, c * 2);
+        let (loss, grads) = reference(&xs, c, &labels, &rows);
+        let y = Tensor::from_slice(&labels, &[n], &dev).unwrap();
+        let x = x16.requires_grad_(true).unwrap();
+        let l = with_autocast(DeviceType::Gpu, DType::F16, true, || cross_entropy(&x, &y))
+            .unwrap()
+            .unwrap();
+        l.backward().unwrap();
+        let got = l.item::<f32>().unwrap() as f64;
+        assert!(
+            (got - loss).abs() <= 2e-4 * loss.abs(),
+            "{dev:?}: loss {got} against {loss}"
+        );
+        let g = x.grad().unwrap();
+        for ((&i, want), got) in rows.iter().zip(&grads).zip(rows_of(&g, &rows)) {
+            let worst = got
+                .iter()
+                .zip(want)
+                .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+            // Gradient entries are at most 1 / count (7.3e-4 here), f16 steps of 4.8e-7.
+            assert!(worst <= 2e-7, "{dev:?}: row {i} off by {worst}");
+        }
+    }
+}
+
+/// f16 tensor-core products whose operands or output pass the binding limit, in windows (Note
+/// [Windows]): `x @ W^T` writing rows past it (GPT-2's head forward), `g @ W` reading a row-major
+/// A past it, and `g^T @ x` reading a transposed A past it along K (the embedding's gradient),
+/// at sampled entries against f64. Runs where the adapter has cooperative matrices (the H200:
+/// 2 GiB bindings, about 5 GB of tensors).
+#[test]
+fn tensor_core_products_past_one_binding_run_in_windows() {
+    let gpus = kiln::device::test_devices().expect("KILN_REQUIRE_GPU=1 and no GPU adapter");
+    for dev in gpus {
+        let Some(info) = dev.adapter_info() else {
+            continue;
+        };
+        if !info.features.cooperative_matrix || !info.features.shader_f16 {
+            continue;
+        }
+        let limit = info.limits.max_storage_buffer_binding_size as usize;
+        // GPT-2's head: 768 wide, so that every product takes the tensor-core routes.
+        let (v, d) = (50304usize, 768usize);
+        let m = (limit / (v * 2) + 300).next_multiple_of(128);
+        let cpu = Device::cpu().unwrap();
+        let small = |rows: usize, seed: u64| {
+            cpu.manual_seed(seed);
+            let t = Tensor::randn(&[rows, d], DType::F32, &cpu)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            let host: Vec<f64> = t
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            (t.to_device(&dev).unwrap(), host)
+        };
+        let (x, xs) = small(m, 1);
+        let (w, ws) = small(v, 2);
+        // Against the sum of the terms' magnitudes (f32 sums) and the f16 rounding of the result.
+        let close = |what: &str, got: f64, (want, size): (f64, f64)| {
+            let tol = 1e-4 * size + 1e-3 * want.abs();
+            assert!(
+                (got - want).abs() <= tol,
+                "{dev:?} {what}: {got} against {want}"
+            );
+        };
+        let sums = |terms: &mut dyn Iterator<Item = f64>| {
+            terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()))
+        };
+        // Rows on both sides of the output's first window (its rows of 100608 bytes).
+        let w0 = limit / (v * 2) / 128 * 128;
+        let probe = [0, w0 - 1, w0, m - 1];
+        let cols = [0, 1, 777, v - 1];
+        // x @ W^T: [m, 50304] f16 past the limit.
+        let logits = x.matmul(&w.t().unwrap()).unwrap();
+        assert!(logits.numel() * 2 > limit);
+        for (&i, row) in probe.iter().zip(rows_of(&logits, &probe)) {
+            for &j in &cols {
+                let (a, b) = (&xs[i * d..(i + 1) * d], &ws[j * d..(j + 1) * d]);
+                let want = sums(&mut a.iter().zip(b).map(|(p, q)| p * q));
+                close(&format!("logits[{i}, {j}]"), row[j], want);
+            }
+        }
+        // g @ W, g (the logits) row-major past the limit.
+        let g = logits;
+        let gw = g.matmul(&w).unwrap();
+        let g_rows = rows_of(&g, &probe);
+        for ((&i, grow), out) in probe.iter().zip(&g_rows).zip(rows_of(&gw, &probe)) {
+            for c in [0, 5, 400, d - 1] {
+                let want = sums(&mut (0..v).map(|j| grow[j] * ws[j * d + c]));
+                close(&format!("(g @ W)[{i}, {c}]"), out[c], want);
+            }
+        }
+        // g^T @ x: K = m along the rows of g, read transposed.
+        let gtx = g.t().unwrap().matmul(&x).unwrap();
+        let gt_rows = rows_of(&gtx, &cols);
+        let gh = g.to_device(&cpu).unwrap();
+        drop(g);
+        for (&j, out) in cols.iter().zip(gt_rows) {
+            let column = gh.narrow(1, j, 1).unwrap().contiguous().unwrap();
+            let column = column
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let column: Vec<f64> = column.iter().map(|&x| x as f64).collect();
+            for c in [0, 9, d - 1] {
+                let want = sums(&mut (0..m).map(|i| column[i] * xs[i * d + c]));
+                close(&format!("(g^T @ x)[{j}, {c}]"), out[c], want);
+            }
+        }
+    }
+}

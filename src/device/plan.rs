@@ -47,9 +47,10 @@ pub struct PlanTarget {
 }
 
 impl PlanTarget {
-    /// The target `device` is: its adapter and tensor-core switch, its memory, its allocator's
-    /// settings and memory limit as they are now (a planning device's: its own target's). For
-    /// the CPU device, an error.
+    /// The target `device` is: its adapter and tensor-core switch, its memory (on a GPU whose
+    /// driver reports a budget, what the driver would still lend plus what kiln holds, rather
+    /// than the whole heap), its allocator's settings and memory limit as they are now (a
+    /// planning device's: its own target's). For the CPU device, an error.
     pub fn like(device: &Device) -> Result<PlanTarget> {
         let copy_queue = device.copies_beside();
         let (info, coop_f16, tuning) = match &device.0.backend {
@@ -64,10 +65,19 @@ impl PlanTarget {
         };
         let (config, memory_limit, capacity, max_segment, expandable_unsupported, describe) = with_alloc!(device, a => {
             let s = a.source();
+            // A live GPU's capacity is what its driver would still lend plus what kiln holds:
+            // the driver and other processes keep the rest (0.93 GiB of the H200's 140.40 GiB
+            // under kiln's own Vulkan device, 2026-11-30), and a plan of the whole heap found
+            // GPT-2 batches that then failed there.
+            let reserved = a.stats().reserved_bytes.all().current as u64;
+            let capacity = match (s.mem_info().free, s.mem_total()) {
+                (Some(free), Some(total)) => Some(total.min(free + reserved)),
+                (_, total) => total,
+            };
             (
                 a.config().clone(),
                 a.memory_limit(),
-                s.mem_total(),
+                capacity,
                 s.max_segment_size(),
                 s.expandable_unsupported(),
                 s.describe(),

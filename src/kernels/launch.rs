@@ -259,10 +259,21 @@ impl<'a> Operand<'a> for Window<'a> {
 //   (`ops::loss`, `shaders/nll_common.wgsl`'s `finish`);
 // - nll_loss's records under autocast lie at the start of the gradient's block, and every kernel
 //   that reads or writes them binds just those bytes.
+// From batch 21 the f16 logits pass one binding too, and the kernels of GPT-2's head take
+// windows of rows (`aligned_rows`: each window of a fresh output starts at a row on the
+// alignment, so whole 16-byte stores stay whole):
+// - the tensor-core product writing them, or reading them as a row-major A, over windows of M
+//   (`ops::matmul_plan::coop_rows`), and reading them as a transposed A over windows of K into
+//   f32 partials (`ops::matmul_partials::coop_k_windows`);
+// - the row copies between the padded and the ragged widths (`ops::copies`), log_softmax's
+//   forward (`ops::softmax`) and cross_entropy's fused backward (`ops::loss::launch_words`).
+// With expandable segments such tensors exist past NVIDIA's 4 GiB buffer (one sparse range
+// holds them), so memory, not bindings, bounds GPT-2's batch (97 at T1024 in an H100's 80 GB).
 // A window starts at the device's storage-offset alignment, so each launch passes the offset
 // of its first element inside the window. The allocations are the same as with whole
-// bindings, so a dry run plans them alike; a kernel that would need the whole of a block
-// still fails with `binding_too_large`.
+// bindings (but for the K windows' two f32 partials), so a dry run plans them alike; a kernel
+// that would need the whole of a block (elementwise ops, the SIMT products, a kernel over a
+// small view of a large block) still fails with `binding_too_large`.
 
 /// The window of `block` holding its bytes `[first, end)`: its start aligned down to the
 /// device's storage-offset alignment and its length up to whole words. Returns the window and
@@ -318,6 +329,40 @@ fn offset_alignment(device: &crate::device::Device) -> u64 {
         .adapter_info()
         .map_or(256, |i| i.limits.min_storage_buffer_offset_alignment as u64)
         .max(4)
+}
+
+/// How many rows one window of rows holds on `device` (Note [Windows]) where the output's rows
+/// are `row_bytes` and the widest operand's rows (an input's row stride) `widest` bytes: a
+/// multiple of the rows after which an output row's first byte is again on the binding
+/// alignment, so that every window of a fresh output starts at its first row's first byte
+/// (kernels that store whole 16-byte vectors need that). Bytes are left for a last vector's
+/// overrun.
+pub(crate) fn aligned_rows(
+    device: &crate::device::Device,
+    row_bytes: usize,
+    widest: usize,
+) -> Result<usize> {
+    let align = offset_alignment(device) as usize;
+    let step = align / gcd(row_bytes, align);
+    let window = window_bytes(device) as usize;
+    let widest = widest.max(row_bytes).max(1);
+    let rows = window.saturating_sub(16) / widest / step * step;
+    if rows == 0 {
+        return Err(Error::TooLarge {
+            op: "bind",
+            size_bytes: (step * widest) as u64,
+            limit_bytes: window as u64,
+            what: "bytes of the rows one window must hold (one storage binding)",
+        });
+    }
+    Ok(rows)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    match b {
+        0 => a,
+        _ => gcd(b, a % b),
+    }
 }
 
 /// The spans `[first, end)` of at most `per` items each that cover `0..n`, in order: the

@@ -34,8 +34,8 @@ pub use copy_rows::RowCopy;
 pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
 pub(crate) use launch::{
-    coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg, pipelines, spans,
-    whole, window_bytes, window_covering, Operand, Window, ARRIVALS, UNIFORM_SCRATCH,
+    aligned_rows, coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg,
+    pipelines, spans, whole, window_bytes, window_covering, Window, ARRIVALS, UNIFORM_SCRATCH,
 };
 pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
 pub use matmul128::{Epilogue, Operands, Vec4Layout};

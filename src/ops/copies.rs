@@ -6,7 +6,7 @@ use super::{coalesce_for_kernel, gpu_elementwise_flat, u32_of, Coalesced};
 use crate::base::UnaryOp;
 use crate::kernels::{launch, launch_groups, tune, Form, Kernel, RowCopy};
 use crate::tensor::{DType, Tensor};
-use crate::Result;
+use crate::{Error, Result};
 
 /// How a `TransposeJob` copies: through a tile of workgroup memory (the default), strided
 /// (the elementwise copy reading across rows: no barrier), or as 4x4 blocks of 64-bit words
@@ -268,12 +268,26 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     if total == 0 {
         return Ok(Some(out));
     }
-    // Every word index the kernel forms fits a u32.
-    u32_of(OP, x_off + (rows - 1) * stride + copied)?;
-    let imm = [total, cols, copied, stride, x_off, out_off, 0, 0]
-        .into_iter()
-        .map(|v| u32_of(OP, v))
-        .collect::<Result<Vec<u32>>>()?;
+    // (A windowed copy counts its rows from each window's first, and checks its own.)
+    let window = crate::kernels::window_bytes(x.device());
+    let windowed = x.storage.block.block_size() > window || out.storage.block.block_size() > window;
+    if !windowed {
+        // Every word index the kernel forms fits a u32.
+        u32_of(OP, x_off + (rows - 1) * stride + copied)?;
+    }
+    let imm = [
+        total * !windowed as usize,
+        cols,
+        copied,
+        stride,
+        x_off,
+        out_off,
+        0,
+        0,
+    ]
+    .into_iter()
+    .map(|v| u32_of(OP, v))
+    .collect::<Result<Vec<u32>>>()?;
     // Rows of words that are not whole vectors (GPT-2's f32 logits) are gathered four words to
     // a 16-byte store, as 2-byte rows eight elements to one (`shaders/copy_rows_vectors.wgsl`):
     // H200, an [8192, 50257] f32 copy, one word an invocation against four (BENCHMARKS.md).
@@ -285,6 +299,10 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         4 => (RowCopy::WordsToVectors, 4),
         _ => (RowCopy::HalvesToVectors, 8),
     };
+    if windowed {
+        copy_row_windows(x, &out, (form, per, unit), imm)?;
+        return Ok(Some(out));
+    }
     let invocations = total.div_ceil(per);
     launch(
         Kernel::CopyRows(form),
@@ -293,4 +311,45 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
         invocations as u64,
     )?;
     Ok(Some(out))
+}
+
+/// `copy_rows` of tensors larger than one binding (GPT-2's head from batch 21 at T1024), as
+/// launches over windows of rows of both (Note [Windows] in `kernels/launch.rs`). A window of
+/// the output starts at a row whose first byte is on the binding alignment, so the kernel's
+/// 16-byte stores stay whole; the source's window passes its offset inside it. The last
+/// vector of a window may run into the next window's first row with zeros, which that window's
+/// launch, later on the queue, overwrites.
+fn copy_row_windows(
+    x: &Tensor,
+    out: &Tensor,
+    (form, per, unit): (RowCopy, usize, usize),
+    mut imm: Vec<u32>,
+) -> Result<()> {
+    use crate::kernels::window_covering;
+    const OP: &str = "copy_rows";
+    let [rows, cols] = *out.shape() else {
+        unreachable!("copy_rows makes a matrix")
+    };
+    let es = x.dtype().size_bytes();
+    let (copied, stride, x_off) = (imm[2] as usize, imm[3] as usize, imm[4] as usize);
+    let per_window = crate::kernels::aligned_rows(x.device(), cols * es, stride * unit)?;
+    let block = out.storage.block.block_size();
+    for (first, end) in crate::kernels::spans(rows, per_window) {
+        let o_end = ((end * cols * es) as u64).next_multiple_of(16).min(block);
+        let (o, before) = window_covering(&out.storage.block, (first * cols * es) as u64, o_end)?;
+        if before != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!("row {first} of the copy's output starts off the binding alignment"),
+            });
+        }
+        let unit_at = |row: usize| ((x_off + row * stride) * unit) as u64;
+        let x_end = unit_at(end - 1) + (copied * unit) as u64;
+        let (src, from) = window_covering(&x.storage.block, unit_at(first), x_end)?;
+        imm[0] = u32_of(OP, (end - first) * (cols * es / unit))?;
+        imm[4] = u32_of(OP, from as usize / unit)?;
+        let invocations = (imm[0] as usize).div_ceil(per);
+        launch(Kernel::CopyRows(form), &[src, o], &imm, invocations as u64)?;
+    }
+    Ok(())
 }

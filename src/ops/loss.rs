@@ -6,7 +6,7 @@
 
 use super::u32_of;
 use crate::graph::Epilogue;
-use crate::kernels::{launch, launch_groups, whole, Kernel, Operand, Window};
+use crate::kernels::{launch, launch_groups, whole, Kernel, Window};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -108,7 +108,12 @@ fn immediates(
         2 => [x.strides()[0], x.strides()[1]],
         _ => [0, 0],
     };
-    u32_of(OP, super::end(x))?;
+    // (An input larger than one binding runs in windows, which index from their own starts.)
+    let windowed = !x.device().is_cpu()
+        && x.storage.block.block_size() > crate::kernels::window_bytes(x.device());
+    if !windowed {
+        u32_of(OP, super::end(x))?;
+    }
     Ok([
         u32_of(OP, n)?,
         u32_of(OP, c)?,
@@ -364,7 +369,7 @@ fn backward_through_log_softmax(
         &y.storage.block,
     );
     if words {
-        launch_words(y, &[gb, tb, ob, wb, yb, yb, ob], &imm, g.dtype())?;
+        launch_words((y, &out), [whole(gb), whole(tb), whole(wb)], imm, g.dtype())?;
     } else {
         let numel = u32_of(OP, n * c)? as u64;
         launch(
@@ -457,8 +462,7 @@ fn backward_through_copy(
         let (rb, at) = records_window(&records, first_word(&records)?, words)?;
         imm[5] = at;
         imm[11] = 1;
-        let (ob, yb) = (whole(&out.storage.block), whole(&y.storage.block));
-        launch_words(&y, &[rb, rb, ob, rb, yb, yb, ob], &imm, DType::F32)?;
+        launch_words((&y, &out), [rb, rb, rb], imm, DType::F32)?;
         Ok(out)
     });
     Ok(Some((records, vec![copy_step, log_softmax_step])))
@@ -491,20 +495,61 @@ fn words_fit(y: &Tensor) -> bool {
     (y.layout().offset * y.dtype().size_bytes()).is_multiple_of(16)
 }
 
-/// `Kernel::CrossEntropyWords` over `y`'s chunks, the upstream gradient bound first being of
-/// dtype `g`.
-fn launch_words<'a, O: Operand<'a>>(
-    y: &Tensor,
-    blocks: &[O],
-    imm: &[u32; 16],
-    g: DType,
+/// `Kernel::CrossEntropyWords` over `y`'s chunks into `out` (both contiguous [N, C], starting
+/// at whole chunks), the upstream gradient, the targets (or records) and total_weight bound as
+/// `[g, t, w]`, `g` of dtype `g_dtype`. Where `y` or `out` is larger than one binding (GPT-2's
+/// logits from batch 21 at T1024), launches over windows of rows (Note [Windows]): each window
+/// of `out` starts at a row on the binding alignment, `y`'s passes its offset inside it, and
+/// the rows' targets (or records) are read from the window's first row on.
+fn launch_words(
+    (y, out): (&Tensor, &Tensor),
+    [g, t, w]: [Window<'_>; 3],
+    mut imm: [u32; 16],
+    g_dtype: DType,
 ) -> Result<()> {
-    let chunk = 16 / y.dtype().size_bytes() as u64;
-    let numel = u32_of(OP, y.numel())? as u64;
-    launch(
-        Kernel::CrossEntropyWords(y.dtype(), g),
-        blocks,
-        imm,
-        numel.div_ceil(chunk),
-    )
+    use crate::kernels::{aligned_rows, window_bytes, window_covering};
+    let kernel = Kernel::CrossEntropyWords(y.dtype(), g_dtype);
+    let es = y.dtype().size_bytes();
+    let chunk = 16 / es as u64;
+    let window = window_bytes(y.device());
+    let (yb, ob) = (&y.storage.block, &out.storage.block);
+    if yb.block_size() <= window && ob.block_size() <= window {
+        let numel = u32_of(OP, y.numel())? as u64;
+        return launch(
+            kernel,
+            &[g, t, whole(ob), w, whole(yb), whole(yb), whole(ob)],
+            &imm,
+            numel.div_ceil(chunk),
+        );
+    }
+    let (n, c) = (y.shape()[0], y.shape()[1]);
+    let per = aligned_rows(y.device(), c * es, c * es)?;
+    let (y_first, t_off) = (y.layout().offset * es, imm[5] as usize);
+    let t_step = match imm[11] {
+        0 => imm[6] as usize,
+        _ => 2,
+    };
+    for (first, end) in crate::kernels::spans(n, per) {
+        let (at, len) = (first * c * es, (end - first) * c * es);
+        let (o, before) = window_covering(ob, at as u64, (at + len) as u64)?;
+        let (yw, from) = window_covering(yb, (y_first + at) as u64, (y_first + at + len) as u64)?;
+        if before != 0 || from % 16 != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!("row {first} of [{n}, {c}] starts off the binding alignment"),
+            });
+        }
+        imm[0] = u32_of(OP, end - first)?;
+        imm[5] = u32_of(OP, t_off + first * t_step)?;
+        imm[7] = 0;
+        imm[10] = u32_of(OP, from as usize / es)?;
+        let numel = ((end - first) * c) as u64;
+        launch(
+            kernel,
+            &[g, t, o, w, yw, yw, o],
+            &imm,
+            numel.div_ceil(chunk),
+        )?;
+    }
+    Ok(())
 }

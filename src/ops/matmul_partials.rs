@@ -119,6 +119,94 @@ pub(super) fn coop_partials(
     Ok(true)
 }
 
+/// The tensor-core product of one matrix whose k-major operand (a transposed A, or a
+/// row-major B) is larger than one binding, as launches over windows of K (Note [Windows] in
+/// `kernels/launch.rs`): each multiplies one slice of K, its rows of that operand bound alone,
+/// into an f32 partial, added into the first; the sum is rounded once to f16 into `out`, as
+/// the unsplit kernel rounds. GPT-2's tied head makes such a product from batch 21 at T1024:
+/// `g^T @ x` for the embedding's gradient reads the [B * 1024, 50304] f16 gradient as A.
+pub(super) fn coop_k_windows(
+    p: &Product,
+    f: &Flat,
+    out: &Tensor,
+    (tile, layout): (CoopTile, CoopLayout),
+    imm: Vec<u32>,
+    window: u64,
+) -> Result<()> {
+    use crate::kernels::{spans, whole};
+    let (m, n, k, e) = (p.m, p.n, p.k, p.a.dtype().size_bytes());
+    let (a_off, lda, b_off, ldb) = (
+        imm[4] as usize,
+        imm[6] as usize,
+        imm[7] as usize,
+        imm[9] as usize,
+    );
+    // Rows of K a window holds, of each k-major operand, in whole steps of the kernel's K.
+    let mut rows = k;
+    if layout.a_t {
+        rows = rows.min(window as usize / (lda * e).max(1));
+    }
+    if !layout.b_t {
+        rows = rows.min(window as usize / (ldb * e).max(1));
+    }
+    let step = tile.k_step() as usize;
+    let rows = rows / step * step;
+    if rows == 0 {
+        return Err(crate::Error::TooLarge {
+            op: OP,
+            size_bytes: (step * lda.max(ldb) * e) as u64,
+            limit_bytes: window,
+            what: "bytes of one step of K of the product (one storage binding)",
+        });
+    }
+    let acc = Tensor::empty(&[m, n], DType::F32, out.device())?;
+    let part = Tensor::empty(&[m, n], DType::F32, out.device())?;
+    let mut imm = imm;
+    imm[3] = 1;
+    imm[10] = 0;
+    for (first, end) in spans(k, rows) {
+        let (a, a_at) = k_slice(&f.a, (a_off, lda, m), layout.a_t, (first, end))?;
+        let (b, b_at) = k_slice(&f.b, (b_off, ldb, n), !layout.b_t, (first, end))?;
+        imm[2] = u32_of(OP, end - first)?;
+        imm[4] = u32_of(OP, a_at)?;
+        imm[7] = u32_of(OP, b_at)?;
+        let into = if first == 0 { &acc } else { &part };
+        launch_groups(
+            Kernel::MatmulCoopPartials(tile, layout),
+            &[a, b, whole(&into.storage.block), a],
+            &imm,
+            (n as u32 / tile.block_n(), m as u32 / tile.block_m(), 1),
+        )?;
+        if first > 0 {
+            super::inplace::binary_(&acc, &part, crate::base::BinaryOp::Add)?;
+        }
+    }
+    drop(part);
+    super::predicate::cast_into(&acc, out)
+}
+
+/// The binding of K's rows `first..end` of operand `t` (at `off`, rows `ld` apart, `width`
+/// wide) and the offset of its first: a k-major operand's rows alone, any other whole with its
+/// offset stepped along its rows.
+fn k_slice(
+    t: &Tensor,
+    (off, ld, width): (usize, usize, usize),
+    k_major: bool,
+    (first, end): (usize, usize),
+) -> Result<(crate::kernels::Window<'_>, usize)> {
+    if !k_major {
+        return Ok((crate::kernels::whole(&t.storage.block), off + first));
+    }
+    let e = t.dtype().size_bytes();
+    let at = |row: usize| ((off + row * ld) * e) as u64;
+    let (w, before) = crate::kernels::window_covering(
+        &t.storage.block,
+        at(first),
+        at(end - 1) + (width * e) as u64,
+    )?;
+    Ok((w, before as usize / e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::partial_layers;

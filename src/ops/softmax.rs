@@ -51,7 +51,13 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                 0,
                 0,
             ];
-            pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
+            let window = crate::kernels::window_bytes(x.device());
+            let big = |t: &Tensor| t.storage.block.block_size() > window;
+            let windowed = (vector || words) && (big(&xp) || big(&out));
+            if !windowed {
+                // (Windows of contiguous rows need no dims; their count may pass 32 bits.)
+                pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
+            }
             let run = |serial: bool| {
                 let layout = RowLayout::of(vector, words, serial);
                 let kernel = Kernel::Softmax(SoftmaxKernel {
@@ -96,9 +102,15 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
             } else {
                 vec![(false, "tree"), (true, "serial")]
             };
-            let work = out.numel() as u64;
-            let serial = tune::pick(x.device(), "softmax", key, work, &candidates, run)?;
-            run(serial)?;
+            if windowed {
+                // (The first candidate: the tuner would time whole launches.)
+                let rows_of = RowsOf { rows, inner, unit };
+                forward_windows(&xp, &out, rows_of, (vector, words, candidates[0].0), imm)?;
+            } else {
+                let work = out.numel() as u64;
+                let serial = tune::pick(x.device(), "softmax", key, work, &candidates, run)?;
+                run(serial)?;
+            }
         }
     }
     // Back to the input's dim order, contiguous as PyTorch returns it.
@@ -111,6 +123,67 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
         return result.reshape(&[]);
     }
     Ok(result)
+}
+
+/// Rows of a softmax: how many, their length, and the elements of a kernel's unit.
+#[derive(Clone, Copy)]
+struct RowsOf {
+    rows: usize,
+    inner: usize,
+    unit: usize,
+}
+
+/// The forward over contiguous rows larger than one binding (GPT-2's f16 logits from batch 21
+/// at T1024), as launches over windows of rows (Note [Windows] in `kernels/launch.rs`). A
+/// window of the output starts at a row whose first byte is on the binding alignment; the
+/// input's window passes its offset inside it (a whole 16-byte chunk where the words kernel
+/// runs, as `words_fit` asked of the whole).
+fn forward_windows(
+    xp: &Tensor,
+    out: &Tensor,
+    RowsOf { rows, inner, unit }: RowsOf,
+    (vector, words, serial): (bool, bool, bool),
+    mut imm: Vec<u32>,
+) -> Result<()> {
+    use crate::kernels::window_covering;
+    const OP: &str = "softmax";
+    let es = xp.dtype.size_bytes();
+    let row_bytes = inner * es;
+    let per = crate::kernels::aligned_rows(xp.device(), row_bytes, row_bytes)?;
+    let layout = RowLayout::of(vector, words, serial);
+    let kernel = Kernel::Softmax(SoftmaxKernel {
+        dtype: xp.dtype,
+        layout,
+        serial,
+    });
+    let x_first = xp.layout.offset * es;
+    for (first, end) in crate::kernels::spans(rows, per) {
+        let (n, at) = (end - first, first * row_bytes);
+        let (o, before) =
+            window_covering(&out.storage.block, at as u64, (at + n * row_bytes) as u64)?;
+        let (x, from) = window_covering(
+            &xp.storage.block,
+            (x_first + at) as u64,
+            (x_first + at + n * row_bytes) as u64,
+        )?;
+        if before != 0 || (words && from % 16 != 0) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                msg: format!("row {first} of [{rows}, {inner}] starts off the binding alignment"),
+            });
+        }
+        imm[0] = u32_of(OP, n)?;
+        imm[3] = u32_of(OP, from as usize / (es * unit))?;
+        let (threads, workgroup) = match serial {
+            true => (n as u64, 64),
+            false => (n as u64 * WORKGROUP as u64, WORKGROUP),
+        };
+        match layout {
+            RowLayout::Words => launch_wg(kernel, &[x, o, x, o], &imm, threads, workgroup)?,
+            _ => launch_wg(kernel, &[x, o], &imm, threads, workgroup)?,
+        }
+    }
+    Ok(())
 }
 
 /// The backward in one launch (`shaders/softmax_backward.wgsl`), on a GPU, where the dim is
