@@ -332,7 +332,14 @@ fn check_batch(
 ) -> kiln::Result<()> {
     // With segments, a tensor is one buffer (NVIDIA: at most 4 GiB); with expandable segments
     // the memory bounds the batch (Note [Windows] in `kernels/launch.rs`).
-    let h100 = PlanTarget::named("H100")?.capacity;
+    // The H100's memory as its driver would lend it, as the H200 emulates it with a limit.
+    let h100 = PlanTarget::named("H100")?;
+    let h100 = h100.capacity.map(|c| c - h100.driver_held);
+    push(
+        "driver holds of the GPU's memory".into(),
+        PlanTarget::like(dev)?.driver_held as f64 / MIB,
+        "MiB",
+    );
     let cases = [
         (false, None),
         (false, Some(11u64 << 30)),
