@@ -182,7 +182,7 @@ const NVIDIA_LIMITS: KilnLimits = KilnLimits {
 /// What NVIDIA's driver 580.159.04 held of an H200's heap with kiln's Vulkan device open
 /// (its memory budget, 2026-11-30: `PlanTarget::like`'s `driver_held`, which the `plan`
 /// bench prints).
-const H200_DRIVER_BYTES: u64 = 1_000_000_000;
+const H200_DRIVER_BYTES: u64 = 1_081_670_000;
 
 /// The GPUs `PlanTarget::named` knows.
 fn known_targets() -> Vec<KnownTarget> {
