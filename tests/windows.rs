@@ -1,9 +1,12 @@
 //! Tensors larger than one storage binding whose kernels bind windows of them (Note [Windows]
 //! in `src/kernels/launch.rs`): a contiguous cast in chunks, and cross_entropy of f16 logits
 //! under autocast, whose f32 copy of the log-probabilities and nll_loss's f32 gradient are the
-//! tensors GPT-2's step makes too large for one binding from batch 11 at T1024. They run on
-//! adapters whose binding limit is small enough for the host to check the results (lavapipe's
-//! 128 MiB), against the formulas in f64; each fails with a too-large binding without windows.
+//! tensors GPT-2's step makes too large for one binding from batch 11 at T1024; then the f16
+//! logits themselves (batch 21): their row copies, log_softmax and cross_entropy's backward,
+//! and the head's tensor-core products. They run on adapters whose binding limit is small
+//! enough for the host to check the results (lavapipe's 128 MiB; the products on adapters with
+//! cooperative matrices, the H200's 2 GiB), against the formulas in f64; each fails with a
+//! too-large binding without windows.
 
 use kiln::amp::{with_autocast, DeviceType};
 use kiln::nn::cross_entropy;
@@ -201,15 +204,13 @@ fn value(i: usize, j: usize) -> f32 {
     ((i * 131 + j * 7) % 509) as f32 / 64.0 - 4.0
 }
 
-/// A matrix of `value`s as `dtype` on `dev`, made on the host.
-fn matrix(n: usize, c: usize, dtype: DType, dev: &Device) -> Tensor {
-    let values: Vec<f32> = (0..n * c).map(|e| value(e / c, e % c)).collect();
-    Tensor::from_slice(&values, &[n, c], &Device::cpu().unwrap())
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-        .to_device(dev)
-        .unwrap()
+/// A matrix of `value`s as f16 on `dev`, made on the host (in f16 there: a debug build's CPU
+/// casts of tens of millions of elements cost CI seconds).
+fn matrix(n: usize, c: usize, dev: &Device) -> Tensor {
+    let values: Vec<half::f16> = (0..n * c)
+        .map(|e| half::f16::from_f32(value(e / c, e % c)))
+        .collect();
+    Tensor::from_slice(&values, &[n, c], dev).unwrap()
 }
 
 /// Rows at both ends and around the first windows' boundaries, for rows of `row_bytes` (the
@@ -225,48 +226,45 @@ fn probe_rows(n: usize, limit: u64, row_bytes: usize) -> Vec<usize> {
 }
 
 /// A matrix narrowed along its columns and made contiguous (`copy_rows`, GPT-2's head crops its
-/// padded product so) where the source and the copy pass the binding limit: 2-byte and 4-byte
-/// rows of 50257 from rows of 50304, in windows of rows.
+/// padded product so) where the source and the copy pass the binding limit: 2-byte rows of
+/// 50257 from rows of 50304, in windows of rows.
 #[test]
 fn row_copies_past_one_binding_run_in_windows() {
     for (dev, limit) in small_binding_gpus() {
-        for dtype in [DType::F16, DType::F32] {
-            let (padded, c) = (50304usize, 50257usize);
-            let es = dtype.size_bytes();
-            let n = limit as usize / (c * es) + 30;
-            let x = matrix(n, padded, dtype, &dev);
-            let y = x.narrow(1, 0, c).unwrap().contiguous().unwrap();
-            assert!((y.numel() * es) as u64 > limit);
-            let rows = probe_rows(n, limit, c * es);
-            for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
-                let want: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
-                assert_eq!(got, want, "{dev:?} {dtype:?}: row {i} of the copy");
-            }
+        // (f16 only: f32 rows take the same windows, and CI's two cores pay for each size.)
+        let dtype = DType::F16;
+        let (padded, c) = (50304usize, 50257usize);
+        let es = dtype.size_bytes();
+        let n = limit as usize / (c * es) + 30;
+        let x = matrix(n, padded, &dev);
+        let y = x.narrow(1, 0, c).unwrap().contiguous().unwrap();
+        assert!((y.numel() * es) as u64 > limit);
+        let rows = probe_rows(n, limit, c * es);
+        for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
+            let want: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
+            assert_eq!(got, want, "{dev:?}: row {i} of the copy");
         }
     }
 }
 
-/// log_softmax of f16 and f32 rows of 50257 (GPT-2's logits) past the binding limit, in
-/// windows of rows, against f64.
+/// log_softmax of f16 rows of 50257 (GPT-2's logits) past the binding limit, in windows of
+/// rows, against f64.
 #[test]
 fn log_softmax_past_one_binding_runs_in_windows() {
     for (dev, limit) in small_binding_gpus() {
-        // Relative: f16 outputs near -11 are steps of 2^-7 apart.
-        for (dtype, tol) in [(DType::F16, 1e-3), (DType::F32, 2e-6)] {
-            let c = 50257usize;
-            let es = dtype.size_bytes();
-            let n = limit as usize / (c * es) + 30;
-            let y = matrix(n, c, dtype, &dev).log_softmax(-1).unwrap();
-            let rows = probe_rows(n, limit, c * es);
-            for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
-                let xs: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
-                let m = xs.iter().fold(f64::MIN, |a, &b| a.max(b));
-                let lse = m + xs.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-                let worst = got.iter().zip(&xs).fold(0f64, |w, (g, x)| {
-                    w.max((g - (x - lse)).abs() / (x - lse).abs().max(1.0))
-                });
-                assert!(worst <= tol, "{dev:?} {dtype:?}: row {i} off by {worst}");
-            }
+        // Relative: f16 outputs near -11 are steps of 2^-7 apart. (f16 only, as above.)
+        let c = 50257usize;
+        let n = limit as usize / (c * 2) + 30;
+        let y = matrix(n, c, &dev).log_softmax(-1).unwrap();
+        let rows = probe_rows(n, limit, c * 2);
+        for (&i, got) in rows.iter().zip(rows_of(&y, &rows)) {
+            let xs: Vec<f64> = (0..c).map(|j| value(i, j) as f64).collect();
+            let m = xs.iter().fold(f64::MIN, |a, &b| a.max(b));
+            let lse = m + xs.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let worst = got.iter().zip(&xs).fold(0f64, |w, (g, x)| {
+                w.max((g - (x - lse)).abs() / (x - lse).abs().max(1.0))
+            });
+            assert!(worst <= 1e-3, "{dev:?}: row {i} off by {worst}");
         }
     }
 }
@@ -280,7 +278,7 @@ fn cross_entropy_of_f16_logits_past_one_binding_matches_f64() {
         let c = 50257usize;
         // (Rows in fours, as GPT-2's B * T: the f32 copy's cast takes whole vectors.)
         let n = (limit as usize / (c * 2) + 30).next_multiple_of(4);
-        let x16 = matrix(n, c, DType::F16, &dev);
+        let x16 = matrix(n, c, &dev);
         let xs: Vec<f32> = (0..n * c).map(|e| value(e / c, e % c)).collect();
         let labels: Vec<i32> = (0..n as i32)
             .map(|i| match i % 97 {
@@ -406,6 +404,50 @@ fn tensor_core_products_past_one_binding_run_in_windows() {
                 let want = sums(&mut (0..m).map(|i| column[i] * xs[i * d + c]));
                 close(&format!("(g^T @ x)[{j}, {c}]"), out[c], want);
             }
+        }
+    }
+}
+
+/// Elementwise ops over contiguous f16 tensors past the binding limit (GPT-2's logits from batch
+/// 21 are such), in windows of vectors: a binary op, a scalar op, a unary op and an in-place
+/// clamp, checked on the host around the windows' boundaries.
+#[test]
+fn elementwise_ops_past_one_binding_run_in_windows() {
+    for (dev, limit) in small_binding_gpus() {
+        let n = (limit as usize / 2 + 4096).next_multiple_of(4);
+        let v = |e: usize| value(e / 509, e % 509);
+        let x: Vec<half::f16> = (0..n).map(|e| half::f16::from_f32(v(e))).collect();
+        let x = Tensor::from_slice(&x, &[n], &dev).unwrap();
+        let half = x.mul_scalar(0.5).unwrap();
+        let sum = x.add(&half).unwrap();
+        let neg = sum.neg().unwrap();
+        neg.clamp_(-3.0, 5.0).unwrap();
+        // Element e, read back in its aligned 16 bytes.
+        let at = |t: &Tensor, e: usize| {
+            let chunk = t
+                .narrow(0, e / 8 * 8, 8)
+                .unwrap()
+                .to_vec::<half::f16>()
+                .unwrap();
+            chunk[e % 8].to_f32()
+        };
+        // Elements around the first windows' ends (at most `limit` bytes each) and the last.
+        let w = limit as usize / 2;
+        let probe = [0, 1, w / 2 - 1, w / 2, w - 9, w - 8, w, w + 1, n - 1];
+        for &e in &probe {
+            // x and x / 2 are multiples of 1/128 below 8 in magnitude: exact in f16, and so is
+            // their sum.
+            let (want_h, want_s) = (v(e) * 0.5, v(e) * 1.5);
+            assert_eq!(
+                (at(&half, e), at(&sum, e)),
+                (want_h, want_s),
+                "{dev:?}: element {e}"
+            );
+            assert_eq!(
+                at(&neg, e),
+                (-want_s).clamp(-3.0, 5.0),
+                "{dev:?}: element {e}"
+            );
         }
     }
 }

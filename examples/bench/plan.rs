@@ -3,8 +3,10 @@
 //! f16), with ordinary and with expandable segments, on the device and on its planning twin:
 //! the peaks allocated and reserved of both, which must be equal. Then, on any machine, a dry
 //! run of GPT-2 124M b8 T1024 AMP for an H100 (its wall time, the target being 2 s on a 2-core
-//! box) and the largest batch at T 1024 that fits the H100's 80 GB; `KILN_PLAN_CHECK_BATCH=1`
-//! runs the batch found for this adapter and the next one for real (on a GPU with the memory).
+//! box) and the largest batch at T 1024 that fits the H100's 80 GB, with segments and with
+//! expandable segments; `KILN_PLAN_CHECK_BATCH=1` runs the batch found for this adapter and the
+//! next one for real (on a GPU with the memory), also within an H100's memory as its driver
+//! would lend it.
 
 use crate::gpt::{ids, sizes, Run};
 use crate::Row;
@@ -234,7 +236,7 @@ fn offloaded_rows(
 }
 
 /// The GPT-2 124M rows for a named GPU, which need no GPU: one AMP step's dry run and the
-/// largest batch at T 1024.
+/// largest batch at T 1024, with segments and with expandable segments.
 pub fn named_rows(gpu: &str, rows: &mut Vec<Row>) -> kiln::Result<()> {
     let target = PlanTarget::named(gpu)?;
     let plan = Device::planning(target.clone())?;
@@ -272,33 +274,40 @@ pub fn named_rows(gpu: &str, rows: &mut Vec<Row>) -> kiln::Result<()> {
         "MiB",
     );
     drop(run);
-    let started = Instant::now();
-    let fit = largest_batch(&target, &config, 1024)?;
-    push(
-        "gpt2 124M T1024 AMP: largest batch".into(),
-        fit.batch as f64,
-        "seqs",
-    );
-    push(
-        "gpt2 124M T1024 AMP: its peak reserved".into(),
-        fit.peak_reserved as f64 / MIB,
-        "MiB",
-    );
-    push(
-        "gpt2 124M T1024 AMP: next batch would reserve".into(),
-        fit.next_peak_reserved as f64 / MIB,
-        "MiB",
-    );
-    eprintln!(
-        "gpt2 124M T1024 AMP: batch {} does not fit: {}",
-        fit.batch + 1,
-        fit.next_fails_with.lines().next().unwrap_or_default()
-    );
-    push(
-        "gpt2 124M T1024 AMP: search".into(),
-        started.elapsed().as_secs_f64(),
-        "s",
-    );
+    // With segments (a tensor in one buffer: NVIDIA's 4 GiB bound GPT-2's batch), then with
+    // expandable segments (the memory bounds it; Note [Windows] in `kernels/launch.rs`).
+    for expandable in [false, true] {
+        let mut target = target.clone();
+        target.config.expandable_segments |= expandable;
+        let tag = if expandable { ", expandable" } else { "" };
+        let started = Instant::now();
+        let fit = largest_batch(&target, &config, 1024)?;
+        push(
+            format!("gpt2 124M T1024 AMP{tag}: largest batch"),
+            fit.batch as f64,
+            "seqs",
+        );
+        push(
+            format!("gpt2 124M T1024 AMP{tag}: its peak reserved"),
+            fit.peak_reserved as f64 / MIB,
+            "MiB",
+        );
+        push(
+            format!("gpt2 124M T1024 AMP{tag}: next batch would reserve"),
+            fit.next_peak_reserved as f64 / MIB,
+            "MiB",
+        );
+        eprintln!(
+            "gpt2 124M T1024 AMP{tag}: batch {} does not fit: {}",
+            fit.batch + 1,
+            fit.next_fails_with.lines().next().unwrap_or_default()
+        );
+        push(
+            format!("gpt2 124M T1024 AMP{tag}: search"),
+            started.elapsed().as_secs_f64(),
+            "s",
+        );
+    }
     Ok(())
 }
 
@@ -378,12 +387,13 @@ fn check_batch(
             fits.is_ok() as u8 as f64,
             "bool",
         );
-        if let Ok((_, reserved)) = fits {
-            push(
+        match &fits {
+            Ok((_, reserved)) => push(
                 format!("gpt2 T{t} AMP{within}: its real peak reserved"),
-                reserved as f64 / MIB,
+                *reserved as f64 / MIB,
                 "MiB",
-            );
+            ),
+            Err(e) => eprintln!("batch {}{within} (planned to fit): real: {e}", fit.batch),
         }
         let next = three_steps(dev, config, (fit.batch + 1, t), true);
         let first = |s: &str| s.lines().next().unwrap_or_default().to_string();

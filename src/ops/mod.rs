@@ -303,6 +303,18 @@ fn gpu_elementwise_flat(
         return launch_in(true, false, 4, &in_vec4s(c));
     }
     let vector = aligned(4);
+    let window = crate::kernels::window_bytes(out.device());
+    let big = |t: &Tensor| t.storage.block.block_size() > window;
+    if vector && (big(a) || b.is_some_and(big) || big(out)) {
+        let kernel = ElementwiseKernel {
+            contiguous: true,
+            vector: true,
+            wide: false,
+            inplace,
+            ..check_supported(form, a.dtype, op)?
+        };
+        return elementwise_windows(kernel, [a, out], b, scalar, op);
+    }
     // The layout chosen: vec4s, 32-byte words (`wide`), or single elements.
     let mut launch_as = |wide: bool| -> Result<()> {
         let unit = if wide {
@@ -316,6 +328,76 @@ fn gpu_elementwise_flat(
     };
     let wide = aligned(8) && elementwise_wide(form, a, n, inplace, &mut launch_as)?;
     launch_as(wide)
+}
+
+/// A contiguous elementwise launch (`kernel`, in vec4s) where an operand is larger than one
+/// binding, as launches over windows of vec4s of every operand (Note [Windows] in
+/// `kernels/launch.rs`): the output's windows start on the binding alignment (the kernel
+/// writes it from its first element), the inputs' pass their offsets inside theirs. In place,
+/// `out` is `a`.
+fn elementwise_windows(
+    kernel: ElementwiseKernel,
+    [a, out]: [&Tensor; 2],
+    b: Option<&Tensor>,
+    scalar: Option<f64>,
+    op: &'static str,
+) -> Result<()> {
+    use crate::kernels::{aligned_rows, spans, window_covering, Window};
+    let widest = [Some(a), b, Some(out)]
+        .iter()
+        .flatten()
+        .map(|t| 4 * t.dtype.size_bytes())
+        .max()
+        .unwrap_or(16);
+    let per = aligned_rows(a.device(), 4 * out.dtype.size_bytes(), widest)?;
+    // The window of `t` holding vec4s first..end of the walk, and its offset there in vec4s.
+    fn part<'t>(
+        t: &'t Tensor,
+        (first, end): (usize, usize),
+        op: &'static str,
+    ) -> Result<(Window<'t>, u32)> {
+        let unit = 4 * t.dtype.size_bytes();
+        let at = |v: usize| (t.layout.offset * t.dtype.size_bytes() + v * unit) as u64;
+        let (w, before) = window_covering(&t.storage.block, at(first), at(end))?;
+        Ok((w, u32_of(op, before as usize / unit)?))
+    }
+    for span in spans(out.numel() / 4, per) {
+        let (wa, off_a) = part(a, span, op)?;
+        let mut blocks = vec![wa];
+        let off_b = match (b, scalar) {
+            (Some(b), _) => {
+                let (wb, off_b) = part(b, span, op)?;
+                blocks.push(wb);
+                off_b
+            }
+            (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
+            (None, Some(s)) => s as i64 as u32,
+            (None, None) => 0,
+        };
+        if !kernel.inplace {
+            let (wo, off_out) = part(out, span, op)?;
+            if off_out != 0 {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "vector {} of the output starts off the binding alignment",
+                        span.0
+                    ),
+                });
+            }
+            blocks.push(wo);
+        }
+        let len = span.1 - span.0;
+        let whole = Coalesced {
+            shape: vec![4 * len],
+            strides: vec![vec![1]; 3],
+            contiguous: true,
+        };
+        let imm = strided_header(op, len, &whole, off_a, off_b)?;
+        let invocations = (len as u64).div_ceil(PER_THREAD as u64);
+        launch(Kernel::Elementwise(kernel), &blocks, &imm, invocations)?;
+    }
+    Ok(())
 }
 
 /// `c` counted in vec4s: its innermost dim (unit-stride in every operand) and every other
