@@ -378,3 +378,33 @@ fn odd_byte_counts_reach_the_gpu() {
         }
     }
 }
+
+/// Rows of an f16 matrix of odd width start inside a 4-byte word; copying such a view to the
+/// host reads from the word's start and skips what is before it (a buffer copy moves whole
+/// words from aligned offsets), blocking or not.
+#[test]
+fn views_starting_inside_a_word_download() {
+    let cpu = Device::cpu().unwrap();
+    for gpu in gpus() {
+        if !gpu.adapter_info().is_some_and(|i| i.features.shader_f16) {
+            continue;
+        }
+        let x: Vec<half::f16> = (0..5 * 7)
+            .map(|i| half::f16::from_f32(i as f32 - 9.5))
+            .collect();
+        let g = Tensor::from_slice(&x, &[5, 7], &gpu).unwrap();
+        for i in 0..5 {
+            let want = x[i * 7..(i + 1) * 7].to_vec();
+            let row = g.narrow(0, i, 1).unwrap();
+            let blocking = row.to_device(&cpu).unwrap().to_vec::<half::f16>().unwrap();
+            assert_eq!(blocking, want, "{gpu:?}: row {i}");
+            assert_eq!(row.to_vec::<half::f16>().unwrap(), want, "{gpu:?}: row {i}");
+            let pinned = row.to_device_non_blocking(&cpu).unwrap();
+            assert_eq!(
+                pinned.to_vec::<half::f16>().unwrap(),
+                want,
+                "{gpu:?}: row {i}, pinned"
+            );
+        }
+    }
+}

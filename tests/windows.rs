@@ -183,8 +183,7 @@ fn a_windowed_loss_plans_as_it_runs() {
 }
 
 /// Rows of `t` (a matrix) as f64: `t` copied to the host as it is stored, converted there (a
-/// kernel over a view binds the view's whole block, and a copy of a view starting off a word
-/// is not made).
+/// kernel over a view binds the view's whole block).
 fn rows_of(t: &Tensor, rows: &[usize]) -> Vec<Vec<f64>> {
     let host = t.to_device(&Device::cpu().unwrap()).unwrap();
     rows.iter()

@@ -115,7 +115,10 @@ pub(crate) fn upload(g: &GpuDevice, dst: &wgpu::Buffer, offset: u64, data: &[u8]
 }
 
 /// Copies `dst.len()` bytes of `src` from `offset` into `dst`: a sync point. Chunks go through
-/// the pool with up to `DEPTH` DMAs in flight while earlier chunks are copied out.
+/// the pool with up to `DEPTH` DMAs in flight while earlier chunks are copied out. A buffer
+/// copy moves whole words from a word-aligned offset, so a chunk starting inside a word (a row
+/// of an f16 matrix of odd width) is copied from its word's start and the bytes before it are
+/// skipped on the host.
 pub(crate) fn download(
     g: &GpuDevice,
     src: &wgpu::Buffer,
@@ -123,27 +126,31 @@ pub(crate) fn download(
     dst: &mut [u8],
 ) -> Result<()> {
     let chunk = g.staging_chunk_bytes() as usize;
-    let mut pending: VecDeque<(Staging, usize, usize)> = VecDeque::new();
-    let finish = |(staging, at, len): (Staging, usize, usize), dst: &mut [u8]| -> Result<()> {
-        let ptr = staging.buffer.host_ptr(g)?;
-        // SAFETY: the block's mapping holds the `len` bytes just copied into it.
-        par_copy(&mut dst[at..at + len], unsafe {
-            std::slice::from_raw_parts(ptr, len)
-        });
-        Ok(())
-    };
+    // A staged chunk: its staging block, where it goes in `dst`, its length, and the bytes
+    // before it in the block.
+    let mut pending: VecDeque<(Staging, usize, usize, usize)> = VecDeque::new();
+    let finish =
+        |(staging, at, len, skew): (Staging, usize, usize, usize), dst: &mut [u8]| -> Result<()> {
+            let ptr = staging.buffer.host_ptr(g)?;
+            // SAFETY: the block's mapping holds the `skew + len` bytes just copied into it.
+            par_copy(&mut dst[at..at + len], unsafe {
+                std::slice::from_raw_parts(ptr.add(skew), len)
+            });
+            Ok(())
+        };
     let total = dst.len();
     let mut at = 0;
     while at < total {
-        let len = chunk.min(total - at);
-        // Copies move whole 4-byte words; the staging block is a power of two >= that.
-        let words = (len as u64).next_multiple_of(4);
-        let mut staging = Staging::new(g, words, PinnedKind::Download)?;
         let from = offset + at as u64;
+        let skew = (from % 4) as usize;
+        let len = (chunk - skew).min(total - at);
+        // Copies move whole 4-byte words; the staging block is a power of two >= that.
+        let words = ((skew + len) as u64).next_multiple_of(4);
+        let mut staging = Staging::new(g, words, PinnedKind::Download)?;
         staging.record(true, ("memcpy DtoH (pageable)", words), |enc, dst_buf| {
-            enc.copy_buffer_to_buffer(src, from, dst_buf, 0, words)
+            enc.copy_buffer_to_buffer(src, from - skew as u64, dst_buf, 0, words)
         })?;
-        pending.push_back((staging, at, len));
+        pending.push_back((staging, at, len, skew));
         if pending.len() >= DEPTH {
             finish(pending.pop_front().expect("non-empty"), dst)?;
         }
