@@ -268,26 +268,19 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     if total == 0 {
         return Ok(Some(out));
     }
-    // (A windowed copy counts its rows from each window's first, and checks its own.)
     let window = crate::kernels::window_bytes(x.device());
     let windowed = x.storage.block.block_size() > window || out.storage.block.block_size() > window;
+    // The count is set per launch: a windowed copy counts from each window's first row, and
+    // checks its own indices.
+    let mut imm = [0, cols, copied, stride, x_off, out_off, 0, 0]
+        .into_iter()
+        .map(|v| u32_of(OP, v))
+        .collect::<Result<Vec<u32>>>()?;
     if !windowed {
         // Every word index the kernel forms fits a u32.
         u32_of(OP, x_off + (rows - 1) * stride + copied)?;
+        imm[0] = u32_of(OP, total)?;
     }
-    let imm = [
-        total * !windowed as usize,
-        cols,
-        copied,
-        stride,
-        x_off,
-        out_off,
-        0,
-        0,
-    ]
-    .into_iter()
-    .map(|v| u32_of(OP, v))
-    .collect::<Result<Vec<u32>>>()?;
     // Rows of words that are not whole vectors (GPT-2's f32 logits) are gathered four words to
     // a 16-byte store, as 2-byte rows eight elements to one (`shaders/copy_rows_vectors.wgsl`):
     // H200, an [8192, 50257] f32 copy, one word an invocation against four (BENCHMARKS.md).
