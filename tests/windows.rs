@@ -366,16 +366,22 @@ fn tensor_core_products_past_one_binding_run_in_windows() {
         let w0 = limit / (v * 2) / 128 * 128;
         let probe = [0, w0 - 1, w0, m - 1];
         let cols = [0, 1, 777, v - 1];
-        // x @ W^T: [m, 50304] f16 past the limit.
-        let logits = x.matmul(&w.t().unwrap()).unwrap();
-        assert!(logits.numel() * 2 > limit);
-        for (&i, row) in probe.iter().zip(rows_of(&logits, &probe)) {
-            for &j in &cols {
-                let (a, b) = (&xs[i * d..(i + 1) * d], &ws[j * d..(j + 1) * d]);
-                let want = sums(&mut a.iter().zip(b).map(|(p, q)| p * q));
-                close(&format!("logits[{i}, {j}]"), row[j], want);
+        // x @ W^T: [m, 50304] f16 past the limit, from a row-major x and from a transposed one
+        // (each window of rows reads its own rows of x).
+        let xt = x.t().unwrap().contiguous().unwrap();
+        for (what, a) in [("x", x.clone()), ("x^T^T", xt.t().unwrap())] {
+            let logits = a.matmul(&w.t().unwrap()).unwrap();
+            assert!(logits.numel() * 2 > limit);
+            for (&i, row) in probe.iter().zip(rows_of(&logits, &probe)) {
+                for &j in &cols {
+                    let (a, b) = (&xs[i * d..(i + 1) * d], &ws[j * d..(j + 1) * d]);
+                    let want = sums(&mut a.iter().zip(b).map(|(p, q)| p * q));
+                    close(&format!("{what}: logits[{i}, {j}]"), row[j], want);
+                }
             }
         }
+        drop(xt);
+        let logits = x.matmul(&w.t().unwrap()).unwrap();
         // g @ W, g (the logits) row-major past the limit.
         let g = logits;
         let gw = g.matmul(&w).unwrap();

@@ -51,10 +51,10 @@ pub struct PlanTarget {
 }
 
 impl PlanTarget {
-    /// The target `device` is: its adapter and tensor-core switch, its memory (on a GPU whose
-    /// driver reports a budget, what the driver would still lend plus what kiln holds, rather
-    /// than the whole heap), its allocator's settings and memory limit as they are now (a
-    /// planning device's: its own target's). For the CPU device, an error.
+    /// The target `device` is: its adapter and tensor-core switch, its memory and what of it
+    /// the driver holds now (where the driver reports a budget), its allocator's settings and
+    /// memory limit as they are now (a planning device's: its own target's). For the CPU
+    /// device, an error.
     pub fn like(device: &Device) -> Result<PlanTarget> {
         let copy_queue = device.copies_beside();
         let (info, coop_f16, tuning) = match &device.0.backend {
@@ -67,7 +67,15 @@ impl PlanTarget {
                 })
             }
         };
-        let (config, memory_limit, capacity, max_segment, expandable_unsupported, describe) = with_alloc!(device, a => {
+        let (
+            config,
+            memory_limit,
+            capacity,
+            driver_held,
+            max_segment,
+            expandable_unsupported,
+            describe,
+        ) = with_alloc!(device, a => {
             let s = a.source();
             // What the driver would not lend: the whole heap less what it would still lend
             // and what kiln holds (a plan of the whole heap found GPT-2 batches that then
@@ -80,13 +88,13 @@ impl PlanTarget {
             (
                 a.config().clone(),
                 a.memory_limit(),
-                (s.mem_total(), held),
+                s.mem_total(),
+                held,
                 s.max_segment_size(),
                 s.expandable_unsupported(),
                 s.describe(),
             )
         });
-        let (capacity, driver_held) = capacity;
         Ok(PlanTarget {
             info,
             coop_f16,

@@ -263,14 +263,14 @@ impl<'a> Operand<'a> for Window<'a> {
 // windows of rows (`aligned_rows`: each window of a fresh output starts at a row on the
 // alignment, so whole 16-byte stores stay whole):
 // - the tensor-core product writing them, or reading them as a row-major A, over windows of M
-//   (`ops::matmul_plan::coop_rows`), and reading them as a transposed A over windows of K into
-//   f32 partials (`ops::matmul_partials::coop_k_windows`);
+//   (`ops::matmul_windows::coop_rows`), and reading them as a transposed A over windows of K into
+//   f32 partials (`ops::matmul_windows::coop_k_windows`);
 // - the row copies between the padded and the ragged widths (`ops::copies`), log_softmax's
 //   forward (`ops::softmax`) and cross_entropy's fused backward (`ops::loss::launch_words`);
 // - and, for a user's code on such tensors, contiguous elementwise ops in whole vectors
 //   (`ops::elementwise_windows`).
 // With expandable segments such tensors exist past NVIDIA's 4 GiB buffer (one sparse range
-// holds them), so memory, not bindings, bounds GPT-2's batch (97 at T1024 in an H100's 80 GB).
+// holds them), so memory, not bindings, bounds GPT-2's batch (95 at T1024 in an H100's 80 GB).
 // A window starts at the device's storage-offset alignment, so each launch passes the offset
 // of its first element inside the window. The allocations are the same as with whole
 // bindings (but for the K windows' two f32 partials), so a dry run plans them alike; a kernel
@@ -303,6 +303,30 @@ pub(crate) fn window_covering(
         .next_multiple_of(4)
         .min(block.block_size() - start);
     Ok((Window { block, start, len }, before))
+}
+
+/// The window of `block` that starts at its byte `first` exactly, to `end`: where a kernel
+/// writes a fresh output from its binding's first element, which the windows' spans start on
+/// the alignment (`aligned_rows`). `op` names the launch in the error where it is not.
+pub(crate) fn window_from<'b>(
+    block: &'b DeviceBlock,
+    first: u64,
+    end: u64,
+    op: &'static str,
+) -> Result<Window<'b>> {
+    match window_covering(block, first, end)? {
+        (w, 0) => Ok(w),
+        _ => Err(Error::InvalidArgument {
+            op,
+            msg: format!("byte {first} of the output starts off the binding alignment"),
+        }),
+    }
+}
+
+/// Whether `block` is larger than one window (Note [Windows]): its kernels must bind windows
+/// of it. Never on the CPU device.
+pub(crate) fn past_one_binding(block: &DeviceBlock) -> bool {
+    block.device().adapter_info().is_some() && block.block_size() > window_bytes(block.device())
 }
 
 /// All of `block` as a `Window`, beside windows of other blocks in one launch.

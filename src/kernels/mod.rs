@@ -35,7 +35,8 @@ pub use elementwise::{ElementwiseKernel, Form, PER_THREAD};
 use launch::launch_state_of;
 pub(crate) use launch::{
     aligned_rows, coop_f16, grid, launch, launch_groups, launch_groups_uniform, launch_wg,
-    pipelines, spans, whole, window_bytes, window_covering, Window, ARRIVALS, UNIFORM_SCRATCH,
+    past_one_binding, pipelines, spans, whole, window_bytes, window_covering, window_from, Operand,
+    Window, ARRIVALS, UNIFORM_SCRATCH,
 };
 pub use layer_norm::{LayerNormKernel, LayerNormPass, LAYER_NORM_WG};
 pub use matmul128::{Epilogue, Operands, Vec4Layout};

@@ -6,7 +6,7 @@ use super::{coalesce_for_kernel, gpu_elementwise_flat, u32_of, Coalesced};
 use crate::base::UnaryOp;
 use crate::kernels::{launch, launch_groups, tune, Form, Kernel, RowCopy};
 use crate::tensor::{DType, Tensor};
-use crate::{Error, Result};
+use crate::Result;
 
 /// How a `TransposeJob` copies: through a tile of workgroup memory (the default), strided
 /// (the elementwise copy reading across rows: no barrier), or as 4x4 blocks of 64-bit words
@@ -268,8 +268,9 @@ pub(crate) fn copy_rows(x: &Tensor, cols: usize) -> Result<Option<Tensor>> {
     if total == 0 {
         return Ok(Some(out));
     }
-    let window = crate::kernels::window_bytes(x.device());
-    let windowed = x.storage.block.block_size() > window || out.storage.block.block_size() > window;
+    let windowed = [x, &out]
+        .iter()
+        .any(|t| crate::kernels::past_one_binding(&t.storage.block));
     // The count is set per launch: a windowed copy counts from each window's first row, and
     // checks its own indices.
     let mut imm = [0, cols, copied, stride, x_off, out_off, 0, 0]
@@ -318,7 +319,7 @@ fn copy_row_windows(
     (form, per, unit): (RowCopy, usize, usize),
     mut imm: Vec<u32>,
 ) -> Result<()> {
-    use crate::kernels::window_covering;
+    use crate::kernels::{window_covering, window_from};
     const OP: &str = "copy_rows";
     let [rows, cols] = *out.shape() else {
         unreachable!("copy_rows makes a matrix")
@@ -329,13 +330,7 @@ fn copy_row_windows(
     let block = out.storage.block.block_size();
     for (first, end) in crate::kernels::spans(rows, per_window) {
         let o_end = ((end * cols * es) as u64).next_multiple_of(16).min(block);
-        let (o, before) = window_covering(&out.storage.block, (first * cols * es) as u64, o_end)?;
-        if before != 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                msg: format!("row {first} of the copy's output starts off the binding alignment"),
-            });
-        }
+        let o = window_from(&out.storage.block, (first * cols * es) as u64, o_end, OP)?;
         let unit_at = |row: usize| ((x_off + row * stride) * unit) as u64;
         let x_end = unit_at(end - 1) + (copied * unit) as u64;
         let (src, from) = window_covering(&x.storage.block, unit_at(first), x_end)?;

@@ -109,9 +109,7 @@ fn immediates(
         _ => [0, 0],
     };
     // (An input larger than one binding runs in windows, which index from their own starts.)
-    let windowed = !x.device().is_cpu()
-        && x.storage.block.block_size() > crate::kernels::window_bytes(x.device());
-    if !windowed {
+    if !crate::kernels::past_one_binding(&x.storage.block) {
         u32_of(OP, super::end(x))?;
     }
     Ok([
@@ -507,13 +505,12 @@ fn launch_words(
     mut imm: [u32; 16],
     g_dtype: DType,
 ) -> Result<()> {
-    use crate::kernels::{aligned_rows, window_bytes, window_covering};
+    use crate::kernels::{aligned_rows, past_one_binding, window_covering, window_from};
     let kernel = Kernel::CrossEntropyWords(y.dtype(), g_dtype);
     let es = y.dtype().size_bytes();
     let chunk = 16 / es as u64;
-    let window = window_bytes(y.device());
     let (yb, ob) = (&y.storage.block, &out.storage.block);
-    if yb.block_size() <= window && ob.block_size() <= window {
+    if !past_one_binding(yb) && !past_one_binding(ob) {
         let numel = u32_of(OP, y.numel())? as u64;
         return launch(
             kernel,
@@ -531,12 +528,12 @@ fn launch_words(
     };
     for (first, end) in crate::kernels::spans(n, per) {
         let (at, len) = (first * c * es, (end - first) * c * es);
-        let (o, before) = window_covering(ob, at as u64, (at + len) as u64)?;
+        let o = window_from(ob, at as u64, (at + len) as u64, OP)?;
         let (yw, from) = window_covering(yb, (y_first + at) as u64, (y_first + at + len) as u64)?;
-        if before != 0 || from % 16 != 0 {
+        if from % 16 != 0 {
             return Err(Error::InvalidArgument {
                 op: OP,
-                msg: format!("row {first} of [{n}, {c}] starts off the binding alignment"),
+                msg: format!("row {first} of [{n}, {c}] starts inside a 16-byte chunk"),
             });
         }
         imm[0] = u32_of(OP, end - first)?;

@@ -316,15 +316,14 @@ fn coop(
     .iter()
     .map(|&v| u32_of(OP, v))
     .collect::<Result<Vec<u32>>>()?;
-    let window = crate::kernels::window_bytes(out.device());
-    let big = |t: &Tensor| t.storage.block.block_size() > window;
+    let big = |t: &Tensor| crate::kernels::past_one_binding(&t.storage.block);
     if f.batch == 1 && (big(out) || (big(&f.a) && !layout.a_t)) {
-        coop_rows(p, f, out, (tile, layout), imm, fused, window)?;
+        super::matmul_windows::coop_rows(p, f, out, (tile, layout), imm, fused)?;
         return Ok(fused.is_some());
     }
     if f.batch == 1 && fused.is_none() && ((big(&f.a) && layout.a_t) || (big(&f.b) && !layout.b_t))
     {
-        super::matmul_partials::coop_k_windows(p, f, out, (tile, layout), imm, window)?;
+        super::matmul_windows::coop_k_windows(p, f, out, (tile, layout), imm)?;
         return Ok(false);
     }
     let groups = (
@@ -344,84 +343,6 @@ fn coop(
         groups,
     )?;
     Ok(fused.is_some())
-}
-
-/// The tensor-core product of one matrix whose output (or row-major A) is larger than one
-/// binding, as launches over windows of rows of both (Note [Windows] in `kernels/launch.rs`):
-/// each binds the rows of the output it writes and, A being row-major, the rows of A it reads,
-/// with A's offset taken from the window's start. GPT-2's tied head makes such products from
-/// batch 21 at T1024 (`x @ W^T` writes [B * 1024, 50304] f16, `g @ W` reads it).
-fn coop_rows(
-    p: &Product,
-    f: &Flat,
-    out: &Tensor,
-    (tile, layout): (CoopTile, CoopLayout),
-    mut imm: Vec<u32>,
-    bias: Option<&Tensor>,
-    window: u64,
-) -> Result<()> {
-    use crate::kernels::{spans, whole, window_covering};
-    let (n, k, e) = (p.n, p.k, p.a.dtype().size_bytes());
-    let bm = tile.block_m() as usize;
-    let (a_off, lda) = (imm[4] as usize, imm[6] as usize);
-    let mut rows = window as usize / (n * e).max(1);
-    if !layout.a_t {
-        rows = rows.min(window as usize / (lda * e).max(1));
-    }
-    let rows = rows / bm * bm;
-    if rows == 0 {
-        return Err(Error::TooLarge {
-            op: OP,
-            size_bytes: (bm * n.max(lda) * e) as u64,
-            limit_bytes: window,
-            what: "bytes of one tile's rows of the product (one storage binding)",
-        });
-    }
-    for (first, end) in spans(p.m, rows) {
-        let (o, before) = window_covering(
-            &out.storage.block,
-            (first * n * e) as u64,
-            (end * n * e) as u64,
-        )?;
-        if before != 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                msg: format!(
-                    "row {first} of a [{}, {n}] product starts off the binding alignment",
-                    p.m
-                ),
-            });
-        }
-        let a = match layout.a_t {
-            true => whole(&f.a.storage.block),
-            false => {
-                let at = |row: usize| ((a_off + row * lda) * e) as u64;
-                let (a, before) =
-                    window_covering(&f.a.storage.block, at(first), at(end - 1) + (k * e) as u64)?;
-                imm[4] = u32_of(OP, before as usize / e)?;
-                a
-            }
-        };
-        imm[0] = u32_of(OP, end - first)?;
-        let groups = (
-            n as u32 / tile.block_n(),
-            u32_of(OP, (end - first) / bm)?,
-            1,
-        );
-        launch_groups(
-            Kernel::MatmulCoop(tile, layout),
-            // (Without a bias, A's window stands in for its unread binding.)
-            &[
-                a,
-                whole(&f.b.storage.block),
-                o,
-                bias.map_or(a, |t| whole(&t.storage.block)),
-            ],
-            &imm,
-            groups,
-        )?;
-    }
-    Ok(())
 }
 
 /// The longest K one product takes on a CPU adapter: llvmpipe breaks out of an invocation's

@@ -12,6 +12,8 @@
 //! - `linear.rs` (`linear`, `linear_relu`); products: `matmul.rs` (the ops),
 //!   `matmul_plan.rs` (the planner: a checked product's route, the flattened operands, and one
 //!   launch function per kernel family), `matmul_choice.rs` (the conditions each family sets),
+//!   `matmul_partials.rs` (K split into f32 partials), `matmul_windows.rs` (tensor-core
+//!   products of operands past one binding, over windows of them),
 //!   `matmul_narrow.rs` (a narrow side or a short K, and `grouped`, which
 //!   holds a product backward's `short4` and `cols` launches until both are recorded and sends
 //!   them as one dispatch), `matmul_words.rs` (the word products' launches), `matmul_grad.rs` (a
@@ -50,6 +52,7 @@ mod matmul_grad;
 mod matmul_narrow;
 mod matmul_partials;
 mod matmul_plan;
+mod matmul_windows;
 mod matmul_words;
 mod predicate;
 mod random;
@@ -281,11 +284,9 @@ fn gpu_elementwise_flat(
             inplace,
             ..check_supported(form, a.dtype, op)?
         };
-        let off_b = match (b, scalar) {
-            (Some(b), _) => u32_of(op, b.layout.offset / unit)?,
-            (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
-            (None, Some(s)) => s as i64 as u32,
-            (None, None) => 0,
+        let off_b = match b {
+            Some(b) => u32_of(op, b.layout.offset / unit)?,
+            None => scalar_word(a.dtype, scalar),
         };
         let off_a = u32_of(op, a.layout.offset / unit)?;
         let imm = strided_header(op, n / unit, dims, off_a, off_b)?;
@@ -303,8 +304,7 @@ fn gpu_elementwise_flat(
         return launch_in(true, false, 4, &in_vec4s(c));
     }
     let vector = aligned(4);
-    let window = crate::kernels::window_bytes(out.device());
-    let big = |t: &Tensor| t.storage.block.block_size() > window;
+    let big = |t: &Tensor| crate::kernels::past_one_binding(&t.storage.block);
     if vector && (big(a) || b.is_some_and(big) || big(out)) {
         let kernel = ElementwiseKernel {
             contiguous: true,
@@ -342,7 +342,7 @@ fn elementwise_windows(
     scalar: Option<f64>,
     op: &'static str,
 ) -> Result<()> {
-    use crate::kernels::{aligned_rows, spans, window_covering, Window};
+    use crate::kernels::{aligned_rows, spans, window_covering, window_from, Window};
     let widest = [Some(a), b, Some(out)]
         .iter()
         .flatten()
@@ -364,28 +364,19 @@ fn elementwise_windows(
     for span in spans(out.numel() / 4, per) {
         let (wa, off_a) = part(a, span, op)?;
         let mut blocks = vec![wa];
-        let off_b = match (b, scalar) {
-            (Some(b), _) => {
+        let off_b = match b {
+            Some(b) => {
                 let (wb, off_b) = part(b, span, op)?;
                 blocks.push(wb);
                 off_b
             }
-            (None, Some(s)) if a.dtype.is_float() => (s as f32).to_bits(),
-            (None, Some(s)) => s as i64 as u32,
-            (None, None) => 0,
+            None => scalar_word(a.dtype, scalar),
         };
         if !kernel.inplace {
-            let (wo, off_out) = part(out, span, op)?;
-            if off_out != 0 {
-                return Err(Error::InvalidArgument {
-                    op,
-                    msg: format!(
-                        "vector {} of the output starts off the binding alignment",
-                        span.0
-                    ),
-                });
-            }
-            blocks.push(wo);
+            // (A fresh output: the kernel writes it from its binding's first element.)
+            let es = out.dtype.size_bytes();
+            let at = |v: usize| ((out.layout.offset + 4 * v) * es) as u64;
+            blocks.push(window_from(&out.storage.block, at(span.0), at(span.1), op)?);
         }
         let len = span.1 - span.0;
         let whole = Coalesced {
@@ -398,6 +389,16 @@ fn elementwise_windows(
         launch(Kernel::Elementwise(kernel), &blocks, &imm, invocations)?;
     }
     Ok(())
+}
+
+/// The elementwise kernel's second operand word without a second tensor: the scalar's bits
+/// (an f32 for float ops, a two's-complement integer otherwise), or 0 for a unary op.
+fn scalar_word(dtype: DType, scalar: Option<f64>) -> u32 {
+    match scalar {
+        Some(s) if dtype.is_float() => (s as f32).to_bits(),
+        Some(s) => s as i64 as u32,
+        None => 0,
+    }
 }
 
 /// `c` counted in vec4s: its innermost dim (unit-stride in every operand) and every other

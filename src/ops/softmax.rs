@@ -2,7 +2,7 @@
 //! on the GPU with an online max and sum; f64 on the CPU reference.
 
 use super::{coalesce_for_kernel, pack_dims, u32_of};
-use crate::kernels::{launch_wg, tune, Kernel, RowLayout, SoftmaxKernel, WORKGROUP};
+use crate::kernels::{launch_wg, tune, Kernel, Operand, RowLayout, SoftmaxKernel, WORKGROUP};
 use crate::tensor::{dim, Tensor};
 use crate::{Error, Result};
 
@@ -51,31 +51,17 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
                 0,
                 0,
             ];
-            let window = crate::kernels::window_bytes(x.device());
-            let big = |t: &Tensor| t.storage.block.block_size() > window;
-            let windowed = (vector || words) && (big(&xp) || big(&out));
+            let windowed = (vector || words)
+                && [&xp, &out]
+                    .iter()
+                    .any(|t| crate::kernels::past_one_binding(&t.storage.block));
             if !windowed {
                 // (Windows of contiguous rows need no dims; their count may pass 32 bits.)
                 pack_dims(&mut imm, &[&c.shape, &c.strides[0]], op)?;
             }
             let run = |serial: bool| {
-                let layout = RowLayout::of(vector, words, serial);
-                let kernel = Kernel::Softmax(SoftmaxKernel {
-                    dtype: x.dtype,
-                    layout,
-                    serial,
-                });
-                // An invocation per row (serial) or a workgroup per row.
-                let (threads, workgroup) = match serial {
-                    true => (rows as u64, 64),
-                    false => (rows as u64 * WORKGROUP as u64, WORKGROUP),
-                };
-                let (x, o) = (&xp.storage.block, &out.storage.block);
-                let blocks: &[&crate::device::DeviceBlock] = match layout {
-                    RowLayout::Words => &[x, o, x, o],
-                    _ => &[x, o],
-                };
-                launch_wg(kernel, blocks, &imm, threads, workgroup)
+                let operands = [&xp.storage.block, &out.storage.block];
+                launch_rows(x.dtype, (vector, words, serial), operands, &imm, rows)
             };
             let key = || {
                 let layout = match (vector, words) {
@@ -125,6 +111,32 @@ fn softmax_impl(x: &Tensor, d: isize, log: bool) -> Result<Tensor> {
     Ok(result)
 }
 
+/// One forward launch over `rows` rows of `x` into `o` (whole blocks or windows of them): an
+/// invocation per row (`serial`) or a workgroup per row, in the layout `vector` and `words`
+/// choose (the words kernel binds both operands twice, as words and as 16-byte chunks).
+fn launch_rows<'a, O: Operand<'a> + Copy>(
+    dtype: crate::tensor::DType,
+    (vector, words, serial): (bool, bool, bool),
+    [x, o]: [O; 2],
+    imm: &[u32],
+    rows: usize,
+) -> Result<()> {
+    let layout = RowLayout::of(vector, words, serial);
+    let kernel = Kernel::Softmax(SoftmaxKernel {
+        dtype,
+        layout,
+        serial,
+    });
+    let (threads, workgroup) = match serial {
+        true => (rows as u64, 64),
+        false => (rows as u64 * WORKGROUP as u64, WORKGROUP),
+    };
+    match layout {
+        RowLayout::Words => launch_wg(kernel, &[x, o, x, o], imm, threads, workgroup),
+        _ => launch_wg(kernel, &[x, o], imm, threads, workgroup),
+    }
+}
+
 /// Rows of a softmax: how many, their length, and the elements of a kernel's unit.
 #[derive(Clone, Copy)]
 struct RowsOf {
@@ -142,46 +154,32 @@ fn forward_windows(
     xp: &Tensor,
     out: &Tensor,
     RowsOf { rows, inner, unit }: RowsOf,
-    (vector, words, serial): (bool, bool, bool),
+    layout: (bool, bool, bool),
     mut imm: Vec<u32>,
 ) -> Result<()> {
-    use crate::kernels::window_covering;
+    use crate::kernels::{window_covering, window_from};
     const OP: &str = "softmax";
     let es = xp.dtype.size_bytes();
     let row_bytes = inner * es;
     let per = crate::kernels::aligned_rows(xp.device(), row_bytes, row_bytes)?;
-    let layout = RowLayout::of(vector, words, serial);
-    let kernel = Kernel::Softmax(SoftmaxKernel {
-        dtype: xp.dtype,
-        layout,
-        serial,
-    });
     let x_first = xp.layout.offset * es;
     for (first, end) in crate::kernels::spans(rows, per) {
-        let (n, at) = (end - first, first * row_bytes);
-        let (o, before) =
-            window_covering(&out.storage.block, at as u64, (at + n * row_bytes) as u64)?;
+        let (at, len) = (first * row_bytes, (end - first) * row_bytes);
+        let o = window_from(&out.storage.block, at as u64, (at + len) as u64, OP)?;
         let (x, from) = window_covering(
             &xp.storage.block,
             (x_first + at) as u64,
-            (x_first + at + n * row_bytes) as u64,
+            (x_first + at + len) as u64,
         )?;
-        if before != 0 || (words && from % 16 != 0) {
+        if layout.1 && from % 16 != 0 {
             return Err(Error::InvalidArgument {
                 op: OP,
-                msg: format!("row {first} of [{rows}, {inner}] starts off the binding alignment"),
+                msg: format!("row {first} of [{rows}, {inner}] starts inside a 16-byte chunk"),
             });
         }
-        imm[0] = u32_of(OP, n)?;
+        imm[0] = u32_of(OP, end - first)?;
         imm[3] = u32_of(OP, from as usize / (es * unit))?;
-        let (threads, workgroup) = match serial {
-            true => (n as u64, 64),
-            false => (n as u64 * WORKGROUP as u64, WORKGROUP),
-        };
-        match layout {
-            RowLayout::Words => launch_wg(kernel, &[x, o, x, o], &imm, threads, workgroup)?,
-            _ => launch_wg(kernel, &[x, o], &imm, threads, workgroup)?,
-        }
+        launch_rows(xp.dtype, layout, [x, o], &imm, end - first)?;
     }
     Ok(())
 }

@@ -329,9 +329,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let rounded = self.round_size(size);
         let pool = pool_of(rounded);
         let alloc_size = self.allocation_size(rounded);
-        // An expandable segment's pages map into one reserved range of the whole memory, so no
-        // single buffer bounds a request there (Note [Windows] in `kernels/launch.rs`: kernels
-        // bind the parts of such tensors they touch).
+        // (Expandable segments map pages into one range of the whole memory: no buffer bound.)
         let max_segment = self.source.max_segment_size();
         if alloc_size > max_segment && !self.config.expandable_segments {
             return Err(Error::TooLarge {
