@@ -240,6 +240,12 @@ fn conv2d_gemm_forward_and_gradients_match_the_cpu() {
         ([4, 32, 20, 20], [48, 32, 1, 1], p(1, 0, 1, 1), false),
         ([3, 16, 8, 4], [32, 16, 1, 1], p(1, 0, 1, 1), true),
         ([2, 16, 3, 3], [16, 16, 1, 1], p(1, 0, 1, 1), false),
+        // The f16 weight gradient's tiles on tensor cores (`CoopTile::for_wgrad`, the least
+        // padding): 128 output channels by 128 columns (taps times input channels) take the
+        // 128x128 tile, by 64 the 128x64, 64 by 128 the 64x128; most cases above the 64x64.
+        ([2, 16, 6, 6], [128, 16, 2, 4], p(1, 0, 1, 1), false),
+        ([2, 8, 6, 6], [128, 8, 2, 4], p(1, 0, 1, 1), false),
+        ([2, 16, 6, 6], [64, 16, 2, 4], p(1, 0, 1, 1), false),
     ];
     for dev in gpus() {
         let mut dtypes = vec![(DType::F32, 1e-4)];

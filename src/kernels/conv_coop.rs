@@ -175,35 +175,46 @@ fn wgrad_b(k: u32, col: Col) -> vec4<u32> {\n    \
     return vec4<u32>();\n}\n";
 
 impl CoopTile {
-    /// The weight gradient's shapes: 128x128 (the product's default), and 64x128 where the
-    /// output channels are not a multiple of 128.
-    pub const WGRAD: [CoopTile; 2] = [
+    /// The weight gradient's shapes, larger first: 128x128 (the product's default), 128x64,
+    /// 64x128 and 64x64 (rows the output channels, columns the taps times the input channels).
+    pub const WGRAD: [CoopTile; 4] = [
         CoopTile::DEFAULT,
+        CoopTile::wgrad(4, 1, 2, 4),
+        CoopTile::wgrad(2, 2, 2, 4),
+        CoopTile::wgrad(2, 2, 2, 2),
+    ];
+
+    const fn wgrad(wm: u32, wn: u32, tm: u32, tn: u32) -> CoopTile {
         CoopTile {
-            wm: 2,
-            wn: 2,
-            tm: 2,
-            tn: 4,
+            wm,
+            wn,
+            tm,
+            tn,
             bk: 32,
             depth: 0,
             group: 8,
-        },
-    ];
+        }
+    }
 
-    /// The weight gradient's tile for `o` output channels: `KILN_WGRAD_TILE` where set (and
-    /// valid), else 128 rows where they divide `o`, else 64.
-    pub fn for_wgrad(o: usize, shared: u32) -> Option<CoopTile> {
+    /// The weight gradient's tile for `o` output channels and `n` columns (taps times input
+    /// channels): `KILN_WGRAD_TILE` where set (and valid), else the one that pads the product
+    /// least, the larger on a tie. ResNet's 3x3 layer over 64 channels has 576 columns, which
+    /// 128-wide tiles pad to 640: on the H200 (b32 56x56 f16, forward + both gradients) the
+    /// 64x128 tile ran 59.5 TFLOP/s and the 64x64 66.9 (docs/lab/convolution.md).
+    pub fn for_wgrad(o: usize, n: usize, shared: u32) -> Option<CoopTile> {
         static OVERRIDE: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
         let forced = OVERRIDE.get_or_init(|| Self::parse(&std::env::var("KILN_WGRAD_TILE").ok()?));
-        let by_rows = CoopTile::WGRAD
-            .iter()
-            .find(|t| o.is_multiple_of(t.block_m() as usize));
-        forced
-            .iter()
-            .chain(by_rows)
-            .chain(CoopTile::WGRAD.last())
-            .find(|t| t.valid(shared))
-            .copied()
+        if let Some(t) = forced.filter(|t| t.valid(shared)) {
+            return Some(t);
+        }
+        let padded = |t: &CoopTile| {
+            o.next_multiple_of(t.block_m() as usize) * n.next_multiple_of(t.block_n() as usize)
+        };
+        // `min_by_key` keeps the first of equals: the larger tile.
+        CoopTile::WGRAD
+            .into_iter()
+            .filter(|t| t.valid(shared))
+            .min_by_key(padded)
     }
 
     /// The convolution's weight gradient on this tile (`ConvCoopWgrad`): A the output's
@@ -222,5 +233,23 @@ impl CoopTile {
             "conv_coop_wgrad_f16_{}x{}_{}x{}_k{}_d{}_g{}",
             self.wm, self.wn, self.tm, self.tn, self.bk, self.depth, self.group
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weight_gradients_tile_pads_least() {
+        let tile = |o, n| CoopTile::for_wgrad(o, n, 48 * 1024).map(|t| (t.block_m(), t.block_n()));
+        // ResNet's 3x3 over 64 channels: 576 columns, which 128-wide tiles pad to 640.
+        assert_eq!(tile(64, 576), Some((64, 64)));
+        assert_eq!(tile(128, 1152), Some((128, 128)));
+        assert_eq!(tile(256, 64), Some((128, 64)));
+        assert_eq!(tile(64, 128), Some((64, 128)));
+        for t in CoopTile::WGRAD {
+            assert!(t.valid(48 * 1024), "{t:?}");
+        }
     }
 }

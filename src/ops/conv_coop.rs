@@ -187,7 +187,11 @@ pub(super) fn weight_grad_tile(gy: &Tensor, g: &Geometry) -> Option<CoopTile> {
     {
         return None;
     }
-    CoopTile::for_wgrad(g.o, info.limits.max_compute_workgroup_storage_size)
+    CoopTile::for_wgrad(
+        g.o,
+        g.kh * g.kw * g.c,
+        info.limits.max_compute_workgroup_storage_size,
+    )
 }
 
 /// The weight's gradient on tensor cores (`tile` from `weight_grad_tile`), `[o, c, kh, kw]` in
