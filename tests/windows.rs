@@ -3,7 +3,8 @@
 //! under autocast, whose f32 copy of the log-probabilities and nll_loss's f32 gradient are the
 //! tensors GPT-2's step makes too large for one binding from batch 11 at T1024; then the f16
 //! logits themselves (batch 21): their row copies, log_softmax and cross_entropy's backward,
-//! and the head's tensor-core products. They run on adapters whose binding limit is small
+//! and the head's tensor-core products; and the f32 head's products on the SIMT kernels (batch
+//! 11 in f32). They run on adapters whose binding limit is small
 //! enough for the host to check the results (lavapipe's 128 MiB; the products on adapters with
 //! cooperative matrices, the H200's 2 GiB), against the formulas in f64; each fails with a
 //! too-large binding without windows.
@@ -408,6 +409,72 @@ fn tensor_core_products_past_one_binding_run_in_windows() {
             for c in [0, 9, d - 1] {
                 let want = sums(&mut (0..m).map(|i| column[i] * xs[i * d + c]));
                 close(&format!("(g^T @ x)[{j}, {c}]"), out[c], want);
+            }
+        }
+    }
+}
+
+/// f32 products on the SIMT kernels whose operands or output pass the binding limit, in windows
+/// (Note [Windows]): GPT-2's f32 head at a smaller width and vocabulary (K 64, 4099 columns,
+/// ragged as 50257 is): `x @ W^T` writing rows past it, `g @ W` reading a row-major A past it,
+/// and `g^T @ x` reading a transposed A past it along K, at rows around the windows' boundaries
+/// against f64.
+#[test]
+fn f32_products_past_one_binding_run_in_windows() {
+    for (dev, limit) in small_binding_gpus() {
+        let (v, d) = (4099usize, 64usize);
+        let m = limit as usize / (v * 4) + 300;
+        let host = |rows: usize, salt: usize| -> Vec<f32> {
+            (0..rows * d)
+                .map(|e| value(e / d + salt, e % d) / 8.0)
+                .collect()
+        };
+        let (xs, ws) = (host(m, 0), host(v, 1000));
+        let x = Tensor::from_slice(&xs, &[m, d], &dev).unwrap();
+        let w = Tensor::from_slice(&ws, &[v, d], &dev).unwrap();
+        let close = |what: &str, got: f64, want: f64, size: f64| {
+            assert!(
+                (got - want).abs() <= 1e-5 * size + 1e-5,
+                "{dev:?} {what}: {got} against {want}"
+            );
+        };
+        let dot = |a: &[f32], b: &mut dyn Iterator<Item = f64>| {
+            a.iter().zip(b).fold((0.0, 0.0), |(s, z), (&p, q)| {
+                (s + p as f64 * q, z + (p as f64 * q).abs())
+            })
+        };
+        let probe = probe_rows(m, limit, v * 4);
+        let cols = [0, 1, 777, v - 1];
+        let g = x.matmul(&w.t().unwrap()).unwrap();
+        assert!((g.numel() * 4) as u64 > limit);
+        let g_rows = rows_of(&g, &probe);
+        for (&i, row) in probe.iter().zip(&g_rows) {
+            for &j in &cols {
+                let (want, size) = dot(
+                    &xs[i * d..(i + 1) * d],
+                    &mut ws[j * d..(j + 1) * d].iter().map(|&q| q as f64),
+                );
+                close(&format!("(x @ W^T)[{i}, {j}]"), row[j], want, size);
+            }
+        }
+        let gw = g.matmul(&w).unwrap();
+        for ((&i, grow), out) in probe.iter().zip(&g_rows).zip(rows_of(&gw, &probe)) {
+            for c in [0, 5, d - 1] {
+                let col: Vec<f32> = grow.iter().map(|&q| q as f32).collect();
+                let (want, size) = dot(&col, &mut (0..v).map(|j| ws[j * d + c] as f64));
+                close(&format!("(g @ W)[{i}, {c}]"), out[c], want, size);
+            }
+        }
+        // g^T @ x: K = m along the rows of g; its columns from the host copy.
+        let gtx = g.t().unwrap().matmul(&x).unwrap();
+        let gh = g.to_device(&Device::cpu().unwrap()).unwrap();
+        drop(g);
+        for (&j, out) in cols.iter().zip(rows_of(&gtx, &cols)) {
+            let column = gh.narrow(1, j, 1).unwrap().contiguous().unwrap();
+            let column = column.to_vec::<f32>().unwrap();
+            for c in [0, 9, d - 1] {
+                let (want, size) = dot(&column, &mut (0..m).map(|i| xs[i * d + c] as f64));
+                close(&format!("(g^T @ x)[{j}, {c}]"), out[c], want, size);
             }
         }
     }

@@ -276,34 +276,38 @@ pub fn named_rows(gpu: &str, rows: &mut Vec<Row>) -> kiln::Result<()> {
     drop(run);
     // With segments (a tensor in one buffer: NVIDIA's 4 GiB bound GPT-2's batch), then with
     // expandable segments (the memory bounds it; Note [Windows] in `kernels/launch.rs`).
-    for expandable in [false, true] {
+    for (expandable, amp) in [(false, true), (true, true), (true, false)] {
         let mut target = target.clone();
         target.config.expandable_segments |= expandable;
-        let tag = if expandable { ", expandable" } else { "" };
+        let tag = match (expandable, amp) {
+            (false, _) => " AMP",
+            (true, true) => " AMP, expandable",
+            (true, false) => " f32, expandable",
+        };
         let started = Instant::now();
-        let fit = largest_batch(&target, &config, 1024)?;
+        let fit = largest_batch(&target, &config, 1024, amp)?;
         push(
-            format!("gpt2 124M T1024 AMP{tag}: largest batch"),
+            format!("gpt2 124M T1024{tag}: largest batch"),
             fit.batch as f64,
             "seqs",
         );
         push(
-            format!("gpt2 124M T1024 AMP{tag}: its peak reserved"),
+            format!("gpt2 124M T1024{tag}: its peak reserved"),
             fit.peak_reserved as f64 / MIB,
             "MiB",
         );
         push(
-            format!("gpt2 124M T1024 AMP{tag}: next batch would reserve"),
+            format!("gpt2 124M T1024{tag}: next batch would reserve"),
             fit.next_peak_reserved as f64 / MIB,
             "MiB",
         );
         eprintln!(
-            "gpt2 124M T1024 AMP{tag}: batch {} does not fit: {}",
+            "gpt2 124M T1024{tag}: batch {} does not fit: {}",
             fit.batch + 1,
             fit.next_fails_with.lines().next().unwrap_or_default()
         );
         push(
-            format!("gpt2 124M T1024 AMP{tag}: search"),
+            format!("gpt2 124M T1024{tag}: search"),
             started.elapsed().as_secs_f64(),
             "s",
         );
@@ -311,14 +315,15 @@ pub fn named_rows(gpu: &str, rows: &mut Vec<Row>) -> kiln::Result<()> {
     Ok(())
 }
 
-/// The largest batch whose three AMP steps at length `t` fit `target`.
+/// The largest batch whose three steps (AMP or f32) at length `t` fit `target`.
 fn largest_batch(
     target: &PlanTarget,
     config: &GptConfig,
     t: usize,
+    amp: bool,
 ) -> kiln::Result<kiln::device::BatchFit> {
     kiln::device::max_batch_size(target, None, 4096, |dev, b| {
-        let mut run = Run::new(dev, config, 0, 0.1, true)?;
+        let mut run = Run::new(dev, config, 0, 0.1, amp)?;
         let (x, y) = (
             ids(b, t, config.vocab_size, 1, dev)?,
             ids(b, t, config.vocab_size, 2, dev)?,
@@ -349,13 +354,15 @@ fn check_batch(
         PlanTarget::like(dev)?.driver_held as f64 / MIB,
         "MiB",
     );
+    // (expandable segments, memory limit, AMP): f32 once, within the H100's memory.
     let cases = [
-        (false, None),
-        (false, Some(11u64 << 30)),
-        (true, None),
-        (true, h100),
+        (false, None, true),
+        (false, Some(11u64 << 30), true),
+        (true, None, true),
+        (true, h100, true),
+        (true, h100, false),
     ];
-    for (expandable, limit) in cases {
+    for (expandable, limit, amp) in cases {
         let conf = format!(
             "expandable_segments:{}",
             ["False", "True"][expandable as usize]
@@ -369,33 +376,40 @@ fn check_batch(
             Some(l) => format!(" within {:.2} GiB", l as f64 / (1u64 << 30) as f64),
             None => String::new(),
         } + if expandable { ", expandable" } else { "" };
+        let mode = if amp { "AMP" } else { "f32" };
         let target = PlanTarget::like(dev)?;
-        let fit = largest_batch(&target, config, t)?;
+        let fit = largest_batch(&target, config, t, amp)?;
         push(
-            format!("gpt2 T{t} AMP{within}: largest batch (dry)"),
+            format!("gpt2 T{t} {mode}{within}: largest batch (dry)"),
             fit.batch as f64,
             "seqs",
         );
         push(
-            format!("gpt2 T{t} AMP{within}: its dry peak reserved"),
+            format!("gpt2 T{t} {mode}{within}: its dry peak reserved"),
             fit.peak_reserved as f64 / MIB,
             "MiB",
         );
-        let fits = three_steps(dev, config, (fit.batch, t), true);
+        let fits = three_steps(dev, config, (fit.batch, t), amp);
         push(
-            format!("gpt2 T{t} AMP{within}: batch {} runs for real", fit.batch),
+            format!(
+                "gpt2 T{t} {mode}{within}: batch {} runs for real",
+                fit.batch
+            ),
             fits.is_ok() as u8 as f64,
             "bool",
         );
         match &fits {
             Ok((_, reserved)) => push(
-                format!("gpt2 T{t} AMP{within}: its real peak reserved"),
+                format!("gpt2 T{t} {mode}{within}: its real peak reserved"),
                 *reserved as f64 / MIB,
                 "MiB",
             ),
-            Err(e) => eprintln!("batch {}{within} (planned to fit): real: {e}", fit.batch),
+            Err(e) => eprintln!(
+                "batch {} {mode}{within} (planned to fit): real: {e}",
+                fit.batch
+            ),
         }
-        let next = three_steps(dev, config, (fit.batch + 1, t), true);
+        let next = three_steps(dev, config, (fit.batch + 1, t), amp);
         let first = |s: &str| s.lines().next().unwrap_or_default().to_string();
         let real_error = next
             .as_ref()
@@ -403,7 +417,7 @@ fn check_batch(
             .map(|e| first(&e.to_string()))
             .unwrap_or_default();
         eprintln!(
-            "batch {}{within}: real: {real_error}; dry: {}",
+            "batch {} {mode}{within}: real: {real_error}; dry: {}",
             fit.batch + 1,
             first(&fit.next_fails_with)
         );
@@ -414,7 +428,7 @@ fn check_batch(
         };
         push(
             format!(
-                "gpt2 T{t} AMP{within}: batch {} fails as planned",
+                "gpt2 T{t} {mode}{within}: batch {} fails as planned",
                 fit.batch + 1
             ),
             same as u8 as f64,

@@ -215,7 +215,7 @@ fn padded_product(
         // added after. The SIMT kernel took this product 49.5 ms on the H200.
         let ap = pad(a, 0, layout.a_t, mp)?;
         let out =
-            super::matmul_plan::with_padded_a(|| match coop_split(&ap, b, [mp, n, k], None)? {
+            super::matmul_simt::with_padded_a(|| match coop_split(&ap, b, [mp, n, k], None)? {
                 Some(out) => Ok(out),
                 None => matmul_forward(&ap, b, None),
             })?;
@@ -235,7 +235,7 @@ fn padded_product(
     let kp = if four - k <= k / 256 { four } else { kc + step };
     let (ap, bp) = (pad(a, 1, layout.a_t, kp)?, pad(b, 0, layout.b_t, kp)?);
     // The padded product has the same [m, n]: its kernel can add the bias.
-    super::matmul_plan::with_padded_a(|| matmul_forward(&ap, &bp, bias)).map(Some)
+    super::matmul_simt::with_padded_a(|| matmul_forward(&ap, &bp, bias)).map(Some)
 }
 
 /// A zero-padded copy (`coop_split`'s) of `sharing_pads`'s operand, and the view of it that

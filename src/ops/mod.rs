@@ -52,6 +52,7 @@ mod matmul_grad;
 mod matmul_narrow;
 mod matmul_partials;
 mod matmul_plan;
+mod matmul_simt;
 mod matmul_windows;
 mod matmul_words;
 mod predicate;
