@@ -3,8 +3,9 @@
 //! chunks, the f16 tensor-core kernel with padded operands, or one launch over the flattened
 //! operands), and the launch over flattened operands is planned in turn (`Direct`: the CPU
 //! reference, the tensor-core kernel, or the SIMT kernels among which the tuner picks, with
-//! their epilogues). Each kernel family launches from its own function; `matmul.rs` keeps the
-//! public ops, `matmul_choice.rs` the conditions each family sets.
+//! their epilogues, in `matmul_simt.rs`). Each kernel family launches from its own function;
+//! `matmul.rs` keeps the public ops, `matmul_choice.rs` the conditions each family sets,
+//! `matmul_windows.rs` the launches over windows of operands past one binding.
 
 use super::matmul::{add_bias, Extras};
 use super::matmul_choice::{coop_tile, split_k};
