@@ -480,6 +480,118 @@ fn f32_products_past_one_binding_run_in_windows() {
     }
 }
 
+/// Reductions and elementwise ops over views of an f32 tensor past the binding limit (Note
+/// [Windows]): the row-wise argmax, maximum, sum and mean (windows of rows), column sums
+/// (windows of rows added), the whole sum (a row longer than a window, in chunks), and relu of a misaligned row and of a narrowed view,
+/// an add of two narrowed views (windows of the outermost dim), against f64 on the host.
+#[test]
+fn reductions_and_views_past_one_binding_run_in_windows() {
+    for (dev, limit) in small_binding_gpus() {
+        let c = 4099usize;
+        let n = limit as usize / (c * 4) + 30;
+        let host: Vec<f32> = (0..n * c).map(|e| value(e / c, e % c)).collect();
+        let x = Tensor::from_slice(&host, &[n, c], &dev).unwrap();
+        assert!((x.numel() * 4) as u64 > limit);
+        let row = |i: usize| &host[i * c..(i + 1) * c];
+        let probe = probe_rows(n, limit, c * 4);
+        let at = |t: &Tensor| rows_of(&t.reshape(&[n as isize, 1]).unwrap(), &probe);
+        let close = |what: &str, got: f64, want: f64, tol: f64| {
+            assert!(
+                (got - want).abs() <= tol,
+                "{dev:?} {what}: {got} against {want}"
+            );
+        };
+        let (values, indices) = x.max_dim(-1, false).unwrap();
+        let (values, indices) = (at(&values), at(&indices.to_dtype(DType::F32).unwrap()));
+        let amax = at(&x.amax(&[-1], false).unwrap());
+        let sums = at(&x.sum(&[-1], false).unwrap());
+        let means = at(&x.mean(&[-1], false).unwrap());
+        for (k, &i) in probe.iter().enumerate() {
+            let r = row(i);
+            let (arg, max) =
+                r.iter().enumerate().fold(
+                    (0, f32::MIN),
+                    |(a, m), (j, &v)| {
+                        if v > m {
+                            (j, v)
+                        } else {
+                            (a, m)
+                        }
+                    },
+                );
+            close(&format!("max_dim value {i}"), values[k][0], max as f64, 0.0);
+            close(
+                &format!("max_dim index {i}"),
+                indices[k][0],
+                arg as f64,
+                0.0,
+            );
+            close(&format!("amax {i}"), amax[k][0], max as f64, 0.0);
+            let sum: f64 = r.iter().map(|&v| v as f64).sum();
+            close(&format!("sum {i}"), sums[k][0], sum, 1e-5 * 4.0 * c as f64);
+            close(
+                &format!("mean {i}"),
+                means[k][0],
+                sum / c as f64,
+                1e-5 * 4.0,
+            );
+        }
+        // Column sums (the leading dim reduced) of the same values as rows of 4100.
+        let m = n * c / 4100;
+        let x4 = Tensor::from_slice(&host[..m * 4100], &[m, 4100], &dev).unwrap();
+        let cols = x4.sum(&[0], false).unwrap().to_vec::<f32>().unwrap();
+        for j in [0, 1, 777, 4099] {
+            let want: f64 = (0..m).map(|i| host[i * 4100 + j] as f64).sum();
+            close(
+                &format!("column sum {j}"),
+                cols[j] as f64,
+                want,
+                1e-5 * 4.0 * m as f64,
+            );
+        }
+        drop(x4);
+        let total: f64 = host.iter().map(|&v| v as f64).sum();
+        let got = x.sum(&[], false).unwrap().to_vec::<f32>().unwrap()[0] as f64;
+        close("sum of all", got, total, 1e-6 * 4.0 * (n * c) as f64);
+        // A misaligned row (its offset is odd) and narrowed views, elementwise.
+        let last = x
+            .narrow(0, n - 1, 1)
+            .unwrap()
+            .neg()
+            .unwrap()
+            .relu()
+            .unwrap();
+        for (j, v) in last.to_vec::<f32>().unwrap().iter().enumerate() {
+            close(
+                &format!("relu(-x[-1])[{j}]"),
+                *v as f64,
+                (-row(n - 1)[j]).max(0.0) as f64,
+                0.0,
+            );
+        }
+        let (left, right) = (x.narrow(1, 3, 100).unwrap(), x.narrow(1, 200, 100).unwrap());
+        let relu = rows_of(&left.relu().unwrap(), &probe);
+        let sum = rows_of(&left.add(&right).unwrap(), &probe);
+        for (k, &i) in probe.iter().enumerate() {
+            for j in [0, 1, 57, 99] {
+                let (l, r) = (row(i)[3 + j] as f64, row(i)[200 + j] as f64);
+                close(
+                    &format!("relu(x[:, 3:103])[{i}, {j}]"),
+                    relu[k][j],
+                    l.max(0.0),
+                    0.0,
+                );
+                close(
+                    &format!("(x[:, 3:103] + x[:, 200:300])[{i}, {j}]"),
+                    sum[k][j],
+                    l + r,
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
 /// Elementwise ops over contiguous f16 tensors past the binding limit (GPT-2's logits from batch
 /// 21 are such), in windows of vectors: a binary op, a scalar op, a unary op and an in-place
 /// clamp, checked on the host around the windows' boundaries.

@@ -63,6 +63,7 @@ mod softmax;
 mod transfer;
 pub(crate) use transfer::SideCopy;
 mod view;
+mod views;
 pub(crate) use view::isize_shape;
 
 pub use crate::base::CmpOp;
@@ -315,6 +316,18 @@ fn gpu_elementwise_flat(
             ..check_supported(form, a.dtype, op)?
         };
         return elementwise_windows(kernel, [a, out], b, scalar, op);
+    }
+    if !vector && (big(a) || b.is_some_and(big) || big(out)) && !c.shape.is_empty() {
+        let kernel = ElementwiseKernel {
+            contiguous: c.contiguous,
+            vector: false,
+            wide: false,
+            inplace,
+            ..check_supported(form, a.dtype, op)?
+        };
+        if views::outer_windows(kernel, [a, out], b, scalar, c, op)? {
+            return Ok(());
+        }
     }
     // The layout chosen: vec4s, 32-byte words (`wide`), or single elements.
     let mut launch_as = |wide: bool| -> Result<()> {

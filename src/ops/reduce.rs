@@ -58,6 +58,9 @@ fn gpu_reduce_rows(
     op: &'static str,
 ) -> Result<()> {
     let rows = out.numel();
+    if !super::views::fits(xp) && xp.is_contiguous() {
+        return reduce_windows(rop, xp, out, inner, scale, op);
+    }
     let wide = wide_rows(xp, inner);
     let layout = if !xp.is_contiguous() {
         "strided"
@@ -86,6 +89,66 @@ fn gpu_reduce_rows(
         |s| reduce_rows_with(s, rop, xp, out, inner, scale, op),
     )?;
     reduce_rows_with(strategy, rop, xp, out, inner, scale, op)
+}
+
+/// `gpu_reduce_rows` over contiguous `xp` larger than one binding (Note [Windows] in
+/// `kernels/launch.rs`): over windows of its rows where a window holds enough of them (the
+/// logits' sums, maxima), each into its rows of `out` (from a row on the binding alignment);
+/// longer rows (a whole tensor's sum) as rows of `chunk` elements and a tail, reduced into
+/// partials that are reduced in turn.
+fn reduce_windows(
+    rop: ReduceOp,
+    xp: &Tensor,
+    out: &Tensor,
+    inner: usize,
+    scale: f32,
+    op: &'static str,
+) -> Result<()> {
+    let rows = out.numel();
+    let es = xp.dtype.size_bytes();
+    let x2 = xp.reshape(&[rows as isize, inner as isize])?;
+    let o1 = out.reshape(&[rows as isize])?;
+    let window = crate::kernels::window_bytes(xp.device()) as usize;
+    if let Ok(per) = crate::kernels::aligned_rows(xp.device(), out.dtype.size_bytes(), inner * es) {
+        for (first, end) in crate::kernels::spans(rows, per) {
+            let (x, o) = (
+                x2.narrow(0, first, end - first)?,
+                o1.narrow(0, first, end - first)?,
+            );
+            gpu_reduce_rows(rop, &x, &o, inner, scale, op)?;
+        }
+        return Ok(());
+    }
+    // Rows of `chunk` elements and a tail, each one's partial in f32, row by row: 128 chunks
+    // fit one window, so that the chunks' windows of rows hold whole alignment steps.
+    let chunk = window / (128 * es);
+    let (whole, tail) = (inner / chunk, inner % chunk);
+    let parts = whole + (tail > 0) as usize;
+    let partial = Tensor::empty(&[rows, parts], DType::F32, xp.device())?;
+    for r in 0..rows {
+        let row = x2.narrow(0, r, 1)?;
+        let p = partial.narrow(0, r, 1)?.reshape(&[parts as isize])?;
+        if whole > 0 {
+            let body = row.narrow(1, 0, whole * chunk)?;
+            let body = body.reshape(&[whole as isize, chunk as isize])?;
+            let sums = Tensor::empty(&[whole], DType::F32, xp.device())?;
+            gpu_reduce_rows(rop, &body, &sums, chunk, 1.0, op)?;
+            p.narrow(0, 0, whole)?.copy_(&sums)?;
+        }
+        if tail > 0 {
+            let last = Tensor::empty(&[1], DType::F32, xp.device())?;
+            gpu_reduce_rows(
+                rop,
+                &row.narrow(1, whole * chunk, tail)?,
+                &last,
+                tail,
+                1.0,
+                op,
+            )?;
+            p.narrow(0, whole, 1)?.copy_(&last)?;
+        }
+    }
+    gpu_reduce_rows(rop, &partial, out, parts, scale, op)
 }
 
 /// `gpu_reduce_rows` with `strategy`: one pass, or one per level of partials.
@@ -130,13 +193,15 @@ fn reduce_rows_with(
     } else {
         1f32.to_bits()
     };
+    // (Past one binding, the window of xp's rows: `gpu_reduce_rows` makes them fit.)
+    let (xw, x_off) = super::views::bind_view(xp)?;
     let mut imm = vec![
         u32_of(op, rows)?,
         u32_of(op, inner / unit)?,
         chunks as u32,
         u32_of(op, (inner / unit).div_ceil(chunks))?,
         shape.len() as u32,
-        u32_of(op, xp.layout.offset / unit)?,
+        u32_of(op, x_off / unit)?,
         scale_bits,
         0,
     ];
@@ -158,7 +223,7 @@ fn reduce_rows_with(
     let workgroup = strategy.workgroup();
     launch_wg(
         Kernel::Reduce(kernel),
-        &[&xp.storage.block, &target.storage.block],
+        &[xw, super::views::bind_out(target, op)?],
         &imm,
         threads,
         workgroup,
@@ -330,7 +395,10 @@ fn reduce_forward(
             rop.cpu_identity(),
         );
     } else if let Some(cols) = leading_dims_sum(x, dims, rop)? {
-        gpu_sum_columns(x, &out, inner, cols, scale as f32, op)?;
+        match super::views::fits(x) {
+            true => gpu_sum_columns(x, &out, inner, cols, scale as f32, op)?,
+            false => sum_column_windows(x, &out, inner, cols, scale, op)?,
+        }
     } else {
         gpu_reduce_rows(rop, &xp, &out, inner, scale as f32, op)?;
     }
@@ -380,11 +448,12 @@ fn gpu_sum_columns(
     let chunks = rows.div_ceil(chunk_len);
     // Partials are f32 whatever the dtype; the input's and the result's are the tensors'.
     let pass = |input: &Tensor, target: &Tensor, rows: usize, len: usize, n: usize, s: f32| {
+        let (in_w, in_off) = super::views::bind_view(input)?;
         let imm = [
             u32_of(op, rows)?,
             u32_of(op, cols / 4)?,
             u32_of(op, len)?,
-            u32_of(op, input.layout.offset / 4)?,
+            u32_of(op, in_off / 4)?,
             s.to_bits(),
             0,
             0,
@@ -392,7 +461,7 @@ fn gpu_sum_columns(
         ];
         crate::kernels::launch_groups(
             Kernel::ColumnSum(input.dtype, target.dtype),
-            &[&input.storage.block, &target.storage.block],
+            &[in_w, super::views::bind_out(target, op)?],
             &imm,
             (u32_of(op, blocks)?, u32_of(op, n)?, 1),
         )
@@ -403,6 +472,35 @@ fn gpu_sum_columns(
     let partial = Tensor::empty(&[chunks, cols], DType::F32, x.device())?;
     pass(x, &partial, rows, chunk_len, chunks, 1.0)?;
     pass(&partial, out, chunks, chunks, 1, scale)
+}
+
+/// `gpu_sum_columns` over contiguous `x` ([rows, cols] once flattened) larger than one binding
+/// (Note [Windows] in `kernels/launch.rs`): each window of rows summed into f32 columns of its
+/// own, added up in f32, then scaled into `out`.
+fn sum_column_windows(
+    x: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+    scale: f64,
+    op: &'static str,
+) -> Result<()> {
+    let window = crate::kernels::window_bytes(x.device()) as usize;
+    let per = (window / (cols * x.dtype.size_bytes())).max(1);
+    let x2 = x.reshape(&[rows as isize, cols as isize])?;
+    let mut acc: Option<Tensor> = None;
+    for (first, end) in crate::kernels::spans(rows, per) {
+        let part = Tensor::empty(&[cols], DType::F32, x.device())?;
+        let rows_of = x2.narrow(0, first, end - first)?;
+        gpu_sum_columns(&rows_of, &part, end - first, cols, 1.0, op)?;
+        match &acc {
+            Some(a) => a.add_(&part)?,
+            None => acc = Some(part),
+        }
+    }
+    let acc = acc.expect("a tensor past one binding has rows");
+    out.reshape(&[cols as isize])?
+        .copy_(&acc.mul_scalar(scale)?)
 }
 
 /// max or min along `d` with the index of the first extreme (NaN counts as the extreme).
@@ -462,32 +560,57 @@ fn arg_reduce_forward(
         xp.host_ready()?;
         cpu::arg_reduce_rows(&xp, &values, &indices, inner, is_min);
     } else {
-        let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
-        let (shape, strides) = (&c.shape, &c.strides[0]);
-        let mut imm = vec![
-            u32_of(op, values.numel())?,
-            u32_of(op, inner)?,
-            shape.len() as u32,
-            u32_of(op, xp.layout.offset)?,
-            is_min as u32,
-            0,
-            0,
-            0,
-        ];
-        pack_dims(&mut imm, &[shape, strides], op)?;
-        let blocks = [
-            &xp.storage.block,
-            &values.storage.block,
-            &indices.storage.block,
-        ];
-        launch(
-            Kernel::ArgReduce(x.dtype),
-            &blocks,
-            &imm,
-            values.numel() as u64 * WORKGROUP as u64,
-        )?;
+        gpu_arg_rows(&xp, [&values, &indices], inner, is_min, op)?;
     }
     Ok((values, indices))
+}
+
+/// The extreme of each of `xp`'s rows of `inner` (the reduced dim last) and its index, into
+/// contiguous `values` and `indices`; where `xp` is contiguous and larger than one binding,
+/// over windows of its rows (Note [Windows] in `kernels/launch.rs`: the logits' argmax).
+fn gpu_arg_rows(
+    xp: &Tensor,
+    [values, indices]: [&Tensor; 2],
+    inner: usize,
+    is_min: bool,
+    op: &'static str,
+) -> Result<()> {
+    let rows = values.numel();
+    if !super::views::fits(xp) && xp.is_contiguous() && rows > 1 {
+        let es = xp.dtype.size_bytes();
+        // (Spans on the alignment of both outputs: the values' rows may be 2 bytes.)
+        let out_es = values.dtype.size_bytes().min(4);
+        let per = crate::kernels::aligned_rows(xp.device(), out_es, inner * es)?;
+        let x2 = xp.reshape(&[rows as isize, inner as isize])?;
+        let flat = |t: &Tensor| t.reshape(&[rows as isize]);
+        let (v1, i1) = (flat(values)?, flat(indices)?);
+        for (first, end) in crate::kernels::spans(rows, per) {
+            let part = |t: &Tensor| t.narrow(0, first, end - first);
+            gpu_arg_rows(&part(&x2)?, [&part(&v1)?, &part(&i1)?], inner, is_min, op)?;
+        }
+        return Ok(());
+    }
+    let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
+    let (shape, strides) = (&c.shape, &c.strides[0]);
+    let (xw, x_off) = super::views::bind_view(xp)?;
+    let mut imm = vec![
+        u32_of(op, rows)?,
+        u32_of(op, inner)?,
+        shape.len() as u32,
+        u32_of(op, x_off)?,
+        is_min as u32,
+        0,
+        0,
+        0,
+    ];
+    pack_dims(&mut imm, &[shape, strides], op)?;
+    let bind_out = super::views::bind_out;
+    launch(
+        Kernel::ArgReduce(xp.dtype),
+        &[xw, bind_out(values, op)?, bind_out(indices, op)?],
+        &imm,
+        rows as u64 * WORKGROUP as u64,
+    )
 }
 
 impl Tensor {
