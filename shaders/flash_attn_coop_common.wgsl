@@ -4,13 +4,15 @@
 // rows of a 16 x 16 cooperative load fall in different banks; the layout constants come from
 // `kernels/attention_coop.rs`.
 //
-// The backward passes' tiles are double-buffered: while the subgroups multiply tile t (in
-// buffer t % 2), the lanes' phase between the two barriers of an iteration stores tile t + 1
-// into the other buffer and issues the loads of tile t + 2. An iteration is then
+// The tiles are double-buffered: while the subgroups multiply tile t (in buffer t % 2), the
+// lanes' phase between the first two barriers of an iteration stores tile t + 1 into the
+// other buffer and issues the loads of tile t + 2. A backward iteration is then
 //   products of tile t into the patches | barrier | lanes: patches -> ps, tile t + 1 stored |
 //   barrier | products with ps and tile t
 // and every buffer is written only after the barrier that follows its last reads (two
-// barriers a tile where a single buffer needed four).
+// barriers a tile where a single buffer needed four). The forward's P v goes through the
+// patch too, so that its iteration adds two barriers (four where one buffer needed five):
+// after P v, for the lanes' add into the output, and after that add, before the next scores.
 // A staged row, in vec4<f16>s.
 const RS4: u32 = {{RS4}}u;
 // A row of a subgroup's probabilities (BT keys, padded), in vec4<f16>s.
@@ -24,11 +26,10 @@ const BH4: u32 = BT / 8u;
 // of results a lane holds.
 const DP8: u32 = DP / 8u;
 
-// KV_BUFFERS (the forward 1, the backward passes 2) buffers of 2 BT staged rows each: a
-// tile's BT keys then its BT values (or queries then output gradients); the first 64 rows
-// first hold the subgroups' fixed operands (BT = 32).
+// Two buffers of 2 BT staged rows each: a tile's BT keys then its BT values (or queries then
+// output gradients); the first 64 rows first hold the subgroups' fixed operands (BT = 32).
 const KVB: u32 = 2u * BT * RS4;
-var<workgroup> kv: array<vec4<f16>, {{KV_BUFFERS}}u * KVB>;
+var<workgroup> kv: array<vec4<f16>, 2u * KVB>;
 // Each subgroup's 16 rows of f16 probabilities (or score gradients).
 var<workgroup> ps: array<vec4<f16>, 64u * RP4>;
 // Each subgroup's 16 rows of f32 results leaving the cooperative matrices.

@@ -1,8 +1,8 @@
 // Flash attention's forward pass on cooperative matrices (tensor cores), f16 storage read and
 // written as 16-byte vectors (eight elements; `ops/attention.rs` sends only aligned rows): a
 // workgroup of four subgroups takes 64 query rows of one (b, h), each subgroup 16 of them.
-// Per tile of BT keys: the tile's keys and values are staged in workgroup memory as f16 (one
-// buffer: the forward's wide patch leaves no room for a second within 48 KiB), each
+// Per tile of BT keys: the tile's keys and values are staged in workgroup memory as f16
+// (double-buffered: the next tile is stored while the lanes take the softmax), each
 // subgroup multiplies its queries by the keys (S, 16 x BT in f32) and stores S into its own
 // patch; its 32 lanes (two per row, each half the tile) take the online softmax there (the
 // running max, the rescale alpha, the probabilities rounded to f16 into `ps`, the running sum
@@ -40,13 +40,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
     var acc: array<vec4<f32>, DP8>;
     var m = MASKED;
     var l = 0.0;
-    var next = load_kv(n, 0u, li);
+    // The staged q are in the subgroups' operands before the first tile overwrites them.
+    workgroupBarrier();
+    put_tile(load_kv(n, 0u, li), 0u, li);
+    var next = load_kv(n, BT, li);
+    workgroupBarrier();
     for (var j0 = 0u; j0 < key_end(row0); j0 += BT) {
-        workgroupBarrier();
-        put_tile(next, 0u, li);
-        workgroupBarrier();
-        next = load_kv(n, j0 + BT, li);
-        let kvb = 0u;
+        let kvb = ((j0 / BT) % 2u) * KVB;
 {{SCORES}}
         workgroupBarrier();
         var x: array<vec4<f32>, BH4>;
@@ -88,12 +88,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32,
             ps[prow + c] = vec4<f16>(pd);
         }
         m = m_new;
+        // The next tile into the other buffer (its last reader, the previous tile's P v, is
+        // two barriers back), and the loads of the one after it.
+        put_tile(next, (j0 / BT + 1u) % 2u, li);
+        next = load_kv(n, j0 + 2u * BT, li);
         workgroupBarrier();
 {{PV}}
         workgroupBarrier();
         for (var c = 0u; c < DP8; c++) {
             acc[c] = fma(acc[c], vec4<f32>(alpha), res[mine + h * DP8 + c]);
         }
+        // (The patch read before the next tile's scores overwrite it.)
+        workgroupBarrier();
     }
     l += subgroupShuffleXor(l, 1u);
     if i < p.lq {

@@ -464,7 +464,11 @@ fn conv_suite(dev: &Device, rows: &mut Vec<Row>) -> kiln::Result<()> {
         let xg = x.detach().requires_grad_(true)?;
         let wg = w.detach().requires_grad_(true)?;
         let gy = Tensor::randn(&[n, 64, hw, hw], dtype, dev)?;
+        // As the anchor's step: the gradients set to None first, so that backward stores them
+        // rather than adding into the last step's (`torch_anchor_wave3.py`'s `fb`).
         let step = || {
+            xg.set_grad(None)?;
+            wg.set_grad(None)?;
             let y = conv2d(&xg, &wg, None, p)?;
             y.backward_with(&gy, false)?;
             Ok(y)

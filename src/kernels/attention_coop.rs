@@ -15,13 +15,13 @@ use std::fmt::Write;
 pub(super) const COOP_BT: u32 = 32;
 
 /// Workgroup memory the largest pass needs for head-dim class `dp`, in bytes: the forward's
-/// one buffer of 2 x 32 staged rows, 64 rows of f16 probabilities and a patch as wide as the
-/// head; the dK/dV pass's two buffers, two f32 patches and two f16 patches of 64 rows, and the
+/// two buffers of 2 x 32 staged rows, 64 rows of f16 probabilities and a patch as wide as the
+/// head (40,960 bytes at 64); the dK/dV pass's two buffers, two f32 patches and two f16 patches of 64 rows, and the
 /// double-buffered log-sum-exps and deltas of a tile (47,616 bytes at 64, inside the 48 KiB
 /// NVIDIA's Vulkan offers).
 pub(super) fn shared_bytes(dp: u32) -> u32 {
     let f = Layout::new(dp, true);
-    let fwd = 2 * COOP_BT * f.rs4 * 8 + 64 * f.rp4 * 8 + 64 * f.pw4 * 16;
+    let fwd = 2 * 2 * COOP_BT * f.rs4 * 8 + 64 * f.rp4 * 8 + 64 * f.pw4 * 16;
     let b = Layout::new(dp, false);
     let kv = 2 * 2 * COOP_BT * b.rs4 * 8;
     let dkdv = kv + 2 * 64 * b.pw4 * 16 + 2 * 64 * b.rp4 * 8 + 2 * 2 * COOP_BT * 4;
@@ -249,8 +249,7 @@ pub(super) fn source(k: &FlashAttnKernel) -> String {
     let shared = include_str!("../../shaders/flash_attn_coop_common.wgsl")
         .replace("{{RS4}}", &l.rs4.to_string())
         .replace("{{RP4}}", &l.rp4.to_string())
-        .replace("{{PW4}}", &l.pw4.to_string())
-        .replace("{{KV_BUFFERS}}", if forward { "1" } else { "2" });
+        .replace("{{PW4}}", &l.pw4.to_string());
     let common = k.common_source();
     src.replace("{{COOP_SHARED}}", &shared)
         .replace("{{COMMON}}", &common)
