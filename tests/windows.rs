@@ -481,8 +481,8 @@ fn f32_products_past_one_binding_run_in_windows() {
 }
 
 /// Reductions and elementwise ops over views of an f32 tensor past the binding limit (Note
-/// [Windows]): the row-wise argmax, maximum, sum and mean (windows of rows), column sums
-/// (windows of rows added), the whole sum (a row longer than a window, in chunks), and relu of a misaligned row and of a narrowed view,
+/// [Windows]): the row-wise argmax, maximum, sum and mean (windows of rows), sums and maxima
+/// over the rows (windows of them, as vectors of columns or strided), the whole sum (a row longer than a window, in chunks), and relu of a misaligned row and of a narrowed view,
 /// an add of two narrowed views (windows of the outermost dim), against f64 on the host.
 #[test]
 fn reductions_and_views_past_one_binding_run_in_windows() {
@@ -534,6 +534,27 @@ fn reductions_and_views_past_one_binding_run_in_windows() {
                 means[k][0],
                 sum / c as f64,
                 1e-5 * 4.0,
+            );
+        }
+        // The leading dim reduced over rows of 4099 (a strided view once permuted: windows of
+        // the reduced dim, into partials).
+        let col_sums = x.sum(&[0], false).unwrap().to_vec::<f32>().unwrap();
+        let col_max = x.amax(&[0], false).unwrap().to_vec::<f32>().unwrap();
+        for j in [0, 1, 777, c - 1] {
+            let column = (0..n).map(|i| host[i * c + j]);
+            let want: f64 = column.clone().map(|v| v as f64).sum();
+            let max = column.fold(f32::MIN, f32::max);
+            close(
+                &format!("sum over rows {j}"),
+                col_sums[j] as f64,
+                want,
+                1e-5 * 4.0 * n as f64,
+            );
+            close(
+                &format!("max over rows {j}"),
+                col_max[j] as f64,
+                max as f64,
+                0.0,
             );
         }
         // Column sums (the leading dim reduced) of the same values as rows of 4100.

@@ -58,8 +58,15 @@ fn gpu_reduce_rows(
     op: &'static str,
 ) -> Result<()> {
     let rows = out.numel();
-    if !super::views::fits(xp) && xp.is_contiguous() {
-        return reduce_windows(rop, xp, out, inner, scale, op);
+    if !super::views::fits(xp) {
+        match xp.is_contiguous() {
+            true => return reduce_windows(rop, xp, out, inner, scale, op),
+            false => {
+                if reduce_across_windows(rop, xp, out, inner, scale, op)? {
+                    return Ok(());
+                }
+            }
+        }
     }
     let wide = wide_rows(xp, inner);
     let layout = if !xp.is_contiguous() {
@@ -149,6 +156,50 @@ fn reduce_windows(
         }
     }
     gpu_reduce_rows(rop, &partial, out, parts, scale, op)
+}
+
+/// `gpu_reduce_rows` over strided `xp` larger than one binding whose reduced elements are
+/// further apart than its rows' (a sum over the leading dim of [n, 50257] logits: `xp` is the
+/// transposed view), over windows of the reduced dim: each window's reduction of every row
+/// into f32 partials, reduced in turn. Returns false, launching nothing, where `xp` is not two
+/// dims so laid out once coalesced, or a window would not hold one index of the reduced dim.
+fn reduce_across_windows(
+    rop: ReduceOp,
+    xp: &Tensor,
+    out: &Tensor,
+    inner: usize,
+    scale: f32,
+    op: &'static str,
+) -> Result<bool> {
+    let rows = out.numel();
+    let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
+    let (sr, sk) = match (&c.shape[..], &c.strides[0][..]) {
+        (&[r, k], &[sr, sk]) if r == rows && k == inner && sk > sr => (sr, sk),
+        _ => return Ok(false),
+    };
+    let window = crate::kernels::window_bytes(xp.device()) as usize / xp.dtype.size_bytes();
+    // Indices of the reduced dim a window holds beside every row.
+    let Some(room) = window.checked_sub((rows - 1) * sr + 1) else {
+        return Ok(false);
+    };
+    let per = room / sk + 1;
+    let spans: Vec<(usize, usize)> = crate::kernels::spans(inner, per).collect();
+    let partial = Tensor::empty(&[spans.len(), rows], DType::F32, xp.device())?;
+    for (i, &(first, end)) in spans.iter().enumerate() {
+        let view = xp.as_strided(
+            &[rows, end - first],
+            &[sr, sk],
+            xp.layout.offset + first * sk,
+        );
+        let part = Tensor::empty(&[rows], DType::F32, xp.device())?;
+        gpu_reduce_rows(rop, &view, &part, end - first, 1.0, op)?;
+        partial
+            .narrow(0, i, 1)?
+            .reshape(&[rows as isize])?
+            .copy_(&part)?;
+    }
+    gpu_reduce_rows(rop, &partial.t()?, out, spans.len(), scale, op)?;
+    Ok(true)
 }
 
 /// `gpu_reduce_rows` with `strategy`: one pass, or one per level of partials.
