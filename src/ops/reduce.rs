@@ -47,22 +47,37 @@ fn wide_rows(xp: &Tensor, inner: usize) -> bool {
         && xp.layout.offset.is_multiple_of(8)
 }
 
-/// Reduces `xp`'s rows of `inner` elements (reduced dims last) into contiguous `out`, with the
-/// strategy autotuning picks for this size class on this adapter.
-fn gpu_reduce_rows(
+/// One reduction of rows: the op, the rows' length, the factor the results take (a mean's
+/// 1 / n) and the op's name for errors.
+#[derive(Clone, Copy)]
+struct Rows {
     rop: ReduceOp,
-    xp: &Tensor,
-    out: &Tensor,
     inner: usize,
     scale: f32,
     op: &'static str,
-) -> Result<()> {
+}
+
+impl Rows {
+    /// The same reduction over rows of `inner`, scaled by `scale`.
+    fn len(self, inner: usize, scale: f32) -> Rows {
+        Rows {
+            inner,
+            scale,
+            ..self
+        }
+    }
+}
+
+/// Reduces `xp`'s rows of `r.inner` elements (reduced dims last) into contiguous `out`, with the
+/// strategy autotuning picks for this size class on this adapter.
+fn gpu_reduce_rows(r: Rows, xp: &Tensor, out: &Tensor) -> Result<()> {
+    let Rows { rop, inner, .. } = r;
     let rows = out.numel();
     if !super::views::fits(xp) {
         match xp.is_contiguous() {
-            true => return reduce_windows(rop, xp, out, inner, scale, op),
+            true => return reduce_windows(r, xp, out),
             false => {
-                if reduce_across_windows(rop, xp, out, inner, scale, op)? {
+                if reduce_across_windows(r, xp, out)? {
                     return Ok(());
                 }
             }
@@ -93,9 +108,9 @@ fn gpu_reduce_rows(
         key,
         (rows * inner) as u64,
         &strategies(xp.device(), wide),
-        |s| reduce_rows_with(s, rop, xp, out, inner, scale, op),
+        |s| reduce_rows_with(s, r, xp, out),
     )?;
-    reduce_rows_with(strategy, rop, xp, out, inner, scale, op)
+    reduce_rows_with(strategy, r, xp, out)
 }
 
 /// `gpu_reduce_rows` over contiguous `xp` larger than one binding (Note [Windows] in
@@ -103,14 +118,8 @@ fn gpu_reduce_rows(
 /// logits' sums, maxima), each into its rows of `out` (from a row on the binding alignment);
 /// longer rows (a whole tensor's sum) as rows of `chunk` elements and a tail, reduced into
 /// partials that are reduced in turn.
-fn reduce_windows(
-    rop: ReduceOp,
-    xp: &Tensor,
-    out: &Tensor,
-    inner: usize,
-    scale: f32,
-    op: &'static str,
-) -> Result<()> {
+fn reduce_windows(r: Rows, xp: &Tensor, out: &Tensor) -> Result<()> {
+    let Rows { inner, scale, .. } = r;
     let rows = out.numel();
     let es = xp.dtype.size_bytes();
     let x2 = xp.reshape(&[rows as isize, inner as isize])?;
@@ -122,7 +131,7 @@ fn reduce_windows(
                 x2.narrow(0, first, end - first)?,
                 o1.narrow(0, first, end - first)?,
             );
-            gpu_reduce_rows(rop, &x, &o, inner, scale, op)?;
+            gpu_reduce_rows(r, &x, &o)?;
         }
         return Ok(());
     }
@@ -132,30 +141,24 @@ fn reduce_windows(
     let (whole, tail) = (inner / chunk, inner % chunk);
     let parts = whole + (tail > 0) as usize;
     let partial = Tensor::empty(&[rows, parts], DType::F32, xp.device())?;
-    for r in 0..rows {
-        let row = x2.narrow(0, r, 1)?;
-        let p = partial.narrow(0, r, 1)?.reshape(&[parts as isize])?;
+    for i in 0..rows {
+        let row = x2.narrow(0, i, 1)?;
+        let p = partial.narrow(0, i, 1)?.reshape(&[parts as isize])?;
         if whole > 0 {
             let body = row.narrow(1, 0, whole * chunk)?;
             let body = body.reshape(&[whole as isize, chunk as isize])?;
             let sums = Tensor::empty(&[whole], DType::F32, xp.device())?;
-            gpu_reduce_rows(rop, &body, &sums, chunk, 1.0, op)?;
+            gpu_reduce_rows(r.len(chunk, 1.0), &body, &sums)?;
             p.narrow(0, 0, whole)?.copy_(&sums)?;
         }
         if tail > 0 {
             let last = Tensor::empty(&[1], DType::F32, xp.device())?;
-            gpu_reduce_rows(
-                rop,
-                &row.narrow(1, whole * chunk, tail)?,
-                &last,
-                tail,
-                1.0,
-                op,
-            )?;
+            let tail_of = row.narrow(1, whole * chunk, tail)?;
+            gpu_reduce_rows(r.len(tail, 1.0), &tail_of, &last)?;
             p.narrow(0, whole, 1)?.copy_(&last)?;
         }
     }
-    gpu_reduce_rows(rop, &partial, out, parts, scale, op)
+    gpu_reduce_rows(r.len(parts, scale), &partial, out)
 }
 
 /// `gpu_reduce_rows` over strided `xp` larger than one binding whose reduced elements are
@@ -163,14 +166,10 @@ fn reduce_windows(
 /// transposed view), over windows of the reduced dim: each window's reduction of every row
 /// into f32 partials, reduced in turn. Returns false, launching nothing, where `xp` is not two
 /// dims so laid out once coalesced, or a window would not hold one index of the reduced dim.
-fn reduce_across_windows(
-    rop: ReduceOp,
-    xp: &Tensor,
-    out: &Tensor,
-    inner: usize,
-    scale: f32,
-    op: &'static str,
-) -> Result<bool> {
+fn reduce_across_windows(r: Rows, xp: &Tensor, out: &Tensor) -> Result<bool> {
+    let Rows {
+        inner, scale, op, ..
+    } = r;
     let rows = out.numel();
     let c = coalesce_for_kernel(op, xp.shape(), &[&xp.layout])?;
     let (sr, sk) = match (&c.shape[..], &c.strides[0][..]) {
@@ -192,26 +191,24 @@ fn reduce_across_windows(
             xp.layout.offset + first * sk,
         );
         let part = Tensor::empty(&[rows], DType::F32, xp.device())?;
-        gpu_reduce_rows(rop, &view, &part, end - first, 1.0, op)?;
+        gpu_reduce_rows(r.len(end - first, 1.0), &view, &part)?;
         partial
             .narrow(0, i, 1)?
             .reshape(&[rows as isize])?
             .copy_(&part)?;
     }
-    gpu_reduce_rows(rop, &partial.t()?, out, spans.len(), scale, op)?;
+    gpu_reduce_rows(r.len(spans.len(), scale), &partial.t()?, out)?;
     Ok(true)
 }
 
 /// `gpu_reduce_rows` with `strategy`: one pass, or one per level of partials.
-fn reduce_rows_with(
-    strategy: ReduceStrategy,
-    rop: ReduceOp,
-    xp: &Tensor,
-    out: &Tensor,
-    inner: usize,
-    scale: f32,
-    op: &'static str,
-) -> Result<()> {
+fn reduce_rows_with(strategy: ReduceStrategy, r: Rows, xp: &Tensor, out: &Tensor) -> Result<()> {
+    let Rows {
+        rop,
+        inner,
+        scale,
+        op,
+    } = r;
     let rows = out.numel();
     // (Autotuning offers 32-byte words only for rows that have them.)
     let strategy = match strategy {
@@ -290,7 +287,7 @@ fn reduce_rows_with(
             ReduceStrategy::Interleaved | ReduceStrategy::SerialWide => ReduceStrategy::Serial,
             s => s,
         };
-        reduce_rows_with(next, rop, &partial, out, per_row, scale, op)?;
+        reduce_rows_with(next, r.len(per_row, scale), &partial, out)?;
     }
     Ok(())
 }
@@ -451,7 +448,13 @@ fn reduce_forward(
             false => sum_column_windows(x, &out, inner, cols, scale, op)?,
         }
     } else {
-        gpu_reduce_rows(rop, &xp, &out, inner, scale as f32, op)?;
+        let r = Rows {
+            rop,
+            inner,
+            scale: scale as f32,
+            op,
+        };
+        gpu_reduce_rows(r, &xp, &out)?;
     }
     Ok(out)
 }
