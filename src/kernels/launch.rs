@@ -281,7 +281,8 @@ impl<'a> Operand<'a> for Window<'a> {
 // holds them), so memory, not bindings, bounds GPT-2's batch (95 at T1024 in an H100's 80 GB).
 // A window starts at the device's storage-offset alignment, so each launch passes the offset
 // of its first element inside the window. The allocations are the same as with whole
-// bindings (but for the K windows' two f32 partials), so a dry run plans them alike; a kernel
+// bindings (but for the partials that windows of K or of a reduction add, which a dry run
+// makes too), so a dry run plans them alike; a kernel
 // that would need the whole of a block in one binding (a transpose of such a tensor, a
 // product of a strided or batched operand) still fails with a `TooLarge` error.
 
