@@ -477,16 +477,19 @@ fn backward_blocks_of(dev: &Device, [x, w, g]: [&Tensor; 3], size: u64) -> usize
 }
 
 /// A tensor that fits one of the target's buffers but not one storage binding (the H100's 2 GiB)
-/// fails an op that must bind it whole (here a strided one: contiguous elementwise ops take
-/// windows, Note [Windows]) with `TooLarge`, naming the kernel and the operand, on the planning
-/// device as on the GPU; the op's output goes back to the allocator.
+/// fails an op that must bind it whole (here over a view permuted in three dims: elementwise
+/// ops over contiguous views, rows, and one or two strided dims take windows, Note [Windows])
+/// with `TooLarge`, naming the kernel and the operand, on the planning device as on the GPU;
+/// the op's output goes back to the allocator.
 #[test]
 fn a_binding_too_large_names_its_kernel() {
     let plan = Device::planning(kiln::PlanTarget::named("H100").unwrap()).unwrap();
     let big = Tensor::empty(&[600 << 10, 1024], DType::F32, &plan).unwrap();
     drop(big.relu().unwrap());
+    drop(big.t().unwrap().relu().unwrap());
     let before = plan.memory_allocated();
-    let err = big.t().unwrap().relu().unwrap_err();
+    let permuted = big.reshape(&[600 << 10, 32, 32]).unwrap();
+    let err = permuted.permute(&[2, 1, 0]).unwrap().relu().unwrap_err();
     let Error::TooLarge { op, what, .. } = &err else {
         panic!("expected TooLarge, got {err:?}")
     };

@@ -482,7 +482,8 @@ fn f32_products_past_one_binding_run_in_windows() {
 
 /// Reductions and elementwise ops over views of an f32 tensor past the binding limit (Note
 /// [Windows]): the row-wise argmax, maximum, sum and mean (windows of rows), sums and maxima
-/// over the rows (windows of them, as vectors of columns or strided), the whole sum (a row longer than a window, in chunks), and relu of a misaligned row and of a narrowed view,
+/// over the rows (windows of them, as vectors of columns or strided), a transposed view copied
+/// and mapped (blocks of both dims), the whole sum (a row longer than a window, in chunks), and relu of a misaligned row and of a narrowed view,
 /// an add of two narrowed views (windows of the outermost dim), against f64 on the host.
 #[test]
 fn reductions_and_views_past_one_binding_run_in_windows() {
@@ -574,6 +575,28 @@ fn reductions_and_views_past_one_binding_run_in_windows() {
         let total: f64 = host.iter().map(|&v| v as f64).sum();
         let got = x.sum(&[], false).unwrap().to_vec::<f32>().unwrap()[0] as f64;
         close("sum of all", got, total, 1e-6 * 4.0 * (n * c) as f64);
+        // A transpose's copy and an op on the transposed view (blocks of both dims, in place).
+        let xt = x.t().unwrap().contiguous().unwrap();
+        let rt = x.t().unwrap().neg().unwrap().relu().unwrap();
+        let cols_t = [0, 1, 777, c - 1];
+        for (k, (row, relu_row)) in rows_of(&xt, &cols_t)
+            .iter()
+            .zip(rows_of(&rt, &cols_t))
+            .enumerate()
+        {
+            let j = cols_t[k];
+            for &i in &probe {
+                let v = host[i * c + j] as f64;
+                close(&format!("x.t()[{j}, {i}]"), row[i], v, 0.0);
+                close(
+                    &format!("relu(-x.t())[{j}, {i}]"),
+                    relu_row[i],
+                    (-v).max(0.0),
+                    0.0,
+                );
+            }
+        }
+        drop((xt, rt));
         // A misaligned row (its offset is odd) and narrowed views, elementwise.
         let last = x
             .narrow(0, n - 1, 1)

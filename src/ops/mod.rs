@@ -228,7 +228,9 @@ fn gpu_elementwise(
     let c = coalesce_for_kernel(op, out.shape(), &[&a.layout, b_layout, &out.layout])?;
     // A copy of a 2-D transpose, or of a batch of them (NCHW <-> NHWC): through shared memory
     // or strided, or in 64-bit words, as the tuner picks (`TransposeJob::pick`).
-    let job = match inplace || form != Form::Unary(UnaryOp::Identity) {
+    // (Not past one binding: `gpu_elementwise_flat` takes windows.)
+    let big = |t: &Tensor| crate::kernels::past_one_binding(&t.storage.block);
+    let job = match inplace || form != Form::Unary(UnaryOp::Identity) || big(a) || big(out) {
         true => None,
         false => transpose_job(op, a, out, &c)?,
     };
@@ -327,6 +329,17 @@ fn gpu_elementwise_flat(
         };
         if views::outer_windows(kernel, [a, out], b, scalar, c, op)? {
             return Ok(());
+        }
+        // A transpose's view into a fresh output, which the kernel writes in order: `a` copied
+        // into `out` in place (over blocks of both dims), then the op on `out` in place.
+        if !inplace && out.dtype == a.dtype && c.shape.len() == 2 {
+            gpu_elementwise(Form::Binary(BinaryOp::Right), out, Some(a), None, None, op)?;
+            return match form {
+                Form::Unary(UnaryOp::Identity) => Ok(()),
+                Form::Unary(_) => gpu_elementwise(form, out, None, None, None, op),
+                Form::Binary(_) => gpu_elementwise(form, out, b, None, None, op),
+                Form::Scalar(_) => gpu_elementwise(form, out, None, scalar, None, op),
+            };
         }
     }
     // The layout chosen: vec4s, 32-byte words (`wide`), or single elements.

@@ -60,8 +60,9 @@ pub(crate) fn bind_out<'t>(t: &'t Tensor, op: &'static str) -> Result<Window<'t>
 /// (Note [Windows] in `kernels/launch.rs`): each binds the elements its indices of that dim
 /// span in each operand (a narrowed view of the logits, a row of them, a misaligned one), the
 /// output's window from its first element (its spans start on the binding alignment). In place,
-/// `out` is `a`. Returns false, launching nothing, where one index of that dim spans more than
-/// a window (a transpose's): the launch over the whole blocks then gives its own error.
+/// `out` is `a`. Where one index of that dim spans more than a window (a transpose's view), an
+/// in-place launch over two dims runs over blocks of both (`block_windows`); otherwise this
+/// returns false, launching nothing.
 pub(super) fn outer_windows<'a>(
     kernel: crate::kernels::ElementwiseKernel,
     [a, out]: [&'a Tensor; 2],
@@ -93,6 +94,10 @@ pub(super) fn outer_windows<'a>(
         .max()
         .unwrap_or(1);
     let Ok(per) = aligned_rows(a.device(), inner * out.dtype().size_bytes(), widest) else {
+        if kernel.inplace && c.shape.len() == 2 {
+            block_windows(kernel, &operands, scalar, c, op)?;
+            return Ok(true);
+        }
         return Ok(false);
     };
     // The window of operand `k` over outer indices first..end, and its offset there.
@@ -145,4 +150,69 @@ pub(super) fn outer_windows<'a>(
         )?;
     }
     Ok(true)
+}
+
+/// An in-place elementwise launch over two coalesced dims `c` (operands `(k, tensor)`: `a`,
+/// written, and `b`) where an index of neither dim fits one window alone (a copy into a
+/// contiguous tensor from a transposed view of one larger than a binding), as launches over
+/// blocks of both dims: each operand's block spans at most half a window along each.
+fn block_windows(
+    kernel: crate::kernels::ElementwiseKernel,
+    operands: &[(usize, &Tensor)],
+    scalar: Option<f64>,
+    c: &super::Coalesced,
+    op: &'static str,
+) -> Result<()> {
+    use crate::kernels::{launch, spans, Kernel, PER_THREAD};
+    let half = |t: &Tensor| window_bytes(t.device()) as usize / t.dtype().size_bytes() / 2;
+    // Indices of dim `d` whose elements span at most half a window in every operand.
+    let per = |d: usize| {
+        operands
+            .iter()
+            .map(|&(k, t)| half(t) / c.strides[k][d].max(1) + 1)
+            .min()
+            .unwrap_or(1)
+            .min(c.shape[d])
+    };
+    let (rows, cols) = (per(0), per(1));
+    for (i0, i1) in spans(c.shape[0], rows) {
+        for (j0, j1) in spans(c.shape[1], cols) {
+            let mut blocks = Vec::new();
+            let mut offsets = Vec::new();
+            for &(k, t) in operands {
+                let (s0, s1) = (c.strides[k][0], c.strides[k][1]);
+                let es = t.dtype().size_bytes();
+                let first = t.layout().offset + i0 * s0 + j0 * s1;
+                let last = first + (i1 - i0 - 1) * s0 + (j1 - j0 - 1) * s1;
+                let (w, before) = window_covering(
+                    &t.storage.block,
+                    (first * es) as u64,
+                    ((last + 1) * es) as u64,
+                )?;
+                blocks.push(w);
+                offsets.push(super::u32_of(op, before as usize / es)?);
+            }
+            let off_b = match offsets.get(1) {
+                Some(&o) => o,
+                None => super::scalar_word(operands[0].1.dtype(), scalar),
+            };
+            let dims = super::Coalesced {
+                shape: vec![i1 - i0, j1 - j0],
+                strides: c.strides.clone(),
+                contiguous: false,
+            };
+            let n = (i1 - i0) * (j1 - j0);
+            let imm = super::strided_header(op, n, &dims, offsets[0], off_b)?;
+            launch(
+                Kernel::Elementwise(crate::kernels::ElementwiseKernel {
+                    contiguous: false,
+                    ..kernel
+                }),
+                &blocks,
+                &imm,
+                (n as u64).div_ceil(PER_THREAD as u64),
+            )?;
+        }
+    }
+    Ok(())
 }
