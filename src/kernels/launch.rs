@@ -276,15 +276,18 @@ impl<'a> Operand<'a> for Window<'a> {
 // given a view's offset binds the window covering the view (a row of the logits, a narrowed
 // view); reductions over rows (argmax, max, sum, mean) run over windows of rows, a whole sum in
 // chunks, reductions over the leading dim over windows of it; elementwise ops on misaligned or
-// strided views over windows of their outermost dim.
+// strided views over windows of their outermost dim, or, where one index of it spans more than
+// a window (a transposed view), in place over blocks of two dims (a fresh output being the view
+// copied in place first).
 // With expandable segments such tensors exist past NVIDIA's 4 GiB buffer (one sparse range
 // holds them), so memory, not bindings, bounds GPT-2's batch (95 at T1024 in an H100's 80 GB).
 // A window starts at the device's storage-offset alignment, so each launch passes the offset
 // of its first element inside the window. The allocations are the same as with whole
 // bindings (but for the partials that windows of K or of a reduction add, which a dry run
 // makes too), so a dry run plans them alike; a kernel
-// that would need the whole of a block in one binding (a transpose of such a tensor, a
-// product of a strided or batched operand) still fails with a `TooLarge` error.
+// that would need the whole of a block in one binding (an elementwise op over a view permuted
+// in three dims, a product of a strided or batched operand) still fails with a `TooLarge`
+// error.
 
 /// The window of `block` holding its bytes `[first, end)`: its start aligned down to the
 /// device's storage-offset alignment and its length up to whole words. Returns the window and
