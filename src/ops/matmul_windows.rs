@@ -37,15 +37,7 @@ pub(super) fn coop_rows(
     if !layout.a_t {
         rows = rows.min(window as usize / (lda * e).max(1));
     }
-    let rows = rows / bm * bm;
-    if rows == 0 {
-        return Err(Error::TooLarge {
-            op: OP,
-            size_bytes: (bm * n.max(lda) * e) as u64,
-            limit_bytes: window,
-            what: "bytes of one tile's rows of the product (one storage binding)",
-        });
-    }
+    let rows = nonzero(rows / bm * bm, bm * n.max(lda) * e, window, TILE_ROWS)?;
     for (first, end) in spans(p.m, rows) {
         let at = |row: usize| (row * n * e) as u64;
         let o = window_from(&out.storage.block, at(first), at(end), OP)?;
@@ -103,15 +95,12 @@ pub(super) fn coop_k_windows(
         rows = rows.min(window as usize / (ldb * e).max(1));
     }
     let step = tile.k_step() as usize;
-    let rows = rows / step * step;
-    if rows == 0 {
-        return Err(Error::TooLarge {
-            op: OP,
-            size_bytes: (step * lda.max(ldb) * e) as u64,
-            limit_bytes: window,
-            what: "bytes of one step of K of the product (one storage binding)",
-        });
-    }
+    let rows = nonzero(
+        rows / step * step,
+        step * lda.max(ldb) * e,
+        window,
+        "bytes of one step of K of the product (one storage binding)",
+    )?;
     let acc = Tensor::empty(&[m, n], DType::F32, out.device())?;
     let part = Tensor::empty(&[m, n], DType::F32, out.device())?;
     let mut imm = imm;
@@ -157,7 +146,7 @@ pub(super) fn simt_windows(p: &Product, f: &Flat, l: SimtLaunch, out: &Tensor) -
     let (a_rows, a_cols) = (f.sak == 1, f.sam == 1);
     let (b_rows, b_cols) = (f.sbn == 1, f.sbk == 1);
     let fourth = l.fourth.map(|t| whole(&t.storage.block));
-    let window = window_bytes(out.device()) as usize;
+    let window = window_bytes(out.device());
     let mut imm = l.imm.clone();
     let launch = |imm: &[usize], bindings: [Window; 4], rows: usize| {
         let words = imm
@@ -176,7 +165,7 @@ pub(super) fn simt_windows(p: &Product, f: &Flat, l: SimtLaunch, out: &Tensor) -
         // Whole tiles of rows, on the output's alignment (128 is a multiple of its step).
         let widest = if a_rows { f.sam * e } else { 0 };
         let rows = aligned_rows(out.device(), p.n * e, widest)? / 128 * 128;
-        let rows = nonzero(rows, 128 * (p.n * e).max(widest), window)?;
+        let rows = nonzero(rows, 128 * (p.n * e).max(widest), window, TILE_ROWS)?;
         for (first, end) in spans(p.m, rows) {
             let at = |row: usize| (row * p.n * e) as u64;
             let o = window_from(&out.storage.block, at(first), at(end), OP)?;
@@ -195,12 +184,17 @@ pub(super) fn simt_windows(p: &Product, f: &Flat, l: SimtLaunch, out: &Tensor) -
     if k_major && (a_rows || a_cols) && (b_rows || b_cols) && !big(out) {
         let mut rows = p.k;
         if a_cols {
-            rows = rows.min(window / (f.sak * e).max(1));
+            rows = rows.min(window as usize / (f.sak * e).max(1));
         }
         if b_rows {
-            rows = rows.min(window / (f.sbk * e).max(1));
+            rows = rows.min(window as usize / (f.sbk * e).max(1));
         }
-        let rows = nonzero(rows / 128 * 128, 128 * (f.sak.max(f.sbk) * e), window)?;
+        let rows = nonzero(
+            rows / 128 * 128,
+            128 * (f.sak.max(f.sbk) * e),
+            window,
+            TILE_ROWS,
+        )?;
         let part = Tensor::empty(&[p.m, p.n], p.a.dtype(), out.device())?;
         for (first, end) in spans(p.k, rows) {
             let (a, a_at) = slice_window(&f.a, (l.imm[4], f.sak, p.m), a_cols, (first, end))?;
@@ -224,14 +218,18 @@ pub(super) fn simt_windows(p: &Product, f: &Flat, l: SimtLaunch, out: &Tensor) -
     )
 }
 
-/// `rows`, or the error that one tile's rows (`bytes`) pass one binding (`window`).
-fn nonzero(rows: usize, bytes: usize, window: usize) -> Result<usize> {
+/// What passes one binding where a window cannot hold one tile's rows.
+const TILE_ROWS: &str = "bytes of one tile's rows of the product (one storage binding)";
+
+/// `rows` a window holds, or the error that the least a launch takes (`bytes`, described by
+/// `what`) passes one binding (`window` bytes).
+fn nonzero(rows: usize, bytes: usize, window: u64, what: &'static str) -> Result<usize> {
     match rows {
         0 => Err(Error::TooLarge {
             op: OP,
             size_bytes: bytes as u64,
-            limit_bytes: window as u64,
-            what: "bytes of one tile's rows of the product (one storage binding)",
+            limit_bytes: window,
+            what,
         }),
         r => Ok(r),
     }
